@@ -1,0 +1,492 @@
+//! Path classes: where an argument would point, decided lexically against the [`Context`]
+//! (no filesystem access, so symlinks are not followed; the sandbox contains what this misses).
+
+use std::path::{Component, Path, PathBuf};
+
+use crate::Context;
+
+/// One class a path can belong to. A path usually has several (e.g. `/usr` is `system`,
+/// `system-dir` and `outside`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PathClass {
+    /// Strictly inside the workspace.
+    Workspace,
+    /// The workspace directory itself.
+    WorkspaceRoot,
+    /// A strict ancestor of the workspace (deleting it deletes the workspace and more).
+    WorkspaceAncestor,
+    /// Not inside the workspace and not scratch space.
+    Outside,
+    /// `/` itself.
+    Root,
+    /// At or below a system directory (`/usr`, `/etc`, `/var`, ...).
+    System,
+    /// Exactly a top-level system directory or a standard subtree (`/usr/lib`, `/var/log`).
+    SystemDir,
+    /// At or below a home directory (`~`, `/home/*`, `/root`, `/Users/*`).
+    Home,
+    /// Exactly a home directory, or `/home`, `/Users`.
+    HomeDir,
+    /// Credentials: `~/.ssh`, `~/.aws`, `/etc/shadow`, private keys, ...
+    Secret,
+    /// Accounts, sudoers and boot files whose loss breaks the machine.
+    Critical,
+    /// A device node other than the harmless ones (`/dev/null`, `/dev/tty`, ...).
+    Device,
+    /// Kernel tunables: `/proc/sys`, `/proc/sysrq-trigger`, `/sys`.
+    Kernel,
+    /// Bash's network pseudo-files `/dev/tcp/*`, `/dev/udp/*`.
+    Network,
+    /// Private scratch space: `/tmp`, `/var/tmp`, `/dev/shm`.
+    Scratch,
+    /// Not resolvable statically (a variable, a command substitution, an unknown cwd).
+    Dynamic,
+}
+
+pub const ALL_CLASSES: &[PathClass] = &[
+    PathClass::Workspace,
+    PathClass::WorkspaceRoot,
+    PathClass::WorkspaceAncestor,
+    PathClass::Outside,
+    PathClass::Root,
+    PathClass::System,
+    PathClass::SystemDir,
+    PathClass::Home,
+    PathClass::HomeDir,
+    PathClass::Secret,
+    PathClass::Critical,
+    PathClass::Device,
+    PathClass::Kernel,
+    PathClass::Network,
+    PathClass::Scratch,
+    PathClass::Dynamic,
+];
+
+impl PathClass {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PathClass::Workspace => "workspace",
+            PathClass::WorkspaceRoot => "workspace-root",
+            PathClass::WorkspaceAncestor => "workspace-ancestor",
+            PathClass::Outside => "outside",
+            PathClass::Root => "root",
+            PathClass::System => "system",
+            PathClass::SystemDir => "system-dir",
+            PathClass::Home => "home",
+            PathClass::HomeDir => "home-dir",
+            PathClass::Secret => "secret",
+            PathClass::Critical => "critical",
+            PathClass::Device => "device",
+            PathClass::Kernel => "kernel",
+            PathClass::Network => "network",
+            PathClass::Scratch => "scratch",
+            PathClass::Dynamic => "dynamic",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<PathClass> {
+        ALL_CLASSES.iter().copied().find(|c| c.as_str() == s)
+    }
+
+    const fn bit(self) -> u32 {
+        1 << (self as u32)
+    }
+}
+
+/// A small set of [`PathClass`]es.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub struct ClassSet(u32);
+
+impl ClassSet {
+    pub fn of(classes: &[PathClass]) -> Self {
+        ClassSet(classes.iter().fold(0, |acc, c| acc | c.bit()))
+    }
+    pub fn insert(&mut self, c: PathClass) {
+        self.0 |= c.bit();
+    }
+    pub fn remove(&mut self, c: PathClass) {
+        self.0 &= !c.bit();
+    }
+    pub fn contains(self, c: PathClass) -> bool {
+        self.0 & c.bit() != 0
+    }
+    pub fn intersects(self, other: ClassSet) -> bool {
+        self.0 & other.0 != 0
+    }
+    pub fn is_subset(self, other: ClassSet) -> bool {
+        self.0 & !other.0 == 0
+    }
+    pub fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+    pub fn union(self, other: ClassSet) -> ClassSet {
+        ClassSet(self.0 | other.0)
+    }
+    pub fn names(self) -> Vec<&'static str> {
+        ALL_CLASSES.iter().filter(|c| self.contains(**c)).map(|c| c.as_str()).collect()
+    }
+}
+
+/// How much of a path an operation reaches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// The path itself (or every child of it, for a glob).
+    Full,
+    /// Descendants picked by generic tests (`find DIR -mtime +3 -delete`): `DIR/{}`.
+    Bulk,
+    /// Descendants picked by a specific name (`find DIR -name core -delete`): `DIR/**/core`.
+    Selective,
+}
+
+impl Scope {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scope::Full => "full",
+            Scope::Bulk => "bulk",
+            Scope::Selective => "selective",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Scope> {
+        match s {
+            "full" => Some(Scope::Full),
+            "bulk" => Some(Scope::Bulk),
+            "selective" => Some(Scope::Selective),
+            _ => None,
+        }
+    }
+}
+
+/// A classified path operand.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PathInfo {
+    /// What to show in a reason: the resolved path, or the text as written when dynamic.
+    pub display: String,
+    pub classes: ClassSet,
+    pub scope: Scope,
+}
+
+const SYSTEM_TOP: &[&str] = &[
+    "bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "opt", "proc", "sbin", "srv",
+    "sys", "usr", "var", "snap", "run", "mnt", "media", "lost+found", "nix", "efi",
+];
+
+const SYSTEM_DIRS: &[&str] = &[
+    "/usr/bin", "/usr/sbin", "/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/libexec", "/usr/local",
+    "/usr/local/bin", "/usr/local/sbin", "/usr/local/lib", "/usr/local/share", "/usr/share",
+    "/usr/include", "/usr/src", "/var/lib", "/var/log", "/var/cache", "/var/spool", "/var/mail",
+    "/var/backups", "/var/opt", "/var/www", "/etc/ssh", "/etc/systemd", "/etc/default", "/etc/init.d",
+    "/etc/cron.d", "/etc/apt", "/etc/ssl", "/etc/pam.d", "/etc/security", "/etc/sudoers.d",
+    "/boot/efi", "/boot/grub", "/var/lib/dpkg", "/var/lib/apt", "/var/lib/docker", "/usr/lib/systemd",
+];
+
+/// Relative to a home directory.
+const SECRET_IN_HOME: &[&str] = &[
+    ".ssh", ".aws", ".gnupg", ".config/gh", ".netrc", ".docker/config.json", ".kube",
+    ".git-credentials", ".npmrc", ".pypirc", ".cargo/credentials", ".cargo/credentials.toml",
+    ".config/gcloud", ".azure", ".password-store", ".vault-token", ".config/hub", ".gem/credentials",
+    ".pgpass", ".my.cnf", ".terraform.d/credentials.tfrc.json", ".config/op", ".mozilla",
+    ".config/google-chrome", ".config/chromium", ".local/share/keyrings", ".bash_history",
+    ".zsh_history", ".config/rclone", ".s3cfg", ".boto", ".env",
+];
+
+const SECRET_ABS: &[&str] = &[
+    "/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-", "/etc/ssh/ssh_host_rsa_key",
+    "/etc/ssh/ssh_host_ecdsa_key", "/etc/ssh/ssh_host_ed25519_key", "/etc/ssh/ssh_host_dsa_key",
+    "/etc/sudoers", "/etc/security/opasswd", "/etc/ssl/private", "/var/lib/sss",
+];
+
+const SECRET_BASENAMES: &[&str] =
+    &["id_rsa", "id_dsa", "id_ecdsa", "id_ed25519", "id_ecdsa_sk", "id_ed25519_sk", "authorized_keys"];
+
+const CRITICAL: &[&str] = &[
+    "/etc/passwd", "/etc/shadow", "/etc/group", "/etc/gshadow", "/etc/sudoers", "/etc/sudoers.d",
+    "/boot", "/etc/fstab", "/etc/ld.so.preload", "/etc/pam.d", "/etc/crypttab", "/etc/inittab",
+    "/etc/security", "/etc/ssh/sshd_config", "/etc/hosts", "/etc/resolv.conf.d", "/etc/shells",
+    "/etc/login.defs", "/etc/nsswitch.conf",
+];
+
+const BENIGN_DEV: &[&str] = &[
+    "null", "zero", "full", "random", "urandom", "tty", "stdin", "stdout", "stderr", "ptmx", "fd",
+    "pts", "shm", "console",
+];
+
+/// Lexically normalise an absolute path: drop `.`, apply `..` (never above `/`).
+pub fn normalize(p: &Path) -> PathBuf {
+    let mut out = PathBuf::from("/");
+    for comp in p.components() {
+        match comp {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::Normal(n) => out.push(n),
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+        }
+    }
+    out
+}
+
+fn is_glob_component(s: &str) -> bool {
+    s.contains(['*', '?', '['])
+}
+
+/// Classify `text` (a word after expansion). `dyn_at` is the byte offset of the first part the
+/// engine could not resolve, if any. `cwd` is `None` when a `cd` made it unknown.
+pub fn classify(text: &str, dyn_at: Option<usize>, cwd: Option<&Path>, ctx: &Context) -> PathInfo {
+    let dynamic = || PathInfo {
+        display: text.to_string(),
+        classes: ClassSet::of(&[PathClass::Dynamic]),
+        scope: Scope::Full,
+    };
+    // A dynamic tail is as wide as "anything below the static directory before it".
+    let (stat, dyn_tail) = match dyn_at {
+        Some(0) => return dynamic(),
+        Some(i) => match text.get(..i).and_then(|s| s.rfind('/').map(|j| &s[..=j])) {
+            Some(prefix) => (prefix, true),
+            None => return dynamic(),
+        },
+        None => (text, false),
+    };
+    if stat.is_empty() {
+        return dynamic();
+    }
+    let home = ctx.home.clone().unwrap_or_else(|| PathBuf::from("/root"));
+    let joined: PathBuf = if stat == "~" {
+        home
+    } else if let Some(rest) = stat.strip_prefix("~/") {
+        home.join(rest)
+    } else if stat.starts_with('/') {
+        PathBuf::from(stat)
+    } else {
+        match cwd {
+            Some(c) => c.join(stat),
+            None => return dynamic(),
+        }
+    };
+    // Walk components ourselves so globs and find markers are seen before `..` is applied.
+    let mut base = PathBuf::from("/");
+    let mut children = dyn_tail;
+    let mut scope = Scope::Full;
+    let mut comps = joined.components().peekable();
+    while let Some(comp) = comps.next() {
+        match comp {
+            Component::ParentDir => {
+                base.pop();
+            }
+            Component::Normal(n) => {
+                let s = n.to_string_lossy();
+                if s == "**" {
+                    scope = Scope::Selective;
+                    children = true;
+                    break;
+                }
+                if s == "{}" && comps.peek().is_none() {
+                    scope = Scope::Bulk;
+                    children = true;
+                    break;
+                }
+                if is_glob_component(&s) {
+                    children = true;
+                    break;
+                }
+                base.push(n);
+            }
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+        }
+    }
+    let mut display = base.to_string_lossy().into_owned();
+    if children {
+        let shown = match scope {
+            Scope::Full => "*",
+            Scope::Bulk => "{}",
+            Scope::Selective => "**",
+        };
+        if !display.ends_with('/') {
+            display.push('/');
+        }
+        display.push_str(shown);
+    }
+    let mut classes = classify_abs(&base, children, ctx);
+    if dyn_tail {
+        classes.insert(PathClass::Dynamic);
+    }
+    // Secrets are also recognised by file name wherever they are (`./id_rsa`, `/tmp/x/id_ed25519`).
+    if let Some(name) = Path::new(text).file_name().and_then(|n| n.to_str()) {
+        if SECRET_BASENAMES.contains(&name) {
+            classes.insert(PathClass::Secret);
+        }
+    }
+    PathInfo { display, classes, scope }
+}
+
+fn home_dirs(ctx: &Context) -> Vec<PathBuf> {
+    let mut v = vec![PathBuf::from("/root")];
+    if let Some(h) = &ctx.home {
+        v.push(normalize(h));
+    }
+    v
+}
+
+/// Classes of an absolute, normalised path; `children` means "every entry below it".
+pub fn classify_abs(p: &Path, children: bool, ctx: &Context) -> ClassSet {
+    let ws = normalize(&ctx.workspace);
+    let mut set = ClassSet::default();
+    if p == ws {
+        set.insert(if children { PathClass::Workspace } else { PathClass::WorkspaceRoot });
+        return set;
+    }
+    if p.starts_with(&ws) {
+        set.insert(PathClass::Workspace);
+        return set;
+    }
+    let comps: Vec<String> = p
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(n) => Some(n.to_string_lossy().into_owned()),
+            _ => None,
+        })
+        .collect();
+    let first = comps.first().map(String::as_str);
+    let scratch = matches!(first, Some("tmp"))
+        || (first == Some("var") && comps.get(1).map(String::as_str) == Some("tmp"))
+        || (first == Some("dev") && comps.get(1).map(String::as_str) == Some("shm"));
+    if scratch {
+        set.insert(PathClass::Scratch);
+        return set;
+    }
+    set.insert(PathClass::Outside);
+    if ws.starts_with(p) {
+        set.insert(PathClass::WorkspaceAncestor);
+    }
+    if comps.is_empty() {
+        set.insert(PathClass::Root);
+        set.insert(PathClass::System);
+        set.insert(PathClass::SystemDir);
+        set.insert(PathClass::HomeDir);
+        set.insert(PathClass::Home);
+        return set;
+    }
+    let pstr = p.to_string_lossy();
+    if let Some(f) = first {
+        if SYSTEM_TOP.contains(&f) {
+            set.insert(PathClass::System);
+            if comps.len() == 1 || SYSTEM_DIRS.contains(&pstr.as_ref()) {
+                set.insert(PathClass::SystemDir);
+            }
+        }
+    }
+    // Home directories: the user's, /root, /home/<u>, /Users/<u>.
+    let homes = home_dirs(ctx);
+    let in_home = homes.iter().find(|h| p.starts_with(h)).cloned().or_else(|| {
+        if matches!(first, Some("home") | Some("Users")) && comps.len() >= 2 {
+            Some(PathBuf::from(format!("/{}/{}", comps[0], comps[1])))
+        } else {
+            None
+        }
+    });
+    if matches!(first, Some("home") | Some("Users")) && comps.len() == 1 {
+        set.insert(PathClass::Home);
+        set.insert(PathClass::HomeDir);
+    }
+    if let Some(h) = &in_home {
+        set.insert(PathClass::Home);
+        if p == h {
+            set.insert(PathClass::HomeDir);
+        }
+        if let Ok(rel) = p.strip_prefix(h) {
+            if SECRET_IN_HOME.iter().any(|s| rel.starts_with(s)) {
+                set.insert(PathClass::Secret);
+            }
+            // Every secret lives below the home dir: "home/*" covers them too.
+            if children && rel.as_os_str().is_empty() {
+                set.insert(PathClass::Secret);
+            }
+        }
+        // /root is both a system dir and a home; treat it as home only.
+        set.remove(PathClass::System);
+        set.remove(PathClass::SystemDir);
+    }
+    if SECRET_ABS.iter().any(|s| p.starts_with(s)) {
+        set.insert(PathClass::Secret);
+    }
+    if CRITICAL.iter().any(|s| p.starts_with(s)) || (children && (pstr == "/etc")) {
+        set.insert(PathClass::Critical);
+    }
+    if first == Some("dev") {
+        match comps.get(1).map(String::as_str) {
+            Some("tcp") | Some("udp") => set.insert(PathClass::Network),
+            Some(d) if BENIGN_DEV.contains(&d) => {}
+            Some(_) => set.insert(PathClass::Device),
+            None => {
+                if children {
+                    set.insert(PathClass::Device);
+                }
+            }
+        }
+    }
+    if (first == Some("proc")
+        && matches!(comps.get(1).map(String::as_str), Some("sys") | Some("sysrq-trigger")))
+        || first == Some("sys")
+    {
+        set.insert(PathClass::Kernel);
+    }
+    set
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ctx() -> Context {
+        Context {
+            workspace: PathBuf::from("/home/dev/proj"),
+            cwd: PathBuf::from("/home/dev/proj"),
+            home: Some(PathBuf::from("/home/dev")),
+        }
+    }
+
+    fn names(s: &str) -> Vec<&'static str> {
+        let c = ctx();
+        classify(s, None, Some(&c.cwd), &c).classes.names()
+    }
+
+    #[test]
+    fn classes() {
+        assert_eq!(names("src"), ["workspace"]);
+        assert_eq!(names("."), ["workspace-root"]);
+        assert_eq!(names("./*"), ["workspace"]);
+        assert!(names("..").contains(&"workspace-ancestor"));
+        assert!(names("..").contains(&"home-dir"));
+        assert!(names("/").contains(&"root"));
+        assert!(names("/*").contains(&"root"));
+        assert_eq!(names("/tmp/x"), ["scratch"]);
+        assert!(names("/usr").contains(&"system-dir"));
+        assert!(!names("/usr/share/foo").contains(&"system-dir"));
+        assert!(names("~/.ssh/id_rsa").contains(&"secret"));
+        assert!(names("/dev/sda").contains(&"device"));
+        assert!(!names("/dev/null").contains(&"device"));
+        assert!(names("/dev/tcp/1.2.3.4/80").contains(&"network"));
+        assert!(names("/etc/passwd").contains(&"critical"));
+        assert!(names("/proc/sys/kernel/x").contains(&"kernel"));
+    }
+
+    #[test]
+    fn dynamic_tails() {
+        let c = ctx();
+        let p = classify("/$X", Some(1), Some(&c.cwd), &c);
+        assert!(p.classes.contains(PathClass::Root));
+        let p = classify("$X/a", Some(0), Some(&c.cwd), &c);
+        assert_eq!(p.classes.names(), ["dynamic"]);
+        let p = classify("a", None, None, &c);
+        assert_eq!(p.classes.names(), ["dynamic"]);
+    }
+
+    #[test]
+    fn find_markers() {
+        let c = ctx();
+        let p = classify("/var/log/{}", None, Some(&c.cwd), &c);
+        assert_eq!(p.scope, Scope::Bulk);
+        assert!(p.classes.contains(PathClass::SystemDir));
+        let p = classify("/home/**/core", None, Some(&c.cwd), &c);
+        assert_eq!(p.scope, Scope::Selective);
+    }
+}

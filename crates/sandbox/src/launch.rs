@@ -1,0 +1,221 @@
+//! The host side: start the stage-2 helper, stream or capture the command's output, enforce the
+//! wall-clock timeout, and collect the command's fate from the report pipe.
+
+use std::ffi::OsString;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use rustix::event::{PollFd, PollFlags};
+
+use crate::stage2::REPORT_FD;
+use crate::SandboxSpec;
+
+#[derive(Debug, thiserror::Error)]
+pub enum SandboxError {
+    #[error("starting the sandbox helper {exe}: {source}")]
+    Spawn { exe: String, source: std::io::Error },
+    #[error("{0}")]
+    Setup(String),
+    #[error("waiting for the sandbox: {0}")]
+    Wait(std::io::Error),
+    #[error("the sandbox helper exited with status {0} without reporting the command's fate")]
+    NoReport(i32),
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    Code(i32),
+    Signal(i32),
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct LaunchOptions {
+    /// Capture stdout/stderr (up to this many bytes each) instead of passing them through.
+    pub capture: Option<usize>,
+    pub timeout: Option<Duration>,
+}
+
+#[derive(Debug, Clone)]
+pub struct Finished {
+    pub exit: Exit,
+    pub timed_out: bool,
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+}
+
+struct Sink {
+    fd: Option<OwnedFd>,
+    buf: Vec<u8>,
+    cap: usize,
+    truncated: bool,
+}
+
+impl Sink {
+    fn new(fd: Option<OwnedFd>, cap: usize) -> Sink {
+        Sink { fd, buf: Vec::new(), cap, truncated: false }
+    }
+
+    /// Read what is available; false at end of file.
+    fn pump(&mut self) -> bool {
+        let Some(fd) = &self.fd else { return false };
+        let mut chunk = [0u8; 64 * 1024];
+        match rustix::io::read(fd, &mut chunk) {
+            Ok(0) => {
+                self.fd = None;
+                false
+            }
+            Ok(n) => {
+                let room = self.cap.saturating_sub(self.buf.len());
+                self.buf.extend_from_slice(&chunk[..n.min(room)]);
+                if n > room {
+                    self.truncated = true;
+                }
+                true
+            }
+            Err(rustix::io::Errno::INTR | rustix::io::Errno::AGAIN) => true,
+            Err(_) => {
+                self.fd = None;
+                false
+            }
+        }
+    }
+}
+
+/// Run `spec` in a sandbox through the stage-2 helper at `exe` (normally `/proc/self/exe`).
+pub fn launch(exe: &Path, spec: &SandboxSpec, opts: &LaunchOptions) -> Result<Finished, SandboxError> {
+    let spawn_err = |source| SandboxError::Spawn { exe: exe.display().to_string(), source };
+    let (report_r, report_w) =
+        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| spawn_err(e.into()))?;
+    let mut cmd = Command::new(exe);
+    cmd.arg0("txbox-sandbox").arg("__stage2").args(spec.to_args());
+    if opts.capture.is_some() {
+        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    }
+    let w = report_w.as_raw_fd();
+    // SAFETY: the closure runs between fork and exec and only makes async-signal-safe syscalls
+    // (dup2, fcntl) on fds that exist in the child.
+    unsafe {
+        cmd.pre_exec(move || {
+            if w == REPORT_FD {
+                let flags = libc::fcntl(w, libc::F_GETFD);
+                libc::fcntl(w, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
+            } else if libc::dup2(w, REPORT_FD) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    // The command gets the terminal's SIGINT/SIGQUIT itself; txbox stays to roll back.
+    let _guard = IgnoreInterrupts::new();
+    let mut child = cmd.spawn().map_err(spawn_err)?;
+    drop(report_w);
+    let cap = opts.capture.unwrap_or(0);
+    let mut out = Sink::new(child.stdout.take().map(OwnedFd::from), cap);
+    let mut err = Sink::new(child.stderr.take().map(OwnedFd::from), cap);
+    let mut report = Sink::new(Some(report_r), 64 * 1024);
+    let deadline = opts.timeout.map(|t| Instant::now() + t);
+    let mut timed_out = false;
+    while out.fd.is_some() || err.fd.is_some() || report.fd.is_some() {
+        let timeout = match deadline {
+            Some(d) if !timed_out => {
+                let left = d.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    // Killing stage 2 kills init through its parent-death signal, and with init
+                    // the whole pid namespace.
+                    let _ = child.kill();
+                    timed_out = true;
+                    continue;
+                }
+                Some(rustix::event::Timespec::try_from(left).unwrap_or(rustix::event::Timespec { tv_sec: 1, tv_nsec: 0 }))
+            }
+            _ => None,
+        };
+        let mut fds = Vec::with_capacity(3);
+        let mut which = Vec::with_capacity(3);
+        for (i, s) in [&out, &err, &report].into_iter().enumerate() {
+            if let Some(fd) = &s.fd {
+                fds.push(PollFd::new(fd, PollFlags::IN));
+                which.push(i);
+            }
+        }
+        match rustix::event::poll(&mut fds, timeout.as_ref()) {
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => continue,
+            Err(e) => return Err(SandboxError::Wait(e.into())),
+        }
+        let ready: Vec<usize> =
+            fds.iter().zip(&which).filter(|(p, _)| !p.revents().is_empty()).map(|(_, i)| *i).collect();
+        drop(fds);
+        for i in ready {
+            match i {
+                0 => out.pump(),
+                1 => err.pump(),
+                _ => report.pump(),
+            };
+        }
+    }
+    let status = child.wait().map_err(SandboxError::Wait)?;
+    let text = String::from_utf8_lossy(&report.buf).into_owned();
+    let mut exit = None;
+    for line in text.lines() {
+        if let Some(msg) = line.strip_prefix("error ") {
+            return Err(SandboxError::Setup(msg.to_string()));
+        }
+        let num = |s: &str| s.trim().parse::<i32>().ok();
+        if let Some(c) = line.strip_prefix("exit ").and_then(num) {
+            exit = Some(Exit::Code(c));
+        } else if let Some(s) = line.strip_prefix("signal ").and_then(num) {
+            exit = Some(Exit::Signal(s));
+        }
+    }
+    let exit = match (exit, timed_out) {
+        (Some(e), _) => e,
+        (None, true) => Exit::Signal(libc::SIGKILL),
+        (None, false) => {
+            use std::os::unix::process::ExitStatusExt;
+            return Err(SandboxError::NoReport(status.code().or(status.signal().map(|s| 128 + s)).unwrap_or(-1)));
+        }
+    };
+    Ok(Finished {
+        exit,
+        timed_out,
+        stdout: out.buf,
+        stderr: err.buf,
+        stdout_truncated: out.truncated,
+        stderr_truncated: err.truncated,
+    })
+}
+
+/// Ignore SIGINT and SIGQUIT while the sandbox runs; restore on drop.
+struct IgnoreInterrupts {
+    old: [libc::sighandler_t; 2],
+}
+
+impl IgnoreInterrupts {
+    fn new() -> IgnoreInterrupts {
+        // SAFETY: installing SIG_IGN is async-signal-safe and has no handler to race with.
+        let old = unsafe { [libc::signal(libc::SIGINT, libc::SIG_IGN), libc::signal(libc::SIGQUIT, libc::SIG_IGN)] };
+        IgnoreInterrupts { old }
+    }
+}
+
+impl Drop for IgnoreInterrupts {
+    fn drop(&mut self) {
+        // SAFETY: restores the dispositions saved in `new`.
+        unsafe {
+            libc::signal(libc::SIGINT, self.old[0]);
+            libc::signal(libc::SIGQUIT, self.old[1]);
+        }
+    }
+}
+
+/// Lossless argv for the string form: `bash -c STRING` (or `sh` where bash is missing).
+pub fn shell_argv(script: &str) -> Vec<OsString> {
+    let shell = if Path::new("/bin/bash").exists() { "/bin/bash" } else { "/bin/sh" };
+    vec![OsString::from(shell), OsString::from("-c"), OsString::from(script)]
+}

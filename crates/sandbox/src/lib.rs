@@ -1,0 +1,13 @@
+//! The syscall edge of txbox: namespaces, the mount plan, the stage-2 helper, process
+//! supervision and output capture. The only crate with much `unsafe`.
+//!
+//! - [`spec`]: the sandbox spec and the mount plan, as data (pure, unit-tested);
+//! - [`stage2`]: the re-exec'd helper that builds the sandbox in one ordered function;
+//! - [`launch`]: the host side that starts it, captures output and enforces the timeout.
+
+pub mod launch;
+pub mod spec;
+pub mod stage2;
+
+pub use launch::{launch, shell_argv, Exit, Finished, LaunchOptions, SandboxError};
+pub use spec::{MountOp, MountPlan, SandboxSpec};

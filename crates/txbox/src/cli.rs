@@ -1,0 +1,269 @@
+//! Command-line syntax (clap) and its translation into library calls.
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context as _, Result};
+use clap::{Args, Parser, Subcommand};
+use txbox::engine::{self, Command, RunRequest};
+use txbox::render;
+use txbox_policy::Policy;
+use txbox_txn::{audit, CrashHook, Recovered, StateDir};
+
+#[derive(Parser, Debug)]
+#[command(name = "txbox", version, about = "Run an AI agent's shell commands as transactions: \
+    committed atomically when they succeed, rolled back when they fail, refused when irreversible.")]
+struct Cli {
+    /// State directory (journal, layers, audit log). Default: <workspace>/.txbox
+    #[arg(long, global = true, env = "TXBOX_STATE_DIR", value_name = "DIR")]
+    state_dir: Option<PathBuf>,
+    /// Machine-readable output: one JSON object on stdout.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Sub,
+}
+
+#[derive(Subcommand, Debug)]
+enum Sub {
+    /// Run one command as one transaction: `run -- PROGRAM ARGS` or `run -c 'STRING'`.
+    Run(RunArgs),
+    /// Show the audit log.
+    Log(LogArgs),
+    /// Finish (roll forward) or discard transactions interrupted by a crash.
+    Recover(WorkspaceArg),
+    /// A guided run on a scratch workspace: a commit, a rollback and a refusal.
+    Demo,
+    /// Inspect the policy.
+    #[command(subcommand)]
+    Policy(PolicyCmd),
+}
+
+#[derive(Args, Debug)]
+struct WorkspaceArg {
+    /// Workspace directory (default: the current directory).
+    #[arg(short = 'C', long = "workspace", value_name = "DIR")]
+    workspace: Option<PathBuf>,
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    #[command(flatten)]
+    ws: WorkspaceArg,
+    /// Wall-clock limit in seconds; the whole process tree is killed and rolled back (exit 124).
+    #[arg(long, value_name = "SECS")]
+    timeout: Option<f64>,
+    /// Most bytes of stdout and of stderr captured into --json output (suffixes: K, M, G).
+    #[arg(long, value_name = "BYTES", value_parser = txbox::size::parse_size)]
+    max_output: Option<u64>,
+    /// The command as a shell string, run with `bash -c` semantics.
+    #[arg(short = 'c', value_name = "STRING", conflicts_with = "argv")]
+    command: Option<String>,
+    /// The command as PROGRAM ARGS, after `--`.
+    #[arg(last = true, value_name = "PROGRAM [ARG]...")]
+    argv: Vec<OsString>,
+}
+
+#[derive(Args, Debug)]
+struct LogArgs {
+    #[command(flatten)]
+    ws: WorkspaceArg,
+    /// Show only the last N entries.
+    #[arg(short = 'n', value_name = "N")]
+    n: Option<usize>,
+    /// Check the hash chain instead of printing.
+    #[arg(long)]
+    verify: bool,
+}
+
+#[derive(Subcommand, Debug)]
+enum PolicyCmd {
+    /// Evaluate a command string and print the decision.
+    Check {
+        #[command(flatten)]
+        ws: WorkspaceArg,
+        #[arg(short = 'c', value_name = "STRING")]
+        command: String,
+    },
+}
+
+const DEFAULT_MAX_OUTPUT: u64 = 16 << 20;
+
+pub fn main(args: Vec<OsString>) -> Result<i32> {
+    let cli = match Cli::try_parse_from(args) {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { 2 } else { 0 };
+            let _ = e.print();
+            return Ok(code);
+        }
+    };
+    match cli.command {
+        Sub::Run(a) => cmd_run(cli.state_dir, cli.json, a),
+        Sub::Log(a) => cmd_log(cli.state_dir, cli.json, a),
+        Sub::Recover(a) => cmd_recover(cli.state_dir, cli.json, a),
+        Sub::Demo => crate::demo::run(),
+        Sub::Policy(PolicyCmd::Check { ws, command }) => cmd_policy_check(cli.json, ws, &command),
+    }
+}
+
+fn workspace_of(ws: &WorkspaceArg) -> Result<PathBuf> {
+    let dir = match &ws.workspace {
+        Some(d) => d.clone(),
+        None => std::env::current_dir().context("reading the current directory")?,
+    };
+    Ok(engine::resolve_workspace(&dir)?)
+}
+
+fn cmd_run(state_dir: Option<PathBuf>, json: bool, a: RunArgs) -> Result<i32> {
+    let command = match (a.command, a.argv.is_empty()) {
+        (Some(s), true) => Command::Shell(s),
+        (None, false) => Command::Argv(a.argv),
+        (Some(_), false) => bail!("give either -c STRING or -- PROGRAM ARGS, not both"),
+        (None, true) => bail!("nothing to run: give -c STRING or -- PROGRAM ARGS"),
+    };
+    let timeout = match a.timeout {
+        Some(t) if !(t.is_finite() && t > 0.0) => bail!("--timeout must be a positive number of seconds"),
+        Some(t) => Some(Duration::from_secs_f64(t)),
+        None => None,
+    };
+    let req = RunRequest {
+        workspace: workspace_of(&a.ws)?,
+        state_dir,
+        cwd: std::env::current_dir().unwrap_or_default(),
+        command,
+        policy: Policy::builtin(),
+        capture: json,
+        max_output: usize::try_from(a.max_output.unwrap_or(DEFAULT_MAX_OUTPUT)).unwrap_or(usize::MAX),
+        timeout,
+    };
+    let r = engine::run(&req)?;
+    if json {
+        println!("{}", render::json(&r));
+    } else {
+        eprintln!("{}", render::summary(&r));
+    }
+    Ok(r.exit_code)
+}
+
+fn state_for(state_dir: Option<PathBuf>, ws: &WorkspaceArg) -> Result<StateDir> {
+    Ok(match state_dir {
+        Some(s) => StateDir { root: s },
+        None => StateDir::for_workspace(None, &workspace_of(ws)?),
+    })
+}
+
+fn cmd_log(state_dir: Option<PathBuf>, json: bool, a: LogArgs) -> Result<i32> {
+    let state = state_for(state_dir, &a.ws)?;
+    let path = state.audit_path();
+    if a.verify {
+        return match audit::verify(&path) {
+            Ok(n) => {
+                if json {
+                    println!("{}", serde_json::json!({"ok": true, "entries": n}));
+                } else {
+                    println!("audit log {}: {n} entries, hash chain intact", path.display());
+                }
+                Ok(0)
+            }
+            Err(e) => {
+                if json {
+                    println!("{}", serde_json::json!({"ok": false, "error": e.to_string()}));
+                } else {
+                    eprintln!("txbox: audit log does not verify: {e}");
+                }
+                Ok(1)
+            }
+        };
+    }
+    let mut entries = audit::read_all(&path)?;
+    if let Some(n) = a.n {
+        let skip = entries.len().saturating_sub(n);
+        entries.drain(..skip);
+    }
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    if json {
+        writeln!(out, "{}", serde_json::to_string(&entries)?)?;
+    } else {
+        for e in &entries {
+            let c = &e.changes;
+            let rule = e.rule.as_deref().map(|r| format!(" [{r}]")).unwrap_or_default();
+            writeln!(
+                out,
+                "{:>4} {} {:<11} exit {:<3} +{} ~{} -{} {:>8}  {}{rule}",
+                e.seq,
+                render::short(&e.tx),
+                e.outcome,
+                e.exit_code.map(|c| c.to_string()).unwrap_or_else(|| "-".into()),
+                c.added,
+                c.modified,
+                c.deleted,
+                render::ms(e.duration_ms),
+                e.command.replace('\n', "⏎"),
+            )?;
+        }
+    }
+    Ok(0)
+}
+
+fn cmd_recover(state_dir: Option<PathBuf>, json: bool, a: WorkspaceArg) -> Result<i32> {
+    let state = state_for(state_dir, &a)?;
+    if !state.root.exists() {
+        if json {
+            println!("{}", serde_json::json!({"recovered": []}));
+        } else {
+            eprintln!("txbox: nothing to recover ({} does not exist)", state.root.display());
+        }
+        return Ok(0);
+    }
+    let done = txbox_txn::recover(&state, None, &mut CrashHook::default())?;
+    let mut items = Vec::new();
+    for r in &done {
+        let (tx, what, ws) = match r {
+            Recovered::RolledForward { tx, workspace } => (tx.clone(), "rolled_forward", Some(workspace.clone())),
+            Recovered::Discarded { tx } => (tx.clone(), "discarded", None),
+        };
+        let entry = audit::Entry {
+            tx: tx.clone(),
+            workspace: ws.as_deref().map(|w| w.to_string_lossy().into_owned()).unwrap_or_default(),
+            command: "recover".into(),
+            action: "recover".into(),
+            outcome: what.into(),
+            ..audit::Entry::default()
+        };
+        audit::append(&state.audit_path(), entry, true)?;
+        if !json {
+            eprintln!("txbox: {what} tx {}", render::short(&tx));
+        }
+        items.push(serde_json::json!({"tx": tx, "action": what}));
+    }
+    if json {
+        println!("{}", serde_json::json!({ "recovered": items }));
+    } else if done.is_empty() {
+        eprintln!("txbox: nothing to recover");
+    }
+    Ok(0)
+}
+
+fn cmd_policy_check(json: bool, ws: WorkspaceArg, command: &str) -> Result<i32> {
+    let cwd = std::env::current_dir().unwrap_or_default();
+    let workspace = match &ws.workspace {
+        Some(_) => workspace_of(&ws)?,
+        None => cwd.clone(),
+    };
+    let ev = Policy::builtin().evaluate_str(command, &engine::policy_context(&workspace, &cwd));
+    if json {
+        let d = &ev.decision;
+        println!(
+            "{}",
+            serde_json::json!({"action": d.action, "rule": d.rule, "reason": d.reason, "commands": ev.commands})
+        );
+    } else {
+        let d = &ev.decision;
+        println!("{}: {}{}", d.action.as_str(), d.reason, d.rule.as_deref().map(|r| format!(" [{r}]")).unwrap_or_default());
+    }
+    Ok(0)
+}

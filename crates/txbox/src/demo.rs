@@ -1,0 +1,73 @@
+//! `txbox demo`: a guided tour on a scratch workspace — a command committed with its changes,
+//! a failing command rolled back, a destructive one refused — using the same engine as `run`.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, Result};
+use txbox::engine::{self, Command, RunRequest};
+use txbox::render;
+use txbox_policy::Policy;
+
+fn scratch_root() -> PathBuf {
+    // /var/tmp rather than /tmp: on many hosts /tmp is a tmpfs, and the demo should show the
+    // workspace's own filesystem at work.
+    let base = std::env::var_os("TMPDIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/var/tmp"));
+    base.join(format!("txbox-demo-{}", std::process::id()))
+}
+
+fn step(ws: &Path, title: &str, script: &str) -> Result<engine::RunResult> {
+    println!("\n== {title}\n$ txbox run -c '{script}'");
+    let req = RunRequest {
+        workspace: ws.to_path_buf(),
+        state_dir: None,
+        cwd: ws.to_path_buf(),
+        command: Command::Shell(script.to_string()),
+        policy: Policy::builtin(),
+        capture: false,
+        max_output: 0,
+        timeout: Some(std::time::Duration::from_secs(30)),
+    };
+    let r = engine::run(&req)?;
+    println!("{}", render::summary(&r));
+    Ok(r)
+}
+
+fn listing(ws: &Path) -> String {
+    let mut names: Vec<String> = std::fs::read_dir(ws)
+        .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n != ".txbox").collect())
+        .unwrap_or_default();
+    names.sort();
+    names.join("  ")
+}
+
+pub fn run() -> Result<i32> {
+    let ws = scratch_root();
+    std::fs::create_dir_all(ws.join("src")).with_context(|| format!("creating {}", ws.display()))?;
+    std::fs::write(ws.join("README.md"), "# scratch project\n")?;
+    std::fs::write(ws.join("src/main.rs"), "fn main() { println!(\"hello\"); }\n")?;
+    println!("txbox demo: a scratch workspace at {}", ws.display());
+    println!("workspace: {}", listing(&ws));
+
+    let r = step(&ws, "1. a command that succeeds is committed", "echo '## usage' >> README.md && mkdir -p build && echo ok > build/out.txt")?;
+    let c = &r.changes;
+    println!("   added {:?}, modified {:?}, deleted {:?}", c.added, c.modified, c.deleted);
+    println!("workspace: {}", listing(&ws));
+
+    let r2 = step(&ws, "2. a command that fails is rolled back, as if it never ran", "rm -rf src && echo half-done > notes.txt && exit 3")?;
+    println!("   exit status {} passed through; src/ still there: {}", r2.exit_code, ws.join("src/main.rs").exists());
+    println!("workspace: {}", listing(&ws));
+
+    let r3 = step(&ws, "3. a destructive command is refused before anything runs", "rm -rf /")?;
+    println!("   exit status {} (126 = denied by policy)", r3.exit_code);
+
+    println!("\nThe audit log (txbox log -C {}):", ws.display());
+    for e in txbox_txn::audit::read_all(&ws.join(".txbox/audit.log"))? {
+        println!("   {} {:<11} {}", render::short(&e.tx), e.outcome, e.command);
+    }
+    let ok = r.outcome == engine::Outcome::Committed
+        && r2.outcome == engine::Outcome::RolledBack
+        && r3.outcome == engine::Outcome::Denied;
+    let _ = txbox_txn::state::remove_tree(&ws);
+    println!("\n{}", if ok { "demo finished: commit, rollback and refusal all behaved." } else { "demo: something did not behave as expected (see above)." });
+    Ok(if ok { 0 } else { 1 })
+}

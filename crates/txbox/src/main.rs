@@ -1,0 +1,20 @@
+//! The `txbox` binary: parse the command line, call the library, render, exit.
+
+mod cli;
+mod demo;
+
+fn main() {
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    // The sandbox helper is re-exec'd on every run: dispatch it before any argument parsing.
+    if args.get(1).is_some_and(|a| a == "__stage2") {
+        txbox_sandbox::stage2::main(&args[2..]);
+    }
+    let code = match cli::main(args) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("txbox: error: {e:#}");
+            125
+        }
+    };
+    std::process::exit(code);
+}

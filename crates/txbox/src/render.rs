@@ -1,0 +1,66 @@
+//! Output for people and for programs. Human summaries go to stderr, so the command's own
+//! stdout stays exactly what it printed.
+
+use crate::engine::{Outcome, RollbackReason, RunResult};
+
+/// A short transaction id for humans: the first 8 hex digits and an ellipsis.
+pub fn short(tx: &str) -> String {
+    if tx.len() > 8 {
+        format!("{}…", &tx[..8])
+    } else {
+        tx.to_string()
+    }
+}
+
+/// Milliseconds with one decimal below 100 ms, whole above.
+pub fn ms(v: f64) -> String {
+    if v < 100.0 {
+        format!("{v:.1} ms")
+    } else {
+        format!("{v:.0} ms")
+    }
+}
+
+/// The one-line summary of DESIGN §3, e.g.
+/// `txbox: committed tx 7f3a… (+3 ~1 -2) in 4.1 ms`.
+pub fn summary(r: &RunResult) -> String {
+    let c = &r.changes;
+    match r.outcome {
+        Outcome::Committed => format!(
+            "txbox: committed tx {} (+{} ~{} -{}) in {}",
+            short(&r.tx),
+            c.added.len(),
+            c.modified.len(),
+            c.deleted.len(),
+            ms(r.duration_ms)
+        ),
+        Outcome::RolledBack => {
+            let why = match (r.rollback_reason, r.signal) {
+                (Some(RollbackReason::Timeout), _) => "timed out".to_string(),
+                (Some(RollbackReason::Limit), _) => {
+                    format!("{} limit exceeded", r.limit_exceeded.as_deref().unwrap_or("resource"))
+                }
+                (Some(RollbackReason::Validation), _) => "validation failed".to_string(),
+                (_, Some(sig)) => format!("killed by signal {sig}"),
+                _ => format!("exit status {}", r.exit_code),
+            };
+            format!("txbox: rolled back tx {}: {why}", short(&r.tx))
+        }
+        Outcome::Denied => format!(
+            "txbox: denied by rule {}: {}",
+            r.decision.rule.as_deref().unwrap_or("policy"),
+            r.decision.reason
+        ),
+        Outcome::Pending => format!("txbox: tx {} pending; review with `txbox diff {}`", short(&r.tx), r.tx),
+        Outcome::Conflict => format!(
+            "txbox: conflict, nothing applied in tx {}: {}",
+            short(&r.tx),
+            r.error.as_deref().unwrap_or("a changed path was changed in the workspace too")
+        ),
+        Outcome::Error => format!("txbox: error, nothing changed: {}", r.error.as_deref().unwrap_or("unknown error")),
+    }
+}
+
+pub fn json(r: &RunResult) -> String {
+    serde_json::to_string(r).unwrap_or_else(|e| format!("{{\"error\": \"rendering the result: {e}\"}}"))
+}

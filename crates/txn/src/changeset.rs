@@ -1,0 +1,366 @@
+//! Change-set classification: what an overlay upper layer means for the real workspace.
+//!
+//! The upper layer of a `userxattr` overlay (no redirect_dir, no metacopy, no index) encodes
+//! changes as follows, and this module turns that encoding into a [`ChangeSet`]:
+//! - a 0:0 character device is a whiteout: the lower entry of that name is deleted;
+//! - a directory with `user.overlay.opaque=y` hides the whole lower directory of that name
+//!   (a directory deleted and created again); new directories may carry it too;
+//! - any other entry is the object as it is now; overlay copies objects up even when nothing
+//!   changed (open for writing, chown to the same owner), so unchanged copies are filtered out;
+//! - overlay's own xattrs (`user.overlay.*`, `trusted.overlay.*`) are bookkeeping, except the
+//!   escaped `*.overlay.overlay.*` names that hold the user's own `*.overlay.*` attributes.
+//!
+//! Classification only reads. What must be fixed in the upper before its objects can be moved
+//! into the workspace is recorded as [`Fixup`]s, applied later by `prepare`.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::ffi::OsString;
+use std::fs::Metadata;
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use crate::meta::{self, Kind, XattrClass};
+
+/// One change to one path of the workspace (paths are relative to the workspace root).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change {
+    pub path: PathBuf,
+    pub op: ChangeOp,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ChangeOp {
+    /// The upper object (a whole subtree for a directory) takes the path; `old` is what the
+    /// workspace holds there now, if anything.
+    Put { new: Kind, old: Option<Kind> },
+    /// The workspace object at the path goes away (a whole subtree for a directory).
+    Delete { old: Kind },
+    /// A directory present on both sides keeps its entries; its own attributes (mode, mtime,
+    /// xattrs) come from the upper. `visible` is false when only the mtime moved.
+    DirMeta { visible: bool },
+}
+
+/// A repair of the upper layer needed before an object can be committed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Fixup {
+    /// Remove a whiteout, device node, FIFO or socket inside a subtree being moved.
+    RemoveNode(PathBuf),
+    /// Drop overlay's own xattr.
+    RemoveXattr(PathBuf, OsString),
+    /// Rename an escaped xattr to the user's real name.
+    Unescape { path: PathBuf, escaped: OsString, real: OsString },
+    /// Strip setuid/setgid/sticky.
+    Chmod(PathBuf, u32),
+}
+
+/// The classified content of one upper layer.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ChangeSet {
+    pub changes: Vec<Change>,
+    pub fixups: Vec<Fixup>,
+    /// Special files (devices, FIFOs, sockets) the command created: reported, never committed.
+    pub skipped: Vec<PathBuf>,
+    /// For reporting: every path that appears, changes or disappears.
+    pub added: Vec<PathBuf>,
+    pub modified: Vec<PathBuf>,
+    pub deleted: Vec<PathBuf>,
+}
+
+impl ChangeSet {
+    pub fn is_empty(&self) -> bool {
+        self.changes.is_empty()
+    }
+
+    /// Number of changes that alter the workspace visibly (for summaries).
+    pub fn counts(&self) -> (usize, usize, usize) {
+        (self.added.len(), self.modified.len(), self.deleted.len())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("classifying the upper layer at {path}: {source}")]
+pub struct ClassifyError {
+    pub path: PathBuf,
+    #[source]
+    pub source: io::Error,
+}
+
+trait Ctx<T> {
+    fn at(self, path: &Path) -> Result<T, ClassifyError>;
+}
+
+impl<T> Ctx<T> for io::Result<T> {
+    fn at(self, path: &Path) -> Result<T, ClassifyError> {
+        self.map_err(|source| ClassifyError { path: path.to_path_buf(), source })
+    }
+}
+
+fn lstat_opt(path: &Path) -> Result<Option<Metadata>, ClassifyError> {
+    match std::fs::symlink_metadata(path) {
+        Ok(md) => Ok(Some(md)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+        // A path component that became a non-directory in the workspace: nothing there.
+        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => Ok(None),
+        Err(e) => Err(e).at(path),
+    }
+}
+
+fn sorted_names(dir: &Path) -> Result<Vec<OsString>, ClassifyError> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(dir).at(dir)? {
+        names.push(entry.at(dir)?.file_name());
+    }
+    names.sort();
+    Ok(names)
+}
+
+fn is_opaque(path: &Path) -> Result<bool, ClassifyError> {
+    for name in [&b"user.overlay.opaque"[..], &b"trusted.overlay.opaque"[..]] {
+        let name = OsString::from(String::from_utf8_lossy(name).into_owned());
+        match meta::get_xattr(path, &name) {
+            Ok(v) => return Ok(v == b"y"),
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENODATA) | Some(libc::ENOTSUP) | Some(libc::EPERM)
+                ) => {}
+            Err(e) => return Err(e).at(path),
+        }
+    }
+    Ok(false)
+}
+
+struct Classifier<'a> {
+    upper: &'a Path,
+    lower: &'a Path,
+    exclude: &'a HashSet<PathBuf>,
+    out: ChangeSet,
+    /// Upper inodes with more than one link that are committed, and unchanged copies of
+    /// linked inodes: a hard-link group is committed whole or not at all.
+    put_inodes: HashSet<u64>,
+    /// Directories whose list of entries changed: only their mtime is worth committing.
+    entries_changed: HashSet<PathBuf>,
+    linked_noops: HashMap<u64, Vec<(PathBuf, Kind)>>,
+}
+
+/// Classify `upper` against `lower` (the real workspace). `exclude` lists relative paths that are
+/// never part of a change set (the state directory when it lives inside the workspace).
+pub fn classify(upper: &Path, lower: &Path, exclude: &HashSet<PathBuf>) -> Result<ChangeSet, ClassifyError> {
+    let mut c = Classifier {
+        upper,
+        lower,
+        exclude,
+        out: ChangeSet::default(),
+        put_inodes: HashSet::new(),
+        entries_changed: HashSet::new(),
+        linked_noops: HashMap::new(),
+    };
+    let root = PathBuf::new();
+    c.walk(&root, false)?;
+    let upper_root = std::fs::symlink_metadata(upper).at(upper)?;
+    let lower_root = std::fs::symlink_metadata(lower).at(lower)?;
+    c.dir_meta(&root, &upper_root, &lower_root)?;
+    c.close_link_groups()?;
+    let out = &mut c.out;
+    out.added.sort();
+    out.modified.sort();
+    out.deleted.sort();
+    out.skipped.sort();
+    Ok(c.out)
+}
+
+impl Classifier<'_> {
+    /// Walk the upper directory `rel`, whose lower counterpart is a directory. In `full` mode the
+    /// upper directory replaces the lower one entirely (opaque): lower names absent from the
+    /// upper are deleted. Otherwise absence means unchanged and whiteouts mark deletions.
+    fn walk(&mut self, rel: &Path, full: bool) -> Result<(), ClassifyError> {
+        let udir = meta::join(self.upper, rel);
+        let unames = sorted_names(&udir)?;
+        if full {
+            let ldir = meta::join(self.lower, rel);
+            let present: BTreeSet<&OsString> = unames.iter().collect();
+            for name in sorted_names(&ldir)? {
+                let p = rel.join(&name);
+                if present.contains(&name) || self.exclude.contains(&p) {
+                    continue;
+                }
+                if let Some(l) = lstat_opt(&self.lower.join(&p))? {
+                    self.delete(p, Kind::of(&l));
+                }
+            }
+        }
+        for name in unames {
+            let p = rel.join(&name);
+            if self.exclude.contains(&p) {
+                continue;
+            }
+            self.entry(p, full)?;
+        }
+        Ok(())
+    }
+
+    fn entry(&mut self, p: PathBuf, full: bool) -> Result<(), ClassifyError> {
+        let upath = self.upper.join(&p);
+        let lpath = self.lower.join(&p);
+        let u = std::fs::symlink_metadata(&upath).at(&upath)?;
+        let l = lstat_opt(&lpath)?;
+        if meta::is_whiteout(&u) {
+            // In full mode the lower directory is hidden anyway; the whiteout says nothing more.
+            if let (false, Some(l)) = (full, &l) {
+                self.delete(p, Kind::of(l));
+            }
+            return Ok(());
+        }
+        let new = Kind::of(&u);
+        let old = l.as_ref().map(Kind::of);
+        match (new, &l) {
+            (Kind::Special, _) => {
+                self.out.skipped.push(p.clone());
+                if let Some(old) = old {
+                    // The command replaced something with an object we do not commit: the
+                    // closest faithful result is that the old object is gone.
+                    self.delete(p, old);
+                }
+            }
+            (Kind::Dir, Some(l)) if Kind::of(l) == Kind::Dir => {
+                let opaque = full || is_opaque(&upath)?;
+                self.walk(&p, opaque)?;
+                self.dir_meta(&p, &u, l)?;
+            }
+            (_, Some(l)) if self.unchanged(&upath, &u, &lpath, l)? => {
+                if u.nlink() > 1 && new == Kind::File {
+                    self.linked_noops.entry(u.ino()).or_default().push((p, new));
+                }
+            }
+            _ => self.put(p, new, old, &u)?,
+        }
+        Ok(())
+    }
+
+    fn unchanged(&self, upath: &Path, u: &Metadata, lpath: &Path, l: &Metadata) -> Result<bool, ClassifyError> {
+        if !meta::same_attributes(u, l) {
+            return Ok(false);
+        }
+        let same = match Kind::of(u) {
+            Kind::File => meta::same_file_content(upath, lpath).at(upath)?,
+            Kind::Symlink => std::fs::read_link(upath).at(upath)? == std::fs::read_link(lpath).at(lpath)?,
+            _ => false,
+        };
+        Ok(same && meta::user_xattrs_of_upper(upath).at(upath)? == meta::xattrs_of_lower(lpath).at(lpath)?)
+    }
+
+    fn delete(&mut self, p: PathBuf, old: Kind) {
+        self.entries_changed.insert(p.parent().map(Path::to_path_buf).unwrap_or_default());
+        self.out.deleted.push(p.clone());
+        self.out.changes.push(Change { path: p, op: ChangeOp::Delete { old } });
+    }
+
+    fn put(&mut self, p: PathBuf, new: Kind, old: Option<Kind>, u: &Metadata) -> Result<(), ClassifyError> {
+        if old != Some(new) {
+            self.entries_changed.insert(p.parent().map(Path::to_path_buf).unwrap_or_default());
+        }
+        if old.is_some() {
+            self.out.modified.push(p.clone());
+        } else {
+            self.out.added.push(p.clone());
+        }
+        if u.nlink() > 1 && new == Kind::File {
+            self.put_inodes.insert(u.ino());
+        }
+        self.fixups_for(&p, u)?;
+        if new == Kind::Dir {
+            self.new_subtree(&p)?;
+        }
+        self.out.changes.push(Change { path: p, op: ChangeOp::Put { new, old } });
+        Ok(())
+    }
+
+    /// Everything below a directory that is moved whole: report it, and record what must be
+    /// cleaned out of it first.
+    fn new_subtree(&mut self, rel: &Path) -> Result<(), ClassifyError> {
+        let dir = self.upper.join(rel);
+        for name in sorted_names(&dir)? {
+            let p = rel.join(&name);
+            let upath = self.upper.join(&p);
+            let u = std::fs::symlink_metadata(&upath).at(&upath)?;
+            if meta::is_whiteout(&u) {
+                self.out.fixups.push(Fixup::RemoveNode(p));
+                continue;
+            }
+            match Kind::of(&u) {
+                Kind::Special => {
+                    self.out.skipped.push(p.clone());
+                    self.out.fixups.push(Fixup::RemoveNode(p));
+                }
+                kind => {
+                    self.out.added.push(p.clone());
+                    if u.nlink() > 1 && kind == Kind::File {
+                        self.put_inodes.insert(u.ino());
+                    }
+                    self.fixups_for(&p, &u)?;
+                    if kind == Kind::Dir {
+                        self.new_subtree(&p)?;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn fixups_for(&mut self, p: &Path, u: &Metadata) -> Result<(), ClassifyError> {
+        let upath = self.upper.join(p);
+        let mode = u.mode() & 0o7777;
+        if mode & !meta::COMMIT_MODE_MASK != 0 && Kind::of(u) != Kind::Symlink {
+            self.out.fixups.push(Fixup::Chmod(p.to_path_buf(), mode & meta::COMMIT_MODE_MASK));
+        }
+        for name in meta::list_xattrs(&upath).at(&upath)? {
+            match meta::classify_xattr(&name) {
+                XattrClass::User => {}
+                XattrClass::Overlay => self.out.fixups.push(Fixup::RemoveXattr(p.to_path_buf(), name)),
+                XattrClass::Escaped { real } => {
+                    self.out.fixups.push(Fixup::Unescape { path: p.to_path_buf(), escaped: name, real })
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn dir_meta(&mut self, p: &Path, u: &Metadata, l: &Metadata) -> Result<(), ClassifyError> {
+        let upath = meta::join(self.upper, p);
+        let lpath = meta::join(self.lower, p);
+        let visible = (u.mode() & meta::COMMIT_MODE_MASK) != (l.mode() & meta::COMMIT_MODE_MASK)
+            || u.uid() != l.uid()
+            || u.gid() != l.gid()
+            || meta::user_xattrs_of_upper(&upath).at(&upath)? != meta::xattrs_of_lower(&lpath).at(&lpath)?;
+        // Copy-ups touch the upper directory's mtime too; only a real change of entries counts.
+        let moved = self.entries_changed.contains(p) && (u.mtime() != l.mtime() || u.mtime_nsec() != l.mtime_nsec());
+        if visible || moved {
+            if visible && !p.as_os_str().is_empty() {
+                self.out.modified.push(p.to_path_buf());
+            }
+            self.out.changes.push(Change { path: p.to_path_buf(), op: ChangeOp::DirMeta { visible } });
+        }
+        Ok(())
+    }
+
+    /// A hard link made in the transaction to an existing file copies that file up: if any
+    /// name of the inode is committed, all its names are, so the link group survives.
+    fn close_link_groups(&mut self) -> Result<(), ClassifyError> {
+        let mut extra = Vec::new();
+        for (ino, paths) in self.linked_noops.drain() {
+            if self.put_inodes.contains(&ino) {
+                extra.extend(paths);
+            }
+        }
+        extra.sort();
+        for (p, kind) in extra {
+            let upath = self.upper.join(&p);
+            let u = std::fs::symlink_metadata(&upath).at(&upath)?;
+            self.fixups_for(&p, &u)?;
+            self.out.modified.push(p.clone());
+            self.out.changes.push(Change { path: p, op: ChangeOp::Put { new: kind, old: Some(kind) } });
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,341 @@
+//! The commit executor: prepare, write the commit point, apply, finish. And recovery, which is
+//! the same apply run again.
+//!
+//! Crash windows and why each is safe:
+//! - before the record is durable: the workspace is untouched; recovery discards the tx;
+//! - after it: every step checks by inode whether it already happened, so applying the record
+//!   again (recovery) completes exactly the missing steps; replaced objects wait in the upper
+//!   layer (swapped there by `RENAME_EXCHANGE`) and deleted ones in the trash until cleanup;
+//! - after the final sync: the record is deleted ("applied") and the tx directory removed;
+//!   a crash in between leaves only garbage that recovery removes.
+
+use std::ffi::OsStr;
+use std::io;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use rustix::fs::{AtFlags, OFlags, RenameFlags, Timestamps};
+
+use crate::beneath::{open_beneath, Beneath};
+use crate::changeset::{ChangeSet, Fixup};
+use crate::journal::{self, CommitRecord, JournalError, JournalStep};
+use crate::meta::{self, Kind};
+use crate::plan::{self, Step};
+
+#[derive(Debug, thiserror::Error)]
+pub enum CommitError {
+    #[error("commit step `{step}` on {path}: {source}")]
+    Io { step: &'static str, path: PathBuf, source: io::Error },
+    #[error("{path} changed in the workspace during the transaction ({what}); nothing was applied")]
+    Conflict { path: PathBuf, what: String },
+    #[error(transparent)]
+    Journal(#[from] JournalError),
+    #[error("commit stopped by the crash-injection hook after {0} mutating calls")]
+    Injected(usize),
+}
+
+fn io_err<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> CommitError + 'a {
+    move |source| CommitError::Io { step, path: path.to_path_buf(), source }
+}
+
+/// Counts mutating filesystem calls and stops the commit after the N-th one: the test hook that
+/// lets crash-injection tests cut a commit at every point. `TXBOX_CRASH_AFTER=N` sets it for a
+/// real process, which then exits at once as if killed.
+#[derive(Debug, Default)]
+pub struct CrashHook {
+    pub stop_after: Option<usize>,
+    pub exit_process: bool,
+    calls: usize,
+}
+
+impl CrashHook {
+    pub fn from_env() -> CrashHook {
+        let stop_after = std::env::var("TXBOX_CRASH_AFTER").ok().and_then(|v| v.parse().ok());
+        CrashHook { stop_after, exit_process: stop_after.is_some(), calls: 0 }
+    }
+
+    pub fn after(n: usize) -> CrashHook {
+        CrashHook { stop_after: Some(n), exit_process: false, calls: 0 }
+    }
+
+    fn tick(&mut self) -> Result<(), CommitError> {
+        self.calls += 1;
+        if self.stop_after.is_some_and(|n| self.calls >= n) {
+            if self.exit_process {
+                // Simulates SIGKILL: no destructors, no cleanup.
+                std::process::exit(137);
+            }
+            return Err(CommitError::Injected(self.calls));
+        }
+        Ok(())
+    }
+
+    pub fn calls(&self) -> usize {
+        self.calls
+    }
+}
+
+/// Where a transaction's pieces live, for one commit.
+pub struct CommitTarget<'a> {
+    pub tx: &'a str,
+    pub workspace: &'a Path,
+    pub upper: &'a Path,
+    pub trash: &'a Path,
+    pub record: &'a Path,
+}
+
+/// Commit `cs` (classified from `target.upper`) into the workspace. On Ok the change set is in
+/// the workspace and durable; on Err before the commit point nothing was changed.
+pub fn commit(target: &CommitTarget<'_>, cs: &ChangeSet, hook: &mut CrashHook) -> Result<(), CommitError> {
+    let steps = plan::plan(cs);
+    if steps.is_empty() {
+        return Ok(());
+    }
+    // 1. Repair the upper layer so its objects can move as they are.
+    apply_fixups(target.upper, &cs.fixups)?;
+    // 2. Record inode numbers, and check that the workspace still holds what we classified.
+    let mut ws = Beneath::open(target.workspace).map_err(io_err("open workspace", target.workspace))?;
+    let mut up = Beneath::open(target.upper).map_err(io_err("open upper", target.upper))?;
+    let mut jsteps = Vec::with_capacity(steps.len());
+    for step in steps {
+        jsteps.push(identify(&mut ws, &mut up, step)?);
+    }
+    // 3. Make the content durable before anything points at it.
+    syncfs(target.upper)?;
+    std::fs::create_dir_all(target.trash).map_err(io_err("create trash", target.trash))?;
+    // 4. The commit point.
+    let record = CommitRecord {
+        tx: target.tx.to_string(),
+        workspace: target.workspace.to_path_buf(),
+        upper: target.upper.to_path_buf(),
+        trash: target.trash.to_path_buf(),
+        steps: jsteps,
+    };
+    hook.tick()?;
+    journal::write_durably(target.record, &record)?;
+    // 5. Apply, 6. mark applied.
+    apply_record(&record, hook)?;
+    finish(target.record, hook)
+}
+
+/// Apply a commit record: every step at most once, whatever already happened.
+pub fn apply_record(record: &CommitRecord, hook: &mut CrashHook) -> Result<(), CommitError> {
+    let mut ws = Beneath::open(&record.workspace).map_err(io_err("open workspace", &record.workspace))?;
+    let mut up = Beneath::open(&record.upper).map_err(io_err("open upper", &record.upper))?;
+    let trash = Beneath::open(&record.trash).map_err(io_err("open trash", &record.trash))?;
+    for js in &record.steps {
+        apply_step(&mut ws, &mut up, &trash, record, js, hook)?;
+    }
+    syncfs(&record.workspace)
+}
+
+/// Delete the record (the "applied" mark) durably.
+pub fn finish(record: &Path, hook: &mut CrashHook) -> Result<(), CommitError> {
+    hook.tick()?;
+    match std::fs::remove_file(record) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err("remove commit record", record)(e)),
+    }
+    if let Some(dir) = record.parent() {
+        std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io_err("sync journal dir", dir))?;
+    }
+    Ok(())
+}
+
+fn syncfs(path: &Path) -> Result<(), CommitError> {
+    let fd = rustix::fs::open(path, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, rustix::fs::Mode::empty())
+        .map_err(|e| io_err("open for syncfs", path)(e.into()))?;
+    rustix::fs::syncfs(&fd).map_err(|e| io_err("syncfs", path)(e.into()))
+}
+
+fn stat_at(b: &mut Beneath, rel: &Path) -> io::Result<Option<rustix::fs::Stat>> {
+    if rel.as_os_str().is_empty() {
+        return Ok(Some(rustix::fs::fstat(b.root())?));
+    }
+    let (dir, name) = b.parent(rel)?;
+    match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) => Ok(Some(st)),
+        Err(rustix::io::Errno::NOENT) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn kind_of_mode(mode: u32) -> Kind {
+    match mode & libc::S_IFMT {
+        libc::S_IFDIR => Kind::Dir,
+        libc::S_IFREG => Kind::File,
+        libc::S_IFLNK => Kind::Symlink,
+        _ => Kind::Special,
+    }
+}
+
+/// Attach inode numbers to a step and check the workspace against the change set.
+fn identify(ws: &mut Beneath, up: &mut Beneath, step: Step) -> Result<JournalStep, CommitError> {
+    let path = step.path().clone();
+    let conflict = |what: String| CommitError::Conflict { path: path.clone(), what };
+    let ws_stat = |ws: &mut Beneath| stat_at(ws, &path).map_err(io_err("stat workspace", &path));
+    let up_ino = |up: &mut Beneath| -> Result<u64, CommitError> {
+        match stat_at(up, &path).map_err(io_err("stat upper", &path))? {
+            Some(st) => Ok(st.st_ino),
+            None => Err(CommitError::Io { step: "stat upper", path: path.clone(), source: io::ErrorKind::NotFound.into() }),
+        }
+    };
+    let (ino, old_ino) = match &step {
+        Step::Remove { kind, .. } => match ws_stat(ws)? {
+            Some(st) if kind_of_mode(st.st_mode) == *kind => (st.st_ino, 0),
+            Some(_) => return Err(conflict(format!("no longer a {}", kind.as_str()))),
+            None => return Err(conflict("already gone".into())),
+        },
+        Step::Create { .. } => match ws_stat(ws)? {
+            None => (up_ino(up)?, 0),
+            Some(_) => return Err(conflict("created by someone else".into())),
+        },
+        Step::Replace { old, .. } => match ws_stat(ws)? {
+            Some(st) if kind_of_mode(st.st_mode) == *old => (up_ino(up)?, st.st_ino),
+            Some(_) => return Err(conflict(format!("no longer a {}", old.as_str()))),
+            None => return Err(conflict("deleted by someone else".into())),
+        },
+        Step::DirMeta { .. } => match ws_stat(ws)? {
+            Some(st) if kind_of_mode(st.st_mode) == Kind::Dir => (0, 0),
+            _ => return Err(conflict("no longer a directory".into())),
+        },
+    };
+    Ok(JournalStep { step, ino, old_ino })
+}
+
+fn apply_step(
+    ws: &mut Beneath,
+    up: &mut Beneath,
+    trash: &Beneath,
+    record: &CommitRecord,
+    js: &JournalStep,
+    hook: &mut CrashHook,
+) -> Result<(), CommitError> {
+    let path = js.step.path();
+    let current = stat_at(ws, path).map_err(io_err("stat workspace", path))?;
+    match &js.step {
+        Step::Remove { kind, slot, .. } => {
+            let slot_name = slot.to_string();
+            let done = match rustix::fs::statat(trash.root(), slot_name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(st) => st.st_ino == js.ino,
+                Err(_) => false,
+            };
+            if done {
+                return Ok(());
+            }
+            match current {
+                Some(st) if st.st_ino == js.ino => {}
+                _ => return Err(CommitError::Conflict { path: path.clone(), what: "changed before removal".into() }),
+            }
+            hook.tick()?;
+            let (dir, name) = ws.parent(path).map_err(io_err("open parent", path))?;
+            rustix::fs::renameat_with(dir, name, trash.root(), slot_name.as_str(), RenameFlags::NOREPLACE)
+                .map_err(|e| io_err("remove (rename to trash)", path)(e.into()))?;
+            if *kind == Kind::Dir {
+                ws.forget(path);
+            }
+        }
+        Step::Create { .. } => {
+            if current.is_some_and(|st| st.st_ino == js.ino) {
+                return Ok(());
+            }
+            hook.tick()?;
+            let (udir, uname) = up.parent(path).map_err(io_err("open upper parent", path))?;
+            let udir = rustix::io::fcntl_dupfd_cloexec(udir, 0).map_err(|e| io_err("dup", path)(e.into()))?;
+            let (dir, name) = ws.parent(path).map_err(io_err("open parent", path))?;
+            rustix::fs::renameat_with(&udir, uname, dir, name, RenameFlags::NOREPLACE)
+                .map_err(|e| io_err("create (rename into workspace)", path)(e.into()))?;
+        }
+        Step::Replace { old, .. } => {
+            match current {
+                Some(st) if st.st_ino == js.ino => return Ok(()),
+                Some(st) if st.st_ino == js.old_ino => {}
+                _ => return Err(CommitError::Conflict { path: path.clone(), what: "changed before replacement".into() }),
+            }
+            hook.tick()?;
+            let (udir, uname) = up.parent(path).map_err(io_err("open upper parent", path))?;
+            let udir: OwnedFd = rustix::io::fcntl_dupfd_cloexec(udir, 0).map_err(|e| io_err("dup", path)(e.into()))?;
+            let (dir, name) = ws.parent(path).map_err(io_err("open parent", path))?;
+            rustix::fs::renameat_with(&udir, uname, dir, name, RenameFlags::EXCHANGE)
+                .map_err(|e| io_err("replace (exchange)", path)(e.into()))?;
+            if *old == Kind::Dir {
+                ws.forget(path);
+            }
+        }
+        Step::DirMeta { .. } => {
+            hook.tick()?;
+            copy_dir_meta(ws, &meta::join(&record.upper, path), path)?;
+        }
+    }
+    Ok(())
+}
+
+/// Give the workspace directory `rel` the mode, owner, user xattrs and times of `upper_dir`.
+fn copy_dir_meta(ws: &mut Beneath, upper_dir: &Path, rel: &Path) -> Result<(), CommitError> {
+    let u = std::fs::symlink_metadata(upper_dir).map_err(io_err("stat upper dir", upper_dir))?;
+    let fd = open_beneath(ws.root(), rel, OFlags::RDONLY | OFlags::DIRECTORY).map_err(io_err("open dir", rel))?;
+    let cur = rustix::fs::fstat(&fd).map_err(|e| io_err("stat dir", rel)(e.into()))?;
+    if (cur.st_uid, cur.st_gid) != (u.uid(), u.gid()) {
+        rustix::fs::fchown(&fd, Some(rustix::process::Uid::from_raw(u.uid())), Some(rustix::process::Gid::from_raw(u.gid())))
+            .map_err(|e| io_err("chown dir", rel)(e.into()))?;
+    }
+    rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(u.mode() & meta::COMMIT_MODE_MASK))
+        .map_err(|e| io_err("chmod dir", rel)(e.into()))?;
+    sync_xattrs(&fd, upper_dir, rel)?;
+    let ts = |s: i64, ns: i64| rustix::fs::Timespec { tv_sec: s, tv_nsec: ns as _ };
+    let times = Timestamps { last_access: ts(u.atime(), u.atime_nsec()), last_modification: ts(u.mtime(), u.mtime_nsec()) };
+    rustix::fs::futimens(&fd, &times).map_err(|e| io_err("set dir times", rel)(e.into()))
+}
+
+fn sync_xattrs(fd: &OwnedFd, upper_dir: &Path, rel: &Path) -> Result<(), CommitError> {
+    let want = meta::user_xattrs_of_upper(upper_dir).map_err(io_err("read upper xattrs", upper_dir))?;
+    let mut buf = vec![0u8; 4096];
+    let have: Vec<Vec<u8>> = match rustix::fs::flistxattr(fd, &mut buf) {
+        Ok(n) => buf[..n].split(|b| *b == 0).filter(|s| !s.is_empty()).map(<[u8]>::to_vec).collect(),
+        Err(_) => Vec::new(),
+    };
+    use std::os::unix::ffi::OsStrExt;
+    for name in &have {
+        let n = OsStr::from_bytes(name);
+        if !want.iter().any(|(w, _)| w.as_os_str() == n) && name.starts_with(b"user.") {
+            rustix::fs::fremovexattr(fd, n).map_err(|e| io_err("remove xattr", rel)(e.into()))?;
+        }
+    }
+    for (name, value) in &want {
+        rustix::fs::fsetxattr(fd, name.as_os_str(), value, rustix::fs::XattrFlags::empty())
+            .map_err(|e| io_err("set xattr", rel)(e.into()))?;
+    }
+    Ok(())
+}
+
+/// Repair the upper layer before its objects move (before the commit point, so a crash here
+/// only affects a transaction that will be discarded).
+pub fn apply_fixups(upper: &Path, fixups: &[Fixup]) -> Result<(), CommitError> {
+    for f in fixups {
+        match f {
+            Fixup::RemoveNode(p) => {
+                let full = upper.join(p);
+                std::fs::remove_file(&full).map_err(io_err("remove special file", &full))?;
+            }
+            Fixup::RemoveXattr(p, name) => {
+                let full = upper.join(p);
+                rustix::fs::lremovexattr(&full, name.as_os_str()).map_err(|e| io_err("remove overlay xattr", &full)(e.into()))?;
+            }
+            Fixup::Unescape { path, escaped, real } => {
+                let full = upper.join(path);
+                let value = meta::get_xattr(&full, escaped).map_err(io_err("read escaped xattr", &full))?;
+                rustix::fs::lsetxattr(&full, real.as_os_str(), &value, rustix::fs::XattrFlags::empty())
+                    .map_err(|e| io_err("unescape xattr", &full)(e.into()))?;
+                rustix::fs::lremovexattr(&full, escaped.as_os_str()).map_err(|e| io_err("unescape xattr", &full)(e.into()))?;
+            }
+            Fixup::Chmod(p, mode) => {
+                use std::os::unix::fs::PermissionsExt;
+                let full = upper.join(p);
+                std::fs::set_permissions(&full, std::fs::Permissions::from_mode(*mode)).map_err(io_err("strip mode bits", &full))?;
+            }
+        }
+    }
+    Ok(())
+}

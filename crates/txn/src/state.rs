@@ -1,0 +1,321 @@
+//! The state directory: where transactions, the journal, locks and the audit log live.
+//!
+//! ```text
+//! STATE/
+//!   tx/<id>/meta        what the transaction is (workspace, kind)
+//!   tx/<id>/owner.lock  flocked by the process running the transaction
+//!   tx/<id>/upper work  overlay layers (upper on the workspace's filesystem)
+//!   tx/<id>/trash/      workspace objects removed by the commit, until cleanup
+//!   journal/<id>.commit commit records: the commit point of each transaction
+//!   locks/<hash>.lock   one per workspace: commits and recovery serialize on it
+//!   audit.log           hash-chained JSON lines
+//! ```
+
+use std::fs::File;
+use std::io;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::path::{Path, PathBuf};
+
+use rustix::fs::FlockOperation;
+use sha2::{Digest, Sha256};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("state directory {path}: {what}: {source}")]
+    Io { path: PathBuf, what: &'static str, source: io::Error },
+    #[error("unknown transaction id `{0}` (see `txbox list`)")]
+    UnknownTx(String),
+    #[error(
+        "the state directory {state} is on another filesystem than the workspace {workspace}; \
+         commits are renames, so put the state directory on the workspace's filesystem (--state-dir)"
+    )]
+    CrossDevice { state: PathBuf, workspace: PathBuf },
+}
+
+fn io_at<'a>(path: &'a Path, what: &'static str) -> impl FnOnce(io::Error) -> StateError + 'a {
+    move |source| StateError::Io { path: path.to_path_buf(), what, source }
+}
+
+#[derive(Debug, Clone)]
+pub struct StateDir {
+    pub root: PathBuf,
+}
+
+/// An exclusive flock, released on drop.
+#[derive(Debug)]
+pub struct Lock {
+    _file: File,
+}
+
+fn flock(path: &Path, op: FlockOperation) -> Result<Option<Lock>, StateError> {
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(io_at(path, "open lock"))?;
+    match rustix::fs::flock(&file, op) {
+        Ok(()) => Ok(Some(Lock { _file: file })),
+        Err(rustix::io::Errno::WOULDBLOCK) => Ok(None),
+        Err(e) => Err(io_at(path, "lock")(e.into())),
+    }
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl StateDir {
+    /// The state directory for `workspace`: `--state-dir` if given, else `<workspace>/.txbox`.
+    pub fn for_workspace(explicit: Option<&Path>, workspace: &Path) -> StateDir {
+        StateDir { root: explicit.map(Path::to_path_buf).unwrap_or_else(|| workspace.join(".txbox")) }
+    }
+
+    /// Create the layout if missing (mode 0700: other users have no business in it).
+    pub fn ensure(&self) -> Result<(), StateError> {
+        for sub in ["", "tx", "journal", "locks"] {
+            let p = self.root.join(sub);
+            match std::fs::DirBuilder::new().mode(0o700).create(&p) {
+                Ok(()) => {}
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(io_at(&p, "create")(e)),
+            }
+        }
+        Ok(())
+    }
+
+    pub fn check_same_fs(&self, workspace: &Path) -> Result<(), StateError> {
+        let s = std::fs::metadata(&self.root).map_err(io_at(&self.root, "stat"))?;
+        let w = std::fs::metadata(workspace).map_err(io_at(workspace, "stat workspace"))?;
+        if s.dev() != w.dev() {
+            return Err(StateError::CrossDevice { state: self.root.clone(), workspace: workspace.to_path_buf() });
+        }
+        Ok(())
+    }
+
+    pub fn tx_dir(&self, id: &str) -> PathBuf {
+        self.root.join("tx").join(id)
+    }
+
+    pub fn record_path(&self, id: &str) -> PathBuf {
+        self.root.join("journal").join(format!("{id}.commit"))
+    }
+
+    pub fn audit_path(&self) -> PathBuf {
+        self.root.join("audit.log")
+    }
+
+    /// Block until this process holds the workspace's commit lock.
+    pub fn lock_workspace(&self, workspace: &Path) -> Result<Lock, StateError> {
+        let name = hex(&Sha256::digest(workspace.as_os_str().as_bytes())[..8]);
+        let path = self.root.join("locks").join(format!("{name}.lock"));
+        flock(&path, FlockOperation::LockExclusive)?.ok_or_else(|| io_at(&path, "lock")(io::ErrorKind::WouldBlock.into()))
+    }
+
+    /// Commit records waiting to be applied (left by a crash).
+    pub fn pending_records(&self) -> Result<Vec<PathBuf>, StateError> {
+        let dir = self.root.join("journal");
+        let mut out = Vec::new();
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+            Err(e) => return Err(io_at(&dir, "list journal")(e)),
+        };
+        for entry in entries {
+            let p = entry.map_err(io_at(&dir, "list journal"))?.path();
+            if p.extension().is_some_and(|e| e == "commit") {
+                out.push(p);
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// All transaction ids with a directory.
+    pub fn tx_ids(&self) -> Result<Vec<String>, StateError> {
+        let dir = self.root.join("tx");
+        let mut out = Vec::new();
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+            Err(e) => return Err(io_at(&dir, "list transactions")(e)),
+        };
+        for entry in entries {
+            let e = entry.map_err(io_at(&dir, "list transactions"))?;
+            if let Some(s) = e.file_name().to_str() {
+                out.push(s.to_string());
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// Remove a transaction's directory. It is first renamed aside, so a half-deleted
+    /// directory is never mistaken for a live transaction.
+    pub fn remove_tx(&self, id: &str) -> Result<(), StateError> {
+        let dir = self.tx_dir(id);
+        let aside = self.root.join("tx").join(format!(".gone-{id}"));
+        match std::fs::rename(&dir, &aside) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_at(&dir, "move aside")(e)),
+        }
+        remove_tree(&aside)
+    }
+
+    /// Transactions whose owning process is gone and which hold no open session: leftovers of a
+    /// killed `run`. Hidden `.gone-*` directories are half-finished removals.
+    pub fn abandoned(&self) -> Result<Vec<String>, StateError> {
+        let mut out = Vec::new();
+        for id in self.tx_ids()? {
+            if let Some(rest) = id.strip_prefix(".gone-") {
+                out.push(format!(".gone-{rest}"));
+                continue;
+            }
+            let dir = self.tx_dir(&id);
+            let meta = TxMeta::read(&dir).ok();
+            if meta.as_ref().is_some_and(|m| m.kind == "session") {
+                continue;
+            }
+            if self.record_path(&id).exists() {
+                continue;
+            }
+            if flock(&dir.join("owner.lock"), FlockOperation::NonBlockingLockExclusive)?.is_some() {
+                out.push(id);
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Remove a tree, tolerating its absence. Directories made unwritable by the command are made
+/// writable first (we own everything in the upper layer).
+pub fn remove_tree(path: &Path) -> Result<(), StateError> {
+    match std::fs::remove_dir_all(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
+            make_writable(path);
+            std::fs::remove_dir_all(path).map_err(io_at(path, "remove"))
+        }
+        Err(e) => Err(io_at(path, "remove")(e)),
+    }
+}
+
+fn make_writable(path: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(md) = std::fs::symlink_metadata(path) {
+        if md.is_dir() {
+            let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700));
+            if let Ok(rd) = std::fs::read_dir(path) {
+                for e in rd.flatten() {
+                    make_writable(&e.path());
+                }
+            }
+        }
+    }
+}
+
+/// A transaction's directory, created and owned by this process.
+#[derive(Debug)]
+pub struct TxDir {
+    pub id: String,
+    pub dir: PathBuf,
+    pub upper: PathBuf,
+    pub work: PathBuf,
+    pub trash: PathBuf,
+    _owner: Lock,
+}
+
+/// What a transaction is, stored in `tx/<id>/meta`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TxMeta {
+    pub workspace: PathBuf,
+    /// `run` (one command, owned by a live process) or `session` (begin/exec/commit).
+    pub kind: String,
+}
+
+impl TxMeta {
+    pub fn write(&self, dir: &Path) -> Result<(), StateError> {
+        let text = format!("workspace {}\nkind {}\n", hex(self.workspace.as_os_str().as_bytes()), self.kind);
+        let p = dir.join("meta");
+        std::fs::write(&p, text).map_err(io_at(&p, "write meta"))
+    }
+
+    pub fn read(dir: &Path) -> Result<TxMeta, StateError> {
+        let p = dir.join("meta");
+        let text = std::fs::read_to_string(&p).map_err(io_at(&p, "read meta"))?;
+        let mut ws = None;
+        let mut kind = None;
+        for line in text.lines() {
+            if let Some(h) = line.strip_prefix("workspace ") {
+                let bytes: Option<Vec<u8>> =
+                    (0..h.len()).step_by(2).map(|i| h.get(i..i + 2).and_then(|x| u8::from_str_radix(x, 16).ok())).collect();
+                ws = bytes.map(|b| PathBuf::from(std::ffi::OsString::from_vec(b)));
+            } else if let Some(k) = line.strip_prefix("kind ") {
+                kind = Some(k.to_string());
+            }
+        }
+        match (ws, kind) {
+            (Some(workspace), Some(kind)) => Ok(TxMeta { workspace, kind }),
+            _ => Err(io_at(&p, "parse meta")(io::ErrorKind::InvalidData.into())),
+        }
+    }
+}
+
+/// A fresh transaction id: 16 random hex digits.
+pub fn new_tx_id() -> String {
+    let mut b = [0u8; 8];
+    let mut filled = 0;
+    while filled < b.len() {
+        match rustix::rand::getrandom(&mut b[filled..], rustix::rand::GetRandomFlags::empty()) {
+            Ok(n) => filled += n,
+            Err(rustix::io::Errno::INTR) => {}
+            // getrandom cannot fail on Linux ≥ 3.17 once the pool is initialised; fall back to
+            // the clock rather than panic.
+            Err(_) => {
+                let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+                b.copy_from_slice(&(t as u64 ^ u64::from(std::process::id())).to_le_bytes());
+                break;
+            }
+        }
+    }
+    hex(&b)
+}
+
+impl TxDir {
+    /// Create `tx/<id>/{upper,work}` for `workspace`. The upper root copies the workspace root's
+    /// mode and owner, because overlay shows the upper root's attributes as the merged root's.
+    pub fn create(state: &StateDir, workspace: &Path, kind: &str) -> Result<TxDir, StateError> {
+        let id = new_tx_id();
+        let dir = state.tx_dir(&id);
+        std::fs::DirBuilder::new().mode(0o700).create(&dir).map_err(io_at(&dir, "create tx dir"))?;
+        let owner = flock(&dir.join("owner.lock"), FlockOperation::LockExclusive)?
+            .ok_or_else(|| io_at(&dir, "lock tx")(io::ErrorKind::WouldBlock.into()))?;
+        TxMeta { workspace: workspace.to_path_buf(), kind: kind.to_string() }.write(&dir)?;
+        let ws_md = std::fs::metadata(workspace).map_err(io_at(workspace, "stat workspace"))?;
+        let upper = dir.join("upper");
+        let work = dir.join("work");
+        std::fs::DirBuilder::new().mode(ws_md.mode() & 0o7777).create(&upper).map_err(io_at(&upper, "create upper"))?;
+        std::fs::DirBuilder::new().mode(0o700).create(&work).map_err(io_at(&work, "create work"))?;
+        // DirBuilder's mode is filtered by the umask; set it exactly.
+        {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&upper, std::fs::Permissions::from_mode(ws_md.mode() & 0o7777))
+                .map_err(io_at(&upper, "chmod upper"))?;
+        }
+        // Same mtime as the workspace root, so an untouched root is not a change.
+        let times = rustix::fs::Timestamps {
+            last_access: rustix::fs::Timespec { tv_sec: ws_md.atime(), tv_nsec: ws_md.atime_nsec() as _ },
+            last_modification: rustix::fs::Timespec { tv_sec: ws_md.mtime(), tv_nsec: ws_md.mtime_nsec() as _ },
+        };
+        rustix::fs::utimensat(rustix::fs::CWD, &upper, &times, rustix::fs::AtFlags::empty())
+            .map_err(|e| io_at(&upper, "set upper times")(e.into()))?;
+        if rustix::process::geteuid().is_root() && ws_md.uid() != 0 {
+            std::os::unix::fs::lchown(&upper, Some(ws_md.uid()), Some(ws_md.gid())).map_err(io_at(&upper, "chown upper"))?;
+        }
+        let trash = dir.join("trash");
+        Ok(TxDir { id, dir, upper, work, trash, _owner: owner })
+    }
+}
