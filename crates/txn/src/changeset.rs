@@ -141,6 +141,7 @@ struct Classifier<'a> {
     put_inodes: HashSet<u64>,
     /// Directories whose list of entries changed: only their mtime is worth committing.
     entries_changed: HashSet<PathBuf>,
+    fixed_inodes: HashSet<u64>,
     linked_noops: HashMap<u64, Vec<(PathBuf, Kind)>>,
 }
 
@@ -154,6 +155,7 @@ pub fn classify(upper: &Path, lower: &Path, exclude: &HashSet<PathBuf>) -> Resul
         out: ChangeSet::default(),
         put_inodes: HashSet::new(),
         entries_changed: HashSet::new(),
+        fixed_inodes: HashSet::new(),
         linked_noops: HashMap::new(),
     };
     let root = PathBuf::new();
@@ -309,6 +311,10 @@ impl Classifier<'_> {
     }
 
     fn fixups_for(&mut self, p: &Path, u: &Metadata) -> Result<(), ClassifyError> {
+        // Names of one inode share its attributes: repair each inode once.
+        if u.nlink() > 1 && !u.is_dir() && !self.fixed_inodes.insert(u.ino()) {
+            return Ok(());
+        }
         let upath = self.upper.join(p);
         let mode = u.mode() & 0o7777;
         if mode & !meta::COMMIT_MODE_MASK != 0 && Kind::of(u) != Kind::Symlink {

@@ -321,7 +321,10 @@ pub fn apply_fixups(upper: &Path, fixups: &[Fixup]) -> Result<(), CommitError> {
             }
             Fixup::RemoveXattr(p, name) => {
                 let full = upper.join(p);
-                rustix::fs::lremovexattr(&full, name.as_os_str()).map_err(|e| io_err("remove overlay xattr", &full)(e.into()))?;
+                match rustix::fs::lremovexattr(&full, name.as_os_str()) {
+                    Ok(()) | Err(rustix::io::Errno::NODATA) => {}
+                    Err(e) => return Err(io_err("remove overlay xattr", &full)(e.into())),
+                }
             }
             Fixup::Unescape { path, escaped, real } => {
                 let full = upper.join(path);

@@ -78,7 +78,6 @@ pub fn classify_xattr(name: &OsStr) -> XattrClass {
         if let Some(rest) = b.strip_prefix(prefix) {
             if let Some(inner) = rest.strip_prefix(b"overlay.") {
                 let mut real = prefix.to_vec();
-                real.extend_from_slice(b"overlay.");
                 real.extend_from_slice(inner);
                 return XattrClass::Escaped { real: OsString::from_vec(real) };
             }
