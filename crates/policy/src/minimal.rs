@@ -126,9 +126,17 @@ fn judge(argv: &[String], ctx: &Context) -> Option<Decision> {
                 a == "--recursive" || (a.starts_with('-') && !a.starts_with("--") && (a.contains('r') || a.contains('R')))
             });
             for a in argv[1..].iter().filter(|a| !a.starts_with('-')) {
-                let target = resolve(a.trim_end_matches("/*").trim_end_matches('*'), ctx);
-                let whole = a.ends_with("/*") || recursive;
-                if whole && is_dangerous_delete_target(&target, ctx) {
+                let base = match a.strip_suffix("/*") {
+                    Some("") => "/",
+                    Some(b) => b,
+                    None => a.as_str(),
+                };
+                let target = resolve(base, ctx);
+                let children_only = a.ends_with("/*");
+                let whole = children_only || recursive;
+                // `rm -rf ./*` empties the workspace: a transaction undoes that.
+                let empties_workspace = children_only && target == ctx.workspace;
+                if whole && !empties_workspace && is_dangerous_delete_target(&target, ctx) {
                     return Some(deny(
                         "fs.delete-outside-workspace",
                         format!("rm would delete {}", target.display()),

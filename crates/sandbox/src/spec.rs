@@ -12,6 +12,9 @@ pub struct SandboxSpec {
     pub workspace: PathBuf,
     pub upper: PathBuf,
     pub work: PathBuf,
+    /// Earlier steps of a session: read-only layers between the upper and the workspace,
+    /// topmost first.
+    pub layers: Vec<PathBuf>,
     /// Paths made invisible and unwritable inside (the state directory, the policy file).
     pub hide: Vec<PathBuf>,
     /// Working directory of the command inside the sandbox.
@@ -37,6 +40,9 @@ impl SandboxSpec {
         kv("--workspace", self.workspace.as_os_str());
         kv("--upper", self.upper.as_os_str());
         kv("--work", self.work.as_os_str());
+        for l in &self.layers {
+            kv("--layer", l.as_os_str());
+        }
         for h in &self.hide {
             kv("--hide", h.as_os_str());
         }
@@ -52,6 +58,7 @@ impl SandboxSpec {
             workspace: PathBuf::new(),
             upper: PathBuf::new(),
             work: PathBuf::new(),
+            layers: Vec::new(),
             hide: Vec::new(),
             cwd: PathBuf::new(),
             userns: false,
@@ -71,6 +78,7 @@ impl SandboxSpec {
                 b"--upper" => spec.upper = PathBuf::from(v),
                 b"--work" => spec.work = PathBuf::from(v),
                 b"--hide" => spec.hide.push(PathBuf::from(v)),
+                b"--layer" => spec.layers.push(PathBuf::from(v)),
                 b"--cwd" => spec.cwd = PathBuf::from(v),
                 b"--ids" => {
                     let s = v.to_string_lossy();
@@ -103,8 +111,9 @@ impl SandboxSpec {
 pub enum MountOp {
     /// Make every mount private, so nothing done inside propagates to the host.
     PrivateRoot,
-    /// The workspace view: an overlay mounted on the workspace's own path.
-    Overlay { target: PathBuf, lower: PathBuf, upper: PathBuf, work: PathBuf },
+    /// The workspace view: an overlay mounted on the workspace's own path. `lowers` are
+    /// topmost first; the last is the workspace itself.
+    Overlay { target: PathBuf, lowers: Vec<PathBuf>, upper: PathBuf, work: PathBuf },
     /// An empty read-only tmpfs over a path that must be neither visible nor writable.
     Hide { target: PathBuf },
     /// A procfs of the sandbox's own pid namespace; mounted by its init process.
@@ -124,7 +133,7 @@ impl MountPlan {
             MountOp::PrivateRoot,
             MountOp::Overlay {
                 target: spec.workspace.clone(),
-                lower: spec.workspace.clone(),
+                lowers: spec.layers.iter().cloned().chain([spec.workspace.clone()]).collect(),
                 upper: spec.upper.clone(),
                 work: spec.work.clone(),
             },
@@ -147,10 +156,15 @@ pub fn overlay_escape(p: &OsStr) -> Vec<u8> {
     out
 }
 
-/// The overlay mount options for a workspace view.
-pub fn overlay_options(lower: &OsStr, upper: &OsStr, work: &OsStr) -> OsString {
+/// The overlay mount options for a workspace view (`lowers` topmost first).
+pub fn overlay_options(lowers: &[PathBuf], upper: &OsStr, work: &OsStr) -> OsString {
     let mut o = b"lowerdir=".to_vec();
-    o.extend(overlay_escape(lower));
+    for (i, l) in lowers.iter().enumerate() {
+        if i > 0 {
+            o.push(b':');
+        }
+        o.extend(overlay_escape(l.as_os_str()));
+    }
     o.extend_from_slice(b",upperdir=");
     o.extend(overlay_escape(upper));
     o.extend_from_slice(b",workdir=");
@@ -171,6 +185,7 @@ mod tests {
             upper: "/w/ws/.txbox/tx/1/upper".into(),
             work: "/w/ws/.txbox/tx/1/work".into(),
             hide: vec!["/w/ws/.txbox".into()],
+            layers: vec!["/w/ws/.txbox/tx/1/steps/1/upper".into()],
             cwd: "/w/ws/src".into(),
             userns: true,
             uid: 1000,
@@ -203,7 +218,7 @@ mod tests {
                 MountOp::PrivateRoot,
                 MountOp::Overlay {
                     target: "/w/ws".into(),
-                    lower: "/w/ws".into(),
+                    lowers: vec!["/w/ws/.txbox/tx/1/steps/1/upper".into(), "/w/ws".into()],
                     upper: "/w/ws/.txbox/tx/1/upper".into(),
                     work: "/w/ws/.txbox/tx/1/work".into()
                 },
@@ -215,7 +230,7 @@ mod tests {
 
     #[test]
     fn overlay_options_escape_separators() {
-        let o = overlay_options(OsStr::new("/a,b:c\\d"), OsStr::new("/u"), OsStr::new("/w"));
-        assert_eq!(o, OsString::from("lowerdir=/a\\,b\\:c\\\\d,upperdir=/u,workdir=/w,userxattr"));
+        let o = overlay_options(&["/l1".into(), "/a,b:c\\d".into()], OsStr::new("/u"), OsStr::new("/w"));
+        assert_eq!(o, OsString::from("lowerdir=/l1:/a\\,b\\:c\\\\d,upperdir=/u,workdir=/w,userxattr"));
     }
 }

@@ -149,8 +149,8 @@ fn mount(op: &MountOp) -> Result<(), StepError> {
             rustix::mount::mount_change("/", MountPropagationFlags::PRIVATE | MountPropagationFlags::REC)
                 .map_err(at("make / private"))
         }
-        MountOp::Overlay { target, lower, upper, work } => {
-            let opts = overlay_options(lower.as_os_str(), upper.as_os_str(), work.as_os_str());
+        MountOp::Overlay { target, lowers, upper, work } => {
+            let opts = overlay_options(lowers, upper.as_os_str(), work.as_os_str());
             let opts = CString::new(opts.as_bytes()).map_err(|_| StepError { step: "overlay options".into(), errno: rustix::io::Errno::INVAL })?;
             rustix::mount::mount("overlay", target.as_path(), "overlay", MountFlags::empty(), Some(opts.as_c_str()))
                 .map_err(at(format!("mount overlay on {}", target.display())))

@@ -8,6 +8,7 @@ use std::time::Duration;
 use anyhow::{bail, Context as _, Result};
 use clap::{Args, Parser, Subcommand};
 use txbox::engine::{self, Command, RunRequest};
+use txbox::session;
 use txbox::render;
 use txbox_policy::Policy;
 use txbox_txn::{audit, CrashHook, Recovered, StateDir};
@@ -30,6 +31,50 @@ struct Cli {
 enum Sub {
     /// Run one command as one transaction: `run -- PROGRAM ARGS` or `run -c 'STRING'`.
     Run(RunArgs),
+    /// Open a multi-step transaction; prints its id.
+    Begin {
+        #[command(flatten)]
+        ws: WorkspaceArg,
+        /// A name to recognise it by in `txbox list`.
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// Run one step inside an open transaction (each step is a savepoint).
+    Exec {
+        tx: String,
+        #[command(flatten)]
+        opts: ExecOpts,
+        /// Keep a failed step's changes instead of undoing the step.
+        #[arg(long, value_enum, default_value = "rollback")]
+        on_failure: OnFailure,
+        #[arg(short = 'c', value_name = "STRING", conflicts_with = "argv")]
+        command: Option<String>,
+        #[arg(last = true, value_name = "PROGRAM [ARG]...")]
+        argv: Vec<OsString>,
+    },
+    /// Show what an open transaction would change.
+    Diff {
+        tx: String,
+        /// Only a summary per file.
+        #[arg(long)]
+        stat: bool,
+    },
+    /// Commit an open transaction into the workspace.
+    Commit { tx: String },
+    /// Roll back a whole transaction, or back to the state right after step STEP.
+    Rollback {
+        tx: String,
+        #[arg(long, value_name = "STEP")]
+        to: Option<u32>,
+    },
+    /// List open transactions.
+    List(WorkspaceArg),
+    /// Drop-in for `sh -c STRING` (usable as $SHELL): run and commit on success.
+    #[command(disable_help_flag = true)]
+    Sh {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0..)]
+        args: Vec<OsString>,
+    },
     /// Show the audit log.
     Log(LogArgs),
     /// Finish (roll forward) or discard transactions interrupted by a crash.
@@ -49,15 +94,36 @@ struct WorkspaceArg {
 }
 
 #[derive(Args, Debug)]
-struct RunArgs {
-    #[command(flatten)]
-    ws: WorkspaceArg,
+struct ExecOpts {
     /// Wall-clock limit in seconds; the whole process tree is killed and rolled back (exit 124).
     #[arg(long, value_name = "SECS")]
     timeout: Option<f64>,
     /// Most bytes of stdout and of stderr captured into --json output (suffixes: K, M, G).
     #[arg(long, value_name = "BYTES", value_parser = txbox::size::parse_size)]
     max_output: Option<u64>,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum OnFailure {
+    Rollback,
+    Keep,
+}
+
+#[derive(Args, Debug)]
+struct RunArgs {
+    #[command(flatten)]
+    ws: WorkspaceArg,
+    #[command(flatten)]
+    opts: ExecOpts,
+    /// A check run after the command in the same transaction; commit only if it exits 0.
+    #[arg(long, value_name = "STRING")]
+    validate: Option<String>,
+    /// What a failed command leaves: rolled back (default), or kept pending for review.
+    #[arg(long, value_enum, default_value = "rollback")]
+    on_failure: OnFailure,
+    /// Leave the transaction pending for review (prints its id) instead of committing.
+    #[arg(long)]
+    no_commit: bool,
     /// The command as a shell string, run with `bash -c` semantics.
     #[arg(short = 'c', value_name = "STRING", conflicts_with = "argv")]
     command: Option<String>,
@@ -100,12 +166,85 @@ pub fn main(args: Vec<OsString>) -> Result<i32> {
             return Ok(code);
         }
     };
+    let json = cli.json;
+    let state_dir = cli.state_dir;
     match cli.command {
-        Sub::Run(a) => cmd_run(cli.state_dir, cli.json, a),
-        Sub::Log(a) => cmd_log(cli.state_dir, cli.json, a),
-        Sub::Recover(a) => cmd_recover(cli.state_dir, cli.json, a),
+        Sub::Run(a) => cmd_run(state_dir, json, a),
+        Sub::Begin { ws, name } => {
+            let id = session::begin(&workspace_of(&ws)?, state_dir.as_deref(), name.as_deref())?;
+            if json {
+                println!("{}", serde_json::json!({ "tx": id }));
+            } else {
+                println!("{id}");
+            }
+            Ok(0)
+        }
+        Sub::Exec { tx, opts, on_failure, command, argv } => {
+            let command = command_of(command, argv)?;
+            let cwd = std::env::current_dir().unwrap_or_default();
+            let state = session::locate_state(state_dir.as_deref(), &cwd, &tx)?;
+            let req = session::ExecRequest {
+                tx,
+                cwd,
+                command,
+                policy: Policy::builtin(),
+                capture: json,
+                max_output: max_output(&opts),
+                timeout: timeout(&opts)?,
+                keep_on_failure: on_failure == OnFailure::Keep,
+            };
+            let r = session::exec(&state, &req)?;
+            Ok(show(json, &r))
+        }
+        Sub::Diff { tx, stat } => {
+            let cwd = std::env::current_dir().unwrap_or_default();
+            let state = session::locate_state(state_dir.as_deref(), &cwd, &tx)?;
+            let text = session::with_diff(&state, &tx, |env, cs, upper| {
+                Ok(if json {
+                    let c = txbox::engine::Changes::of(cs);
+                    serde_json::json!({"tx": tx, "added": c.added, "modified": c.modified, "deleted": c.deleted}).to_string()
+                } else if stat {
+                    txbox::diff::stat(cs, &env.workspace, upper)
+                } else {
+                    txbox::diff::unified(cs, &env.workspace, upper)
+                })
+            })?;
+            print!("{text}");
+            if json {
+                println!();
+            }
+            Ok(0)
+        }
+        Sub::Commit { tx } => {
+            let cwd = std::env::current_dir().unwrap_or_default();
+            let state = session::locate_state(state_dir.as_deref(), &cwd, &tx)?;
+            let r = session::commit(&state, &tx)?;
+            Ok(show(json, &r))
+        }
+        Sub::Rollback { tx, to } => {
+            let cwd = std::env::current_dir().unwrap_or_default();
+            let state = session::locate_state(state_dir.as_deref(), &cwd, &tx)?;
+            let r = session::rollback(&state, &tx, to)?;
+            Ok(show(json, &r))
+        }
+        Sub::List(ws) => {
+            let state = state_for(state_dir, &ws)?;
+            let txs = if state.root.exists() { session::list(&state)? } else { Vec::new() };
+            if json {
+                println!("{}", serde_json::to_string(&txs)?);
+            } else {
+                for t in &txs {
+                    println!("{}  {:<10} steps {:?}  {}{}", t.tx, t.status, t.steps, t.workspace,
+                        t.name.as_deref().map(|n| format!("  ({n})")).unwrap_or_default());
+                }
+            }
+            Ok(0)
+        }
+        Sub::Sh { args } => crate::shim::main(state_dir, args),
+        Sub::Log(a) => cmd_log(state_dir, json, a),
+        Sub::Recover(a) => cmd_recover(state_dir, json, a),
         Sub::Demo => crate::demo::run(),
-        Sub::Policy(PolicyCmd::Check { ws, command }) => cmd_policy_check(cli.json, ws, &command),
+        Sub::Policy(PolicyCmd::Check { ws, command }) => cmd_policy_check(json, ws, &command),
     }
 }
 
@@ -117,35 +256,53 @@ fn workspace_of(ws: &WorkspaceArg) -> Result<PathBuf> {
     Ok(engine::resolve_workspace(&dir)?)
 }
 
-fn cmd_run(state_dir: Option<PathBuf>, json: bool, a: RunArgs) -> Result<i32> {
-    let command = match (a.command, a.argv.is_empty()) {
+fn command_of(command: Option<String>, argv: Vec<OsString>) -> Result<Command> {
+    Ok(match (command, argv.is_empty()) {
         (Some(s), true) => Command::Shell(s),
-        (None, false) => Command::Argv(a.argv),
+        (None, false) => Command::Argv(argv),
         (Some(_), false) => bail!("give either -c STRING or -- PROGRAM ARGS, not both"),
         (None, true) => bail!("nothing to run: give -c STRING or -- PROGRAM ARGS"),
-    };
-    let timeout = match a.timeout {
+    })
+}
+
+fn timeout(o: &ExecOpts) -> Result<Option<Duration>> {
+    Ok(match o.timeout {
         Some(t) if !(t.is_finite() && t > 0.0) => bail!("--timeout must be a positive number of seconds"),
         Some(t) => Some(Duration::from_secs_f64(t)),
         None => None,
-    };
+    })
+}
+
+fn max_output(o: &ExecOpts) -> usize {
+    usize::try_from(o.max_output.unwrap_or(DEFAULT_MAX_OUTPUT)).unwrap_or(usize::MAX)
+}
+
+/// Print a result (JSON on stdout, or the summary on stderr) and return its exit status.
+fn show(json: bool, r: &engine::RunResult) -> i32 {
+    if json {
+        println!("{}", render::json(r));
+    } else {
+        eprintln!("{}", render::summary(r));
+    }
+    r.exit_code
+}
+
+fn cmd_run(state_dir: Option<PathBuf>, json: bool, a: RunArgs) -> Result<i32> {
     let req = RunRequest {
         workspace: workspace_of(&a.ws)?,
         state_dir,
         cwd: std::env::current_dir().unwrap_or_default(),
-        command,
+        command: command_of(a.command, a.argv)?,
         policy: Policy::builtin(),
         capture: json,
-        max_output: usize::try_from(a.max_output.unwrap_or(DEFAULT_MAX_OUTPUT)).unwrap_or(usize::MAX),
-        timeout,
+        max_output: max_output(&a.opts),
+        timeout: timeout(&a.opts)?,
+        validate: a.validate,
+        no_commit: a.no_commit,
+        keep_on_failure: a.on_failure == OnFailure::Keep,
     };
     let r = engine::run(&req)?;
-    if json {
-        println!("{}", render::json(&r));
-    } else {
-        eprintln!("{}", render::summary(&r));
-    }
-    Ok(r.exit_code)
+    Ok(show(json, &r))
 }
 
 fn state_for(state_dir: Option<PathBuf>, ws: &WorkspaceArg) -> Result<StateDir> {

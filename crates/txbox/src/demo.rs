@@ -26,6 +26,9 @@ fn step(ws: &Path, title: &str, script: &str) -> Result<engine::RunResult> {
         capture: false,
         max_output: 0,
         timeout: Some(std::time::Duration::from_secs(30)),
+        validate: None,
+        no_commit: false,
+        keep_on_failure: false,
     };
     let r = engine::run(&req)?;
     println!("{}", render::summary(&r));
@@ -48,7 +51,7 @@ pub fn run() -> Result<i32> {
     println!("txbox demo: a scratch workspace at {}", ws.display());
     println!("workspace: {}", listing(&ws));
 
-    let r = step(&ws, "1. a command that succeeds is committed", "echo '## usage' >> README.md && mkdir -p build && echo ok > build/out.txt")?;
+    let r = step(&ws, "1. a command that succeeds is committed", "echo \"## usage\" >> README.md && mkdir -p build && echo ok > build/out.txt")?;
     let c = &r.changes;
     println!("   added {:?}, modified {:?}, deleted {:?}", c.added, c.modified, c.deleted);
     println!("workspace: {}", listing(&ws));

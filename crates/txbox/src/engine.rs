@@ -8,10 +8,11 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use txbox_policy::{Action, Context, Decision, Policy};
-use txbox_sandbox::{Exit, LaunchOptions, SandboxSpec};
+use txbox_sandbox::{Exit, Finished, LaunchOptions, SandboxSpec};
 use txbox_txn::audit::{self, Counts};
 use txbox_txn::commit::{CommitError, CommitTarget};
 use txbox_txn::meta::display_rel;
+use txbox_txn::session::Fingerprints;
 use txbox_txn::{ChangeSet, CrashHook, StateDir, TxDir};
 
 /// What to run.
@@ -21,12 +22,15 @@ pub enum Command {
     Argv(Vec<OsString>),
     /// `run -c STRING`: `bash -c` semantics.
     Shell(String),
+    /// A shell invocation with extra flags or positional arguments (`txbox sh -lc S a b`):
+    /// the policy judges `script`, the sandbox runs `argv`.
+    Script { script: String, argv: Vec<OsString> },
 }
 
 impl Command {
     pub fn display(&self) -> String {
         match self {
-            Command::Shell(s) => s.clone(),
+            Command::Shell(s) | Command::Script { script: s, .. } => s.clone(),
             Command::Argv(a) => a.iter().map(|s| s.to_string_lossy()).collect::<Vec<_>>().join(" "),
         }
     }
@@ -43,6 +47,12 @@ pub struct RunRequest {
     pub capture: bool,
     pub max_output: usize,
     pub timeout: Option<Duration>,
+    /// A check run after the command, in the same transaction; commit only if it exits 0.
+    pub validate: Option<String>,
+    /// Leave the transaction pending for review instead of committing.
+    pub no_commit: bool,
+    /// On failure, keep the transaction pending instead of rolling it back.
+    pub keep_on_failure: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -80,6 +90,19 @@ pub enum RollbackReason {
     Requested,
 }
 
+impl RollbackReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RollbackReason::ExitStatus => "exit_status",
+            RollbackReason::Validation => "validation",
+            RollbackReason::Timeout => "timeout",
+            RollbackReason::Limit => "limit",
+            RollbackReason::Policy => "policy",
+            RollbackReason::Requested => "requested",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct Changes {
     pub added: Vec<String>,
@@ -88,7 +111,7 @@ pub struct Changes {
 }
 
 impl Changes {
-    fn of(cs: &ChangeSet) -> Changes {
+    pub fn of(cs: &ChangeSet) -> Changes {
         let f = |v: &Vec<PathBuf>| v.iter().map(|p| display_rel(p)).collect();
         Changes { added: f(&cs.added), modified: f(&cs.modified), deleted: f(&cs.deleted) }
     }
@@ -124,10 +147,13 @@ pub struct RunResult {
     /// Special files (devices, FIFOs, sockets) the command made; never committed.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub skipped: Vec<String>,
+    /// For `exec`: the step number this command ran as.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub step: Option<u32>,
 }
 
 impl RunResult {
-    fn new(tx: String, decision: Decision) -> RunResult {
+    pub(crate) fn new(tx: String, decision: Decision) -> RunResult {
         RunResult {
             tx,
             decision,
@@ -146,12 +172,17 @@ impl RunResult {
             error: None,
             conflicts: Vec::new(),
             skipped: Vec::new(),
+            step: None,
         }
     }
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
+    #[error(transparent)]
+    Layers(#[from] txbox_txn::session::LayerError),
+    #[error("{0}")]
+    Usage(String),
     #[error("workspace {path}: {source}")]
     Workspace { path: PathBuf, source: std::io::Error },
     #[error(transparent)]
@@ -179,77 +210,109 @@ pub fn policy_context(workspace: &Path, cwd: &Path) -> Context {
     }
 }
 
-/// Run one command as one transaction.
-pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
-    let started = Instant::now();
-    let workspace = resolve_workspace(&req.workspace)?;
-    let state = StateDir::for_workspace(req.state_dir.as_deref(), &workspace);
-    state.ensure()?;
-    let state_root = std::fs::canonicalize(&state.root).unwrap_or_else(|_| state.root.clone());
-    let state = StateDir { root: state_root };
-    let cwd = if req.cwd.starts_with(&workspace) { req.cwd.clone() } else { workspace.clone() };
+/// Phase timings of one run, printed to stderr when `TXBOX_TIMING` is set: the documented
+/// way to see where a transaction's time goes (docs/BENCHMARKS.md).
+struct Timeline {
+    enabled: bool,
+    last: Instant,
+    marks: Vec<(&'static str, Duration)>,
+}
 
-    // 1. Policy: a denial runs nothing.
-    let ctx = policy_context(&workspace, &cwd);
-    let evaluation = match &req.command {
-        Command::Shell(s) => req.policy.evaluate_str(s, &ctx),
+impl Timeline {
+    fn new(started: Instant) -> Timeline {
+        Timeline { enabled: std::env::var_os("TXBOX_TIMING").is_some(), last: started, marks: Vec::new() }
+    }
+
+    fn mark(&mut self, phase: &'static str) {
+        if self.enabled {
+            let now = Instant::now();
+            self.marks.push((phase, now - self.last));
+            self.last = now;
+        }
+    }
+}
+
+impl Drop for Timeline {
+    fn drop(&mut self) {
+        if self.enabled {
+            let parts: Vec<String> = self.marks.iter().map(|(p, d)| format!("{p} {:.3}", d.as_secs_f64() * 1e3)).collect();
+            eprintln!("txbox timing (ms): {}", parts.join(", "));
+        }
+    }
+}
+
+/// A resolved workspace with its state directory.
+pub struct Env {
+    pub workspace: PathBuf,
+    pub state: StateDir,
+    /// Relative paths never part of a change set (the state directory inside the workspace).
+    pub exclude: HashSet<PathBuf>,
+}
+
+impl Env {
+    pub fn open(workspace: &Path, state_dir: Option<&Path>) -> Result<Env, EngineError> {
+        let workspace = resolve_workspace(workspace)?;
+        let state = StateDir::for_workspace(state_dir, &workspace);
+        state.ensure()?;
+        let root = std::fs::canonicalize(&state.root).unwrap_or_else(|_| state.root.clone());
+        let exclude =
+            root.strip_prefix(&workspace).ok().filter(|p| !p.as_os_str().is_empty()).map(Path::to_path_buf).into_iter().collect();
+        Ok(Env { workspace, state: StateDir { root }, exclude })
+    }
+
+    /// Finish whatever a crash left behind in this workspace, before looking at it.
+    pub fn recover(&self) -> Result<(), EngineError> {
+        self.state.check_same_fs(&self.workspace)?;
+        let _lock = self.state.lock_workspace(&self.workspace)?;
+        txbox_txn::recover(&self.state, Some(&self.workspace), &mut CrashHook::default())?;
+        Ok(())
+    }
+
+    fn cwd_for(&self, cwd: &Path) -> PathBuf {
+        if cwd.starts_with(&self.workspace) { cwd.to_path_buf() } else { self.workspace.clone() }
+    }
+}
+
+pub(crate) fn evaluate(policy: &Policy, command: &Command, ctx: &Context) -> txbox_policy::Evaluation {
+    match command {
+        Command::Shell(s) | Command::Script { script: s, .. } => policy.evaluate_str(s, ctx),
         Command::Argv(a) => {
             let argv: Vec<String> = a.iter().map(|s| s.to_string_lossy().into_owned()).collect();
-            req.policy.evaluate_argv(&argv, &ctx)
+            policy.evaluate_argv(&argv, ctx)
         }
-    };
-    if evaluation.decision.action == Action::Deny {
-        let mut r = RunResult::new(txbox_txn::state::new_tx_id(), evaluation.decision);
-        r.outcome = Outcome::Denied;
-        r.exit_code = 126;
-        r.rollback_reason = Some(RollbackReason::Policy);
-        finish(&state, &workspace, req, &mut r, started, false)?;
-        return Ok(r);
     }
+}
 
-    // 2. Finish whatever a crash left behind in this workspace, before looking at it.
-    state.check_same_fs(&workspace)?;
-    {
-        let _lock = state.lock_workspace(&workspace)?;
-        txbox_txn::recover(&state, Some(&workspace), &mut CrashHook::default())?;
-    }
+/// Where one sandboxed execution writes, and what it sees below.
+pub(crate) struct Layers<'a> {
+    /// Earlier steps, topmost first.
+    pub lower: Vec<PathBuf>,
+    pub upper: &'a Path,
+    pub work: &'a Path,
+}
 
-    // 3. Begin: the transaction's layers on the workspace's filesystem.
-    let tx = TxDir::create(&state, &workspace, "run")?;
-    let mut r = RunResult::new(tx.id.clone(), evaluation.decision);
-    let exclude: HashSet<PathBuf> =
-        state.root.strip_prefix(&workspace).ok().filter(|p| !p.as_os_str().is_empty()).map(Path::to_path_buf).into_iter().collect();
-
-    // 4. Execute in the sandbox.
-    let argv = match &req.command {
-        Command::Argv(a) => a.clone(),
+pub(crate) fn execute(env: &Env, cwd: &Path, command: &Command, layers: Layers<'_>, opts: &LaunchOptions) -> Result<Finished, txbox_sandbox::SandboxError> {
+    let argv = match command {
+        Command::Argv(a) | Command::Script { argv: a, .. } => a.clone(),
         Command::Shell(s) => txbox_sandbox::shell_argv(s),
     };
-    let uid = rustix::process::getuid().as_raw();
-    let gid = rustix::process::getgid().as_raw();
     let spec = SandboxSpec {
-        workspace: workspace.clone(),
-        upper: tx.upper.clone(),
-        work: tx.work.clone(),
-        hide: vec![state.root.clone()],
-        cwd,
+        workspace: env.workspace.clone(),
+        upper: layers.upper.to_path_buf(),
+        work: layers.work.to_path_buf(),
+        layers: layers.lower,
+        hide: vec![env.state.root.clone()],
+        cwd: env.cwd_for(cwd),
         userns: !rustix::process::geteuid().is_root(),
-        uid,
-        gid,
+        uid: rustix::process::getuid().as_raw(),
+        gid: rustix::process::getgid().as_raw(),
         argv,
     };
-    let opts = LaunchOptions { capture: req.capture.then_some(req.max_output), timeout: req.timeout };
-    let finished = match txbox_sandbox::launch(Path::new("/proc/self/exe"), &spec, &opts) {
-        Ok(f) => f,
-        Err(e) => {
-            r.error = Some(e.to_string());
-            r.outcome = Outcome::Error;
-            r.exit_code = 125;
-            drop_tx(&state, tx);
-            finish(&state, &workspace, req, &mut r, started, false)?;
-            return Ok(r);
-        }
-    };
+    txbox_sandbox::launch(Path::new("/proc/self/exe"), &spec, opts)
+}
+
+/// Copy a finished command's fate into the result; true when it succeeded (status 0).
+pub(crate) fn record(r: &mut RunResult, finished: Finished) -> bool {
     r.stdout = String::from_utf8_lossy(&finished.stdout).into_owned();
     r.stderr = String::from_utf8_lossy(&finished.stderr).into_owned();
     r.stdout_truncated = finished.stdout_truncated;
@@ -265,19 +328,91 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
     if finished.timed_out {
         r.exit_code = 124;
     }
+    let ok = !finished.timed_out && finished.exit == Exit::Code(0);
+    if !ok {
+        r.rollback_reason = Some(if finished.timed_out { RollbackReason::Timeout } else { RollbackReason::ExitStatus });
+    }
+    ok
+}
+
+pub(crate) fn setup_failed(r: &mut RunResult, e: impl std::fmt::Display) {
+    r.error = Some(e.to_string());
+    r.outcome = Outcome::Error;
+    r.exit_code = 125;
+}
+
+/// Run one command as one transaction.
+pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
+    if req.validate.is_some() || req.no_commit || req.keep_on_failure {
+        return crate::session::run_as_session(req);
+    }
+    let started = Instant::now();
+    let mut timeline = Timeline::new(started);
+    let env = Env::open(&req.workspace, req.state_dir.as_deref())?;
+    let cwd = env.cwd_for(&req.cwd);
+
+    // 1. Policy: a denial runs nothing.
+    let evaluation = evaluate(&req.policy, &req.command, &policy_context(&env.workspace, &cwd));
+    timeline.mark("policy");
+    if evaluation.decision.action == Action::Deny {
+        let mut r = RunResult::new(txbox_txn::state::new_tx_id(), evaluation.decision);
+        deny(&mut r);
+        audit(&env, &req.command, &mut r, started, false)?;
+        return Ok(r);
+    }
+
+    // 2. Recover, 3. begin: the transaction's layers on the workspace's filesystem.
+    env.recover()?;
+    timeline.mark("recover");
+    let tx = TxDir::create(&env.state, &env.workspace, "run")?;
+    timeline.mark("begin");
+    let mut r = RunResult::new(tx.id.clone(), evaluation.decision);
+
+    // 4. Execute in the sandbox.
+    let opts = LaunchOptions { capture: req.capture.then_some(req.max_output), timeout: req.timeout };
+    let layers = Layers { lower: Vec::new(), upper: &tx.upper, work: &tx.work };
+    let finished = match execute(&env, &cwd, &req.command, layers, &opts) {
+        Ok(f) => f,
+        Err(e) => {
+            setup_failed(&mut r, e);
+            drop_tx(&env.state, tx);
+            audit(&env, &req.command, &mut r, started, false)?;
+            return Ok(r);
+        }
+    };
+    timeline.mark("sandbox");
 
     // 5. Decide: commit only a command that ran to completion with status 0.
-    let success = !finished.timed_out && finished.exit == Exit::Code(0);
-    if !success {
+    if !record(&mut r, finished) {
         r.outcome = Outcome::RolledBack;
-        r.rollback_reason = Some(if finished.timed_out { RollbackReason::Timeout } else { RollbackReason::ExitStatus });
-        drop_tx(&state, tx);
-        finish(&state, &workspace, req, &mut r, started, false)?;
+        drop_tx(&env.state, tx);
+        timeline.mark("rollback");
+        audit(&env, &req.command, &mut r, started, false)?;
+        timeline.mark("audit");
         return Ok(r);
     }
 
     // 6. Classify and commit under the workspace lock.
-    let committed = commit_tx(&state, &workspace, &tx, &exclude);
+    let target = Target { id: &tx.id, upper: &tx.upper, trash: &tx.trash };
+    let committed = commit_upper(&env, &target, None);
+    timeline.mark("commit");
+    settle(&mut r, committed);
+    drop_tx(&env.state, tx);
+    timeline.mark("cleanup");
+    let durable = r.outcome == Outcome::Committed && r.changes.counts() != Counts::default();
+    audit(&env, &req.command, &mut r, started, durable)?;
+    timeline.mark("audit");
+    Ok(r)
+}
+
+pub(crate) fn deny(r: &mut RunResult) {
+    r.outcome = Outcome::Denied;
+    r.exit_code = 126;
+    r.rollback_reason = Some(RollbackReason::Policy);
+}
+
+/// Turn a commit attempt into the result's outcome.
+pub(crate) fn settle(r: &mut RunResult, committed: Result<ChangeSet, TxError>) {
     match committed {
         Ok(cs) => {
             r.outcome = Outcome::Committed;
@@ -296,22 +431,35 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
             r.error = Some(msg);
         }
     }
-    let changed = r.outcome == Outcome::Committed;
-    drop_tx(&state, tx);
-    finish(&state, &workspace, req, &mut r, started, changed)?;
-    Ok(r)
 }
 
-enum TxError {
+pub(crate) enum TxError {
     Conflict(Vec<String>, String),
     Other(String),
 }
 
-fn commit_tx(state: &StateDir, workspace: &Path, tx: &TxDir, exclude: &HashSet<PathBuf>) -> Result<ChangeSet, TxError> {
-    let _lock = state.lock_workspace(workspace).map_err(|e| TxError::Other(e.to_string()))?;
-    let cs = txbox_txn::classify(&tx.upper, workspace, exclude).map_err(|e| TxError::Other(e.to_string()))?;
-    let record = state.record_path(&tx.id);
-    let target = CommitTarget { tx: &tx.id, workspace, upper: &tx.upper, trash: &tx.trash, record: &record };
+/// The pieces of a transaction a commit needs.
+pub(crate) struct Target<'a> {
+    pub id: &'a str,
+    pub upper: &'a Path,
+    pub trash: &'a Path,
+}
+
+/// Classify `upper` and commit it, under the workspace lock. With `base`, paths whose workspace
+/// object changed since the transaction first touched them make it a conflict.
+pub(crate) fn commit_upper(env: &Env, t: &Target<'_>, base: Option<&Fingerprints>) -> Result<ChangeSet, TxError> {
+    let _lock = env.state.lock_workspace(&env.workspace).map_err(|e| TxError::Other(e.to_string()))?;
+    let cs = txbox_txn::classify(t.upper, &env.workspace, &env.exclude).map_err(|e| TxError::Other(e.to_string()))?;
+    if let Some(base) = base {
+        let paths = base.conflicts(&cs, &env.workspace).map_err(|e| TxError::Other(e.to_string()))?;
+        if !paths.is_empty() {
+            let shown: Vec<String> = paths.iter().map(|p| display_rel(p)).collect();
+            let msg = format!("changed in the workspace since this transaction began: {}", shown.join(", "));
+            return Err(TxError::Conflict(shown, msg));
+        }
+    }
+    let record = env.state.record_path(t.id);
+    let target = CommitTarget { tx: t.id, workspace: &env.workspace, upper: t.upper, trash: t.trash, record: &record };
     match txbox_txn::commit::commit(&target, &cs, &mut CrashHook::from_env()) {
         Ok(()) => Ok(cs),
         Err(CommitError::Conflict { path, what }) => {
@@ -324,37 +472,30 @@ fn commit_tx(state: &StateDir, workspace: &Path, tx: &TxDir, exclude: &HashSet<P
 
 /// Discard a transaction's directory. Failure to clean up leaves garbage for `recover`, never
 /// a wrong workspace, so it is not an error of the run.
-fn drop_tx(state: &StateDir, tx: TxDir) {
+pub(crate) fn drop_tx(state: &StateDir, tx: TxDir) {
     let id = tx.id.clone();
     drop(tx);
     let _ = state.remove_tx(&id);
 }
 
-fn finish(
-    state: &StateDir,
-    workspace: &Path,
-    req: &RunRequest,
-    r: &mut RunResult,
-    started: Instant,
-    durable: bool,
-) -> Result<(), EngineError> {
+pub(crate) fn audit(env: &Env, command: &Command, r: &mut RunResult, started: Instant, durable: bool) -> Result<(), EngineError> {
     r.duration_ms = (started.elapsed().as_secs_f64() * 1e3 * 10.0).round() / 10.0;
     let entry = audit::Entry {
         time_ms: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0),
         tx: r.tx.clone(),
-        workspace: workspace.to_string_lossy().into_owned(),
-        command: req.command.display(),
+        workspace: env.workspace.to_string_lossy().into_owned(),
+        command: command.display(),
         action: r.decision.action.as_str().to_string(),
         rule: r.decision.rule.clone(),
         reason: r.decision.reason.clone(),
         outcome: r.outcome.as_str().to_string(),
-        rollback_reason: r.rollback_reason.map(|x| serde_json::to_value(x).ok().and_then(|v| v.as_str().map(String::from)).unwrap_or_default()),
+        rollback_reason: r.rollback_reason.map(|x| x.as_str().to_string()),
         exit_code: Some(r.exit_code),
         signal: r.signal,
         changes: r.changes.counts(),
         duration_ms: r.duration_ms,
         ..audit::Entry::default()
     };
-    audit::append(&state.audit_path(), entry, durable)?;
+    audit::append(&env.state.audit_path(), entry, durable)?;
     Ok(())
 }

@@ -4,7 +4,9 @@
 //! - [`render`]: the human summary line and the JSON of DESIGN §3.
 
 pub mod engine;
+pub mod diff;
 pub mod render;
+pub mod session;
 pub mod size;
 
 pub use engine::{run, Command, Outcome, RunRequest, RunResult};

@@ -2,6 +2,7 @@
 
 mod cli;
 mod demo;
+mod shim;
 
 fn main() {
     let args: Vec<std::ffi::OsString> = std::env::args_os().collect();

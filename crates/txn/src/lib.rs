@@ -13,6 +13,7 @@ pub mod commit;
 pub mod journal;
 pub mod meta;
 pub mod plan;
+pub mod session;
 pub mod state;
 
 use std::path::{Path, PathBuf};

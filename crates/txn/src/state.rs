@@ -151,6 +151,41 @@ impl StateDir {
         Ok(out)
     }
 
+    /// A session's status (`open`, `committing`), if recorded.
+    pub fn status(&self, id: &str) -> Option<String> {
+        std::fs::read_to_string(self.tx_dir(id).join("status")).ok().map(|s| s.trim().to_string())
+    }
+
+    pub fn set_status(&self, id: &str, status: &str) -> Result<(), StateError> {
+        let p = self.tx_dir(id).join("status");
+        let tmp = self.tx_dir(id).join("status.tmp");
+        std::fs::write(&tmp, format!("{status}\n")).map_err(io_at(&tmp, "write status"))?;
+        std::fs::rename(&tmp, &p).map_err(io_at(&p, "write status"))
+    }
+
+    /// Block until this process is the only one working on transaction `id`.
+    pub fn lock_tx(&self, id: &str) -> Result<Lock, StateError> {
+        let dir = self.tx_dir(id);
+        if !valid_id(id) || !dir.join("meta").exists() {
+            return Err(StateError::UnknownTx(id.to_string()));
+        }
+        flock(&dir.join("owner.lock"), FlockOperation::LockExclusive)?
+            .ok_or_else(|| io_at(&dir, "lock tx")(io::ErrorKind::WouldBlock.into()))
+    }
+
+    /// Create a session transaction's directory (no layers yet).
+    pub fn create_session(&self, workspace: &Path, name: Option<&str>) -> Result<String, StateError> {
+        let id = new_tx_id();
+        let dir = self.tx_dir(&id);
+        std::fs::DirBuilder::new().mode(0o700).create(&dir).map_err(io_at(&dir, "create tx dir"))?;
+        TxMeta { workspace: workspace.to_path_buf(), kind: "session".into() }.write(&dir)?;
+        if let Some(n) = name {
+            std::fs::write(dir.join("name"), n).map_err(io_at(&dir, "write name"))?;
+        }
+        self.set_status(&id, "open")?;
+        Ok(id)
+    }
+
     /// Remove a transaction's directory. It is first renamed aside, so a half-deleted
     /// directory is never mistaken for a live transaction.
     pub fn remove_tx(&self, id: &str) -> Result<(), StateError> {
@@ -175,7 +210,9 @@ impl StateDir {
             }
             let dir = self.tx_dir(&id);
             let meta = TxMeta::read(&dir).ok();
-            if meta.as_ref().is_some_and(|m| m.kind == "session") {
+            // An open session outlives its processes; only one whose commit was cut short
+            // before its commit record (status `committing`) is abandoned.
+            if meta.as_ref().is_some_and(|m| m.kind == "session") && self.status(&id).as_deref() != Some("committing") {
                 continue;
             }
             if self.record_path(&id).exists() {
@@ -262,6 +299,12 @@ impl TxMeta {
             _ => Err(io_at(&p, "parse meta")(io::ErrorKind::InvalidData.into())),
         }
     }
+}
+
+/// Transaction ids are 16 lowercase hex digits; anything else is refused before it can name
+/// a path.
+pub fn valid_id(id: &str) -> bool {
+    id.len() == 16 && id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// A fresh transaction id: 16 random hex digits.

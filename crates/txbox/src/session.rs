@@ -1,0 +1,316 @@
+//! Multi-step transactions: `begin`, `exec` (each step a savepoint), `diff`, `commit`,
+//! `rollback [--to STEP]`, `list`. State lives on disk, so a session outlives the processes
+//! that work on it; every operation on one transaction holds its lock.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use txbox_policy::{Action, Decision, Policy};
+use txbox_sandbox::LaunchOptions;
+use txbox_txn::session::{self, Fingerprints};
+use txbox_txn::state::{remove_tree, TxMeta};
+use txbox_txn::{ChangeSet, StateDir};
+
+use crate::engine::{
+    audit, commit_upper, deny, evaluate, execute, policy_context, record, settle, setup_failed, Changes, Command,
+    EngineError, Env, Layers, Outcome, RollbackReason, RunRequest, RunResult, Target,
+};
+
+/// Find the state directory for a transaction id: `--state-dir` if given, else the nearest
+/// `.txbox` at or above `cwd` that holds this transaction.
+pub fn locate_state(explicit: Option<&Path>, cwd: &Path, tx: &str) -> Result<StateDir, EngineError> {
+    if !txbox_txn::state::valid_id(tx) {
+        return Err(txbox_txn::StateError::UnknownTx(tx.to_string()).into());
+    }
+    if let Some(s) = explicit {
+        return Ok(StateDir { root: s.to_path_buf() });
+    }
+    for dir in cwd.ancestors() {
+        let candidate = dir.join(".txbox");
+        if candidate.join("tx").join(tx).is_dir() {
+            return Ok(StateDir { root: candidate });
+        }
+    }
+    Err(txbox_txn::StateError::UnknownTx(tx.to_string()).into())
+}
+
+/// Open a session's environment from its id.
+fn open(state: &StateDir, tx: &str) -> Result<(Env, TxMeta), EngineError> {
+    let dir = state.tx_dir(tx);
+    let meta = TxMeta::read(&dir).map_err(|_| txbox_txn::StateError::UnknownTx(tx.to_string()))?;
+    if meta.kind != "session" {
+        return Err(EngineError::Usage(format!("transaction {tx} is a single `run`, not a session")));
+    }
+    let env = Env::open(&meta.workspace, Some(&state.root))?;
+    Ok((env, meta))
+}
+
+/// `begin`: a new open transaction; returns its id.
+pub fn begin(workspace: &Path, state_dir: Option<&Path>, name: Option<&str>) -> Result<String, EngineError> {
+    let env = Env::open(workspace, state_dir)?;
+    env.recover()?;
+    Ok(env.state.create_session(&env.workspace, name)?)
+}
+
+/// What an `exec` runs and how.
+#[derive(Debug, Clone)]
+pub struct ExecRequest {
+    pub tx: String,
+    pub cwd: PathBuf,
+    pub command: Command,
+    pub policy: Policy,
+    pub capture: bool,
+    pub max_output: usize,
+    pub timeout: Option<Duration>,
+    /// Keep a failed step's changes instead of undoing the step.
+    pub keep_on_failure: bool,
+}
+
+/// `exec`: run one step inside an open transaction. A step that fails is undone alone (unless
+/// `keep_on_failure`); one that succeeds becomes a savepoint.
+pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineError> {
+    let started = Instant::now();
+    let _lock = state.lock_tx(&req.tx)?;
+    let (env, _) = open(state, &req.tx)?;
+    let tx_dir = state.tx_dir(&req.tx);
+    let evaluation = evaluate(&req.policy, &req.command, &policy_context(&env.workspace, &req.cwd));
+    let mut r = RunResult::new(req.tx.clone(), evaluation.decision);
+    if r.decision.action == Action::Deny {
+        deny(&mut r);
+        audit(&env, &req.command, &mut r, started, false)?;
+        return Ok(r);
+    }
+    let layers = session::layers(&tx_dir)?;
+    let n = next_step(&tx_dir, &layers);
+    r.step = Some(n);
+    let (upper, work) = session::create_step(&tx_dir, n, &env.workspace)?;
+    let lower: Vec<PathBuf> = layers.iter().rev().map(|(_, p)| p.clone()).collect();
+    let opts = LaunchOptions { capture: req.capture.then_some(req.max_output), timeout: req.timeout };
+    let finished = execute(&env, &req.cwd, &req.command, Layers { lower, upper: &upper, work: &work }, &opts);
+    let ok = match finished {
+        Ok(f) => record(&mut r, f),
+        Err(e) => {
+            setup_failed(&mut r, e);
+            session::drop_step(&tx_dir, n)?;
+            audit(&env, &req.command, &mut r, started, false)?;
+            return Ok(r);
+        }
+    };
+    std::fs::write(tx_dir.join("last_step"), n.to_string()).map_err(|e| EngineError::Usage(format!("recording step: {e}")))?;
+    if ok || req.keep_on_failure {
+        // The base of every path this step touched, for conflict detection at commit.
+        let fp_file = tx_dir.join("fingerprints");
+        let mut fps = Fingerprints::load(&fp_file)?;
+        fps.record_layer(&upper, &env.workspace)?;
+        fps.save(&fp_file)?;
+        r.outcome = Outcome::Pending;
+        r.rollback_reason = None;
+    } else {
+        session::drop_step(&tx_dir, n)?;
+        r.outcome = Outcome::RolledBack;
+    }
+    audit(&env, &req.command, &mut r, started, false)?;
+    Ok(r)
+}
+
+/// Step numbers keep growing even when steps are undone, so a number names one step forever.
+fn next_step(tx_dir: &Path, layers: &[(u32, PathBuf)]) -> u32 {
+    let last = std::fs::read_to_string(tx_dir.join("last_step")).ok().and_then(|s| s.trim().parse::<u32>().ok()).unwrap_or(0);
+    last.max(layers.last().map(|(n, _)| *n).unwrap_or(0)) + 1
+}
+
+/// Squash the layers of a session into its bottom layer; returns it (None: no steps).
+fn squash(layers: &[(u32, PathBuf)]) -> Result<Option<PathBuf>, EngineError> {
+    let Some(((_, bottom), rest)) = layers.split_first() else { return Ok(None) };
+    for (_, top) in rest {
+        session::squash_pair(bottom, top)?;
+    }
+    Ok(Some(bottom.clone()))
+}
+
+/// `commit`: squash the steps, check for conflicts against each path's base, commit.
+pub fn commit(state: &StateDir, tx: &str) -> Result<RunResult, EngineError> {
+    let started = Instant::now();
+    let _lock = state.lock_tx(tx)?;
+    let (env, _) = open(state, tx)?;
+    env.recover()?;
+    let tx_dir = state.tx_dir(tx);
+    let decision = Decision { action: Action::Transact, rule: None, reason: "commit of an open transaction".into() };
+    let mut r = RunResult::new(tx.to_string(), decision);
+    r.exit_code = 0;
+    // From here a crash before the commit record means: the commit did not happen, and
+    // recovery discards the half-squashed transaction (the workspace is untouched).
+    state.set_status(tx, "committing")?;
+    let layers = session::layers(&tx_dir)?;
+    match squash(&layers)? {
+        None => {
+            r.outcome = Outcome::Committed;
+        }
+        Some(upper) => {
+            let fps = Fingerprints::load(&tx_dir.join("fingerprints"))?;
+            let trash = tx_dir.join("trash");
+            settle(&mut r, commit_upper(&env, &Target { id: tx, upper: &upper, trash: &trash }, Some(&fps)));
+        }
+    }
+    let _ = state.remove_tx(tx);
+    let durable = r.outcome == Outcome::Committed;
+    audit(&env, &Command::Shell(format!("commit {tx}")), &mut r, started, durable)?;
+    Ok(r)
+}
+
+/// `rollback`: the whole transaction, or back to the state right after step `to`.
+pub fn rollback(state: &StateDir, tx: &str, to: Option<u32>) -> Result<RunResult, EngineError> {
+    let started = Instant::now();
+    let lock = state.lock_tx(tx)?;
+    let (env, _) = open(state, tx)?;
+    let decision = Decision { action: Action::Transact, rule: None, reason: "rollback requested".into() };
+    let mut r = RunResult::new(tx.to_string(), decision);
+    r.exit_code = 0;
+    r.rollback_reason = Some(RollbackReason::Requested);
+    let tx_dir = state.tx_dir(tx);
+    match to {
+        Some(step) => {
+            for (n, _) in session::layers(&tx_dir)? {
+                if n > step {
+                    session::drop_step(&tx_dir, n)?;
+                }
+            }
+            r.outcome = Outcome::Pending;
+            r.step = Some(step);
+        }
+        None => {
+            drop(lock);
+            state.remove_tx(tx)?;
+            r.outcome = Outcome::RolledBack;
+        }
+    }
+    let what = match to {
+        Some(s) => format!("rollback {tx} --to {s}"),
+        None => format!("rollback {tx}"),
+    };
+    audit(&env, &Command::Shell(what), &mut r, started, false)?;
+    Ok(r)
+}
+
+/// The change set of a session so far, computed on a hard-link copy of its layers so the
+/// savepoints stay intact. The closure sees the squashed upper while it still exists.
+pub fn with_diff<T>(
+    state: &StateDir,
+    tx: &str,
+    f: impl FnOnce(&Env, &ChangeSet, &Path) -> Result<T, EngineError>,
+) -> Result<T, EngineError> {
+    let _lock = state.lock_tx(tx)?;
+    let (env, _) = open(state, tx)?;
+    let tx_dir = state.tx_dir(tx);
+    let scratch = tx_dir.join(format!("diff-{}", std::process::id()));
+    let _ = remove_tree(&scratch);
+    std::fs::create_dir_all(&scratch).map_err(|e| EngineError::Usage(format!("creating {}: {e}", scratch.display())))?;
+    let result = (|| {
+        let mut copies = Vec::new();
+        for (n, upper) in session::layers(&tx_dir)? {
+            let dst = scratch.join(n.to_string());
+            session::link_copy(&upper, &dst)?;
+            copies.push((n, dst));
+        }
+        let cs = match squash(&copies)? {
+            Some(upper) => txbox_txn::classify(&upper, &env.workspace, &env.exclude)
+                .map(|cs| (cs, upper))
+                .map_err(|e| EngineError::Usage(e.to_string()))?,
+            None => (ChangeSet::default(), scratch.clone()),
+        };
+        f(&env, &cs.0, &cs.1)
+    })();
+    let _ = remove_tree(&scratch);
+    result
+}
+
+#[derive(Debug, Serialize)]
+pub struct TxInfo {
+    pub tx: String,
+    pub name: Option<String>,
+    pub workspace: String,
+    pub status: String,
+    pub steps: Vec<u32>,
+}
+
+/// `list`: the open (and half-committed) sessions of a state directory.
+pub fn list(state: &StateDir) -> Result<Vec<TxInfo>, EngineError> {
+    let mut out = Vec::new();
+    for id in state.tx_ids()? {
+        let dir = state.tx_dir(&id);
+        let Ok(meta) = TxMeta::read(&dir) else { continue };
+        if meta.kind != "session" {
+            continue;
+        }
+        out.push(TxInfo {
+            name: std::fs::read_to_string(dir.join("name")).ok(),
+            workspace: meta.workspace.to_string_lossy().into_owned(),
+            status: state.status(&id).unwrap_or_else(|| "open".into()),
+            steps: session::layers(&dir)?.into_iter().map(|(n, _)| n).collect(),
+            tx: id,
+        });
+    }
+    Ok(out)
+}
+
+/// `run --validate` / `run --no-commit`: begin, exec the command (and the validation), then
+/// commit, roll back, or leave the transaction pending.
+pub fn run_as_session(req: &RunRequest) -> Result<RunResult, EngineError> {
+    let started = Instant::now();
+    let env = Env::open(&req.workspace, req.state_dir.as_deref())?;
+    let tx = begin(&env.workspace, Some(&env.state.root), None)?;
+    let exec_req = |command: Command| ExecRequest {
+        tx: tx.clone(),
+        cwd: req.cwd.clone(),
+        command,
+        policy: req.policy.clone(),
+        capture: req.capture,
+        max_output: req.max_output,
+        timeout: req.timeout,
+        keep_on_failure: false,
+    };
+    let mut first = exec_req(req.command.clone());
+    first.keep_on_failure = req.keep_on_failure;
+    let mut r = exec(&env.state, &first)?;
+    if r.outcome != Outcome::Pending {
+        // Denied, rolled back or failed to start: nothing to keep.
+        let _ = env.state.remove_tx(&tx);
+        return Ok(r);
+    }
+    if r.exit_code != 0 {
+        // --on-failure keep: the failed command's changes wait for review.
+        r.changes = with_diff(&env.state, &tx, |_, cs, _| Ok(Changes::of(cs)))?;
+        return Ok(r);
+    }
+    {
+        if let Some(v) = &req.validate {
+            let check = exec(&env.state, &exec_req(Command::Shell(v.clone())))?;
+            if check.outcome != Outcome::Pending {
+                let _ = rollback(&env.state, &tx, None)?;
+                r.outcome = if check.outcome == Outcome::Denied { Outcome::Denied } else { Outcome::RolledBack };
+                r.rollback_reason = Some(RollbackReason::Validation);
+                r.stdout.push_str(&check.stdout);
+                r.stderr.push_str(&check.stderr);
+                r.exit_code = if check.exit_code == 0 { 1 } else { check.exit_code };
+                r.error = Some(format!("validation `{v}` failed with exit status {}", check.exit_code));
+                return Ok(r);
+            }
+        }
+    }
+    if req.no_commit {
+        r.outcome = Outcome::Pending;
+        r.changes = with_diff(&env.state, &tx, |_, cs, _| Ok(Changes::of(cs)))?;
+        return Ok(r);
+    }
+    let c = commit(&env.state, &tx)?;
+    r.outcome = c.outcome;
+    r.changes = c.changes;
+    r.conflicts = c.conflicts;
+    r.error = c.error;
+    if c.outcome != Outcome::Committed {
+        r.exit_code = c.exit_code;
+    }
+    r.duration_ms = (started.elapsed().as_secs_f64() * 1e3 * 10.0).round() / 10.0;
+    Ok(r)
+}

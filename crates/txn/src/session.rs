@@ -1,0 +1,318 @@
+//! Multi-step transactions: one overlay layer per successful step (a savepoint), squashed into
+//! one upper layer when the transaction commits; and base fingerprints for conflict detection.
+//!
+//! ```text
+//! STATE/tx/<id>/steps/<n>/{upper,work}   step n's layer (kept only if the step succeeded)
+//! STATE/tx/<id>/fingerprints             what each touched path looked like in the workspace
+//! STATE/tx/<id>/status                   open | committing
+//! ```
+
+use std::collections::BTreeMap;
+use std::io;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::changeset::{ChangeOp, ChangeSet};
+use crate::meta::{self, Kind};
+use crate::state::{hex, remove_tree};
+
+#[derive(Debug, thiserror::Error)]
+#[error("transaction layers at {path}: {what}: {source}")]
+pub struct LayerError {
+    pub path: PathBuf,
+    pub what: &'static str,
+    #[source]
+    pub source: io::Error,
+}
+
+fn at<'a>(path: &'a Path, what: &'static str) -> impl FnOnce(io::Error) -> LayerError + 'a {
+    move |source| LayerError { path: path.to_path_buf(), what, source }
+}
+
+/// The kept steps of a session, bottom (oldest) first: (step number, upper layer).
+pub fn layers(tx_dir: &Path) -> Result<Vec<(u32, PathBuf)>, LayerError> {
+    let dir = tx_dir.join("steps");
+    let mut out = Vec::new();
+    let rd = match std::fs::read_dir(&dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
+        Err(e) => return Err(at(&dir, "list steps")(e)),
+    };
+    for e in rd {
+        let e = e.map_err(at(&dir, "list steps"))?;
+        if let Some(n) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) {
+            out.push((n, e.path().join("upper")));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Create the directories of step `n`; the upper root mirrors the workspace root's attributes.
+pub fn create_step(tx_dir: &Path, n: u32, workspace: &Path) -> Result<(PathBuf, PathBuf), LayerError> {
+    let step = tx_dir.join("steps").join(n.to_string());
+    std::fs::create_dir_all(&step).map_err(at(&step, "create step"))?;
+    let upper = step.join("upper");
+    let work = step.join("work");
+    let ws_md = std::fs::metadata(workspace).map_err(at(workspace, "stat workspace"))?;
+    std::fs::DirBuilder::new().mode(0o700).create(&upper).map_err(at(&upper, "create upper"))?;
+    std::fs::DirBuilder::new().mode(0o700).create(&work).map_err(at(&work, "create work"))?;
+    mirror_root(&upper, &ws_md).map_err(at(&upper, "mirror workspace root"))?;
+    Ok((upper, work))
+}
+
+/// Give a fresh upper root the workspace root's mode, owner and times: overlay shows the upper
+/// root's attributes as the merged root's, and an untouched root must not look changed.
+pub fn mirror_root(upper: &Path, ws_md: &std::fs::Metadata) -> io::Result<()> {
+    set_dir_attrs(ws_md, upper)?;
+    if rustix::process::geteuid().is_root() && ws_md.uid() != 0 {
+        std::os::unix::fs::lchown(upper, Some(ws_md.uid()), Some(ws_md.gid()))?;
+    }
+    Ok(())
+}
+
+/// Drop step `n` (a failed step, or one rolled back to an earlier savepoint).
+pub fn drop_step(tx_dir: &Path, n: u32) -> Result<(), LayerError> {
+    let step = tx_dir.join("steps").join(n.to_string());
+    remove_tree(&step).map_err(|e| LayerError { path: step.clone(), what: "remove step", source: io::Error::other(e.to_string()) })
+}
+
+fn is_opaque(p: &Path) -> bool {
+    matches!(meta::get_xattr(p, std::ffi::OsStr::new("user.overlay.opaque")).as_deref(), Ok(b"y"))
+}
+
+/// Merge `top` into `bottom` with overlay semantics, so that `bottom` alone then means what
+/// the two layers meant stacked. Consumes `top` (entries are renamed, not copied).
+pub fn squash_pair(bottom: &Path, top: &Path) -> Result<(), LayerError> {
+    squash_dir(bottom, top, Path::new(""))?;
+    // The root's own attributes (mode, mtime) are the top layer's.
+    copy_dir_attrs(top, bottom).map_err(at(bottom, "copy root attributes"))
+}
+
+fn squash_dir(bottom: &Path, top: &Path, rel: &Path) -> Result<(), LayerError> {
+    let tdir = meta::join(top, rel);
+    let mut names: Vec<_> = std::fs::read_dir(&tdir)
+        .map_err(at(&tdir, "list layer"))?
+        .map(|e| e.map(|e| e.file_name()))
+        .collect::<Result<_, _>>()
+        .map_err(at(&tdir, "list layer"))?;
+    names.sort();
+    for name in names {
+        let p = rel.join(&name);
+        let t = top.join(&p);
+        let b = bottom.join(&p);
+        let tmd = std::fs::symlink_metadata(&t).map_err(at(&t, "stat"))?;
+        let bmd = std::fs::symlink_metadata(&b).ok();
+        let merge_into_dir = tmd.is_dir() && !is_opaque(&t) && bmd.as_ref().is_some_and(|m| m.is_dir());
+        if merge_into_dir {
+            squash_dir(bottom, top, &p)?;
+            copy_dir_attrs(&t, &b).map_err(at(&b, "copy dir attributes"))?;
+            continue;
+        }
+        // Whiteouts, opaque directories, files, symlinks and directories with nothing below:
+        // the top entry replaces whatever the bottom layer had.
+        if bmd.is_some() {
+            remove_tree(&b).map_err(|e| LayerError { path: b.clone(), what: "replace", source: io::Error::other(e.to_string()) })?;
+        }
+        std::fs::rename(&t, &b).map_err(at(&t, "move into lower layer"))?;
+    }
+    Ok(())
+}
+
+fn copy_dir_attrs(from: &Path, to: &Path) -> io::Result<()> {
+    set_dir_attrs(&std::fs::symlink_metadata(from)?, to)
+}
+
+/// Copy a layer as hard links (files, symlinks and whiteouts share inodes; directories are new
+/// with the same mode, xattrs and times). Squashing a copy only renames and removes entries, so
+/// the original layers are left intact: this is how `diff` looks at a session without
+/// collapsing its savepoints.
+pub fn link_copy(src: &Path, dst: &Path) -> Result<(), LayerError> {
+    let md = std::fs::symlink_metadata(src).map_err(at(src, "stat"))?;
+    std::fs::DirBuilder::new().mode(0o700).create(dst).map_err(at(dst, "create"))?;
+    for (name, value) in meta::xattrs_of_lower(src).map_err(at(src, "read xattrs"))? {
+        let _ = rustix::fs::lsetxattr(dst, name.as_os_str(), &value, rustix::fs::XattrFlags::empty());
+    }
+    let entries: Vec<_> = std::fs::read_dir(src).map_err(at(src, "list"))?.collect::<Result<_, _>>().map_err(at(src, "list"))?;
+    for e in entries {
+        let s = e.path();
+        let d = dst.join(e.file_name());
+        if e.file_type().map_err(at(&s, "stat"))?.is_dir() {
+            link_copy(&s, &d)?;
+        } else {
+            std::fs::hard_link(&s, &d).map_err(at(&s, "link"))?;
+        }
+    }
+    set_dir_attrs(&md, dst).map_err(at(dst, "copy attributes"))
+}
+
+/// Give directory `to` the mode and times recorded in `md`.
+fn set_dir_attrs(md: &std::fs::Metadata, to: &Path) -> io::Result<()> {
+    std::fs::set_permissions(to, std::fs::Permissions::from_mode(md.mode() & 0o7777))?;
+    let ts = |s: i64, ns: i64| rustix::fs::Timespec { tv_sec: s, tv_nsec: ns as _ };
+    let times = rustix::fs::Timestamps {
+        last_access: ts(md.atime(), md.atime_nsec()),
+        last_modification: ts(md.mtime(), md.mtime_nsec()),
+    };
+    rustix::fs::utimensat(rustix::fs::CWD, to, &times, rustix::fs::AtFlags::empty())?;
+    Ok(())
+}
+
+/// What a workspace path looked like when a transaction first touched it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fingerprint {
+    Absent,
+    Present { kind: Kind, ino: u64, mtime_ns: i128, ctime_ns: i128, size: u64 },
+}
+
+impl Fingerprint {
+    pub fn of(path: &Path) -> io::Result<Fingerprint> {
+        match std::fs::symlink_metadata(path) {
+            Ok(md) => Ok(Fingerprint::Present {
+                kind: Kind::of(&md),
+                ino: md.ino(),
+                mtime_ns: i128::from(md.mtime()) * 1_000_000_000 + i128::from(md.mtime_nsec()),
+                ctime_ns: i128::from(md.ctime()) * 1_000_000_000 + i128::from(md.ctime_nsec()),
+                size: md.size(),
+            }),
+            Err(e) if e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ENOTDIR) => Ok(Fingerprint::Absent),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether `now` is the same object, unchanged. Directories compare by identity only:
+    /// entries added next to ours by someone else are not a conflict.
+    pub fn unchanged(&self, now: &Fingerprint) -> bool {
+        match (self, now) {
+            (Fingerprint::Absent, Fingerprint::Absent) => true,
+            (Fingerprint::Present { kind: Kind::Dir, ino: a, .. }, Fingerprint::Present { kind: Kind::Dir, ino: b, .. }) => a == b,
+            (a, b) => a == b,
+        }
+    }
+
+    fn render(&self) -> String {
+        match self {
+            Fingerprint::Absent => "absent".into(),
+            Fingerprint::Present { kind, ino, mtime_ns, ctime_ns, size } => {
+                format!("{} {ino} {mtime_ns} {ctime_ns} {size}", kind.as_str())
+            }
+        }
+    }
+
+    fn parse(s: &str) -> Option<Fingerprint> {
+        if s == "absent" {
+            return Some(Fingerprint::Absent);
+        }
+        let w: Vec<&str> = s.split(' ').collect();
+        match w.as_slice() {
+            [k, ino, m, c, size] => Some(Fingerprint::Present {
+                kind: Kind::parse(k)?,
+                ino: ino.parse().ok()?,
+                mtime_ns: m.parse().ok()?,
+                ctime_ns: c.parse().ok()?,
+                size: size.parse().ok()?,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// The base fingerprints of a transaction: path → what the workspace held there.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Fingerprints(pub BTreeMap<PathBuf, Fingerprint>);
+
+impl Fingerprints {
+    pub fn load(file: &Path) -> Result<Fingerprints, LayerError> {
+        let text = match std::fs::read(file) {
+            Ok(t) => t,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Fingerprints::default()),
+            Err(e) => return Err(at(file, "read fingerprints")(e)),
+        };
+        let mut map = BTreeMap::new();
+        for line in String::from_utf8_lossy(&text).lines() {
+            let Some((h, rest)) = line.split_once(' ') else { continue };
+            let bytes: Option<Vec<u8>> =
+                (0..h.len()).step_by(2).map(|i| h.get(i..i + 2).and_then(|x| u8::from_str_radix(x, 16).ok())).collect();
+            if let (Some(b), Some(fp)) = (bytes, Fingerprint::parse(rest)) {
+                map.insert(PathBuf::from(std::ffi::OsString::from_vec(b)), fp);
+            }
+        }
+        Ok(Fingerprints(map))
+    }
+
+    pub fn save(&self, file: &Path) -> Result<(), LayerError> {
+        let mut text = String::new();
+        for (p, fp) in &self.0 {
+            text.push_str(&format!("{} {}\n", hex(p.as_os_str().as_bytes()), fp.render()));
+        }
+        let tmp = file.with_extension("tmp");
+        std::fs::write(&tmp, text).map_err(at(&tmp, "write fingerprints"))?;
+        std::fs::rename(&tmp, file).map_err(at(file, "write fingerprints"))
+    }
+
+    /// Record, for every path a new layer touches and that has no fingerprint yet, what the
+    /// workspace holds there now (the transaction's base for that path).
+    pub fn record_layer(&mut self, upper: &Path, workspace: &Path) -> Result<(), LayerError> {
+        self.walk(upper, workspace, Path::new(""))
+    }
+
+    fn walk(&mut self, upper: &Path, workspace: &Path, rel: &Path) -> Result<(), LayerError> {
+        let dir = meta::join(upper, rel);
+        for e in std::fs::read_dir(&dir).map_err(at(&dir, "list layer"))? {
+            let e = e.map_err(at(&dir, "list layer"))?;
+            let p = rel.join(e.file_name());
+            let fp = match self.0.get(&p) {
+                Some(fp) => *fp,
+                None => {
+                    let fp = Fingerprint::of(&workspace.join(&p)).map_err(at(&p, "fingerprint"))?;
+                    self.0.insert(p.clone(), fp);
+                    fp
+                }
+            };
+            if e.file_type().map_err(at(&p, "stat"))?.is_dir() && matches!(fp, Fingerprint::Present { kind: Kind::Dir, .. }) {
+                self.walk(upper, workspace, &p)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Paths of the change set whose workspace object changed since the base.
+    pub fn conflicts(&self, cs: &ChangeSet, workspace: &Path) -> Result<Vec<PathBuf>, LayerError> {
+        let mut out = Vec::new();
+        for c in &cs.changes {
+            if matches!(c.op, ChangeOp::DirMeta { .. }) {
+                continue;
+            }
+            let Some(base) = self.0.get(&c.path) else { continue };
+            let now = Fingerprint::of(&workspace.join(&c.path)).map_err(at(&c.path, "fingerprint"))?;
+            if !base.unchanged(&now) {
+                out.push(c.path.clone());
+            }
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fingerprints_round_trip_and_compare() {
+        let d = std::env::temp_dir().join(format!("txbox-fp-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).map_err(|e| e.to_string()).ok();
+        let f = d.join("a\nb");
+        std::fs::write(&f, "x").ok();
+        let mut fps = Fingerprints::default();
+        let fp = Fingerprint::of(&f).ok();
+        assert!(matches!(fp, Some(Fingerprint::Present { kind: Kind::File, size: 1, .. })));
+        fps.0.insert(PathBuf::from("a\nb"), fp.unwrap_or(Fingerprint::Absent));
+        fps.0.insert(PathBuf::from("gone"), Fingerprint::Absent);
+        let file = d.join("fingerprints");
+        assert!(fps.save(&file).is_ok());
+        assert_eq!(Fingerprints::load(&file).ok(), Some(fps));
+        let _ = std::fs::remove_dir_all(&d);
+    }
+}
