@@ -10,7 +10,10 @@ use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags};
 
-use crate::stage2::REPORT_FD;
+use crate::stage2::{REPORT_FD, SYNC_FD};
+
+/// How often limits that need watching are checked.
+const CHECK_EVERY: Duration = Duration::from_millis(100);
 use crate::SandboxSpec;
 
 #[derive(Debug, thiserror::Error)]
@@ -35,8 +38,27 @@ pub enum Exit {
 pub struct LaunchOptions {
     /// Capture stdout/stderr (up to this many bytes each) instead of passing them through.
     pub capture: Option<usize>,
+    /// Exceeding the capture size kills the command (`--max-output`) instead of truncating.
+    pub output_limit_kills: bool,
     pub timeout: Option<Duration>,
 }
+
+/// Hooks the launcher calls while the sandbox runs: put it into its cgroups before it starts
+/// the command, and check limits the kernel does not enforce by itself (bytes written).
+pub trait Watch {
+    /// Stage 2 exists (pid on the host) and waits; attach it to whatever limits it.
+    fn started(&mut self, _pid: u32) -> Result<(), String> {
+        Ok(())
+    }
+    /// Called a few times a second; a limit name kills the sandbox.
+    fn check(&mut self) -> Option<&'static str> {
+        None
+    }
+}
+
+/// No hooks.
+pub struct NoWatch;
+impl Watch for NoWatch {}
 
 #[derive(Debug, Clone)]
 pub struct Finished {
@@ -46,6 +68,8 @@ pub struct Finished {
     pub stderr: Vec<u8>,
     pub stdout_truncated: bool,
     pub stderr_truncated: bool,
+    /// The limit that made txbox kill the command, if any (`output`, or one from `Watch`).
+    pub limit: Option<&'static str>,
 }
 
 struct Sink {
@@ -87,10 +111,12 @@ impl Sink {
 }
 
 /// Run `spec` in a sandbox through the stage-2 helper at `exe` (normally `/proc/self/exe`).
-pub fn launch(exe: &Path, spec: &SandboxSpec, opts: &LaunchOptions) -> Result<Finished, SandboxError> {
+pub fn launch(exe: &Path, spec: &SandboxSpec, opts: &LaunchOptions, watch: &mut dyn Watch) -> Result<Finished, SandboxError> {
     let spawn_err = |source| SandboxError::Spawn { exe: exe.display().to_string(), source };
     let (report_r, report_w) =
         rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| spawn_err(e.into()))?;
+    let (sync_r, sync_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| spawn_err(e.into()))?;
+    let sr = if spec.sync { sync_r.as_raw_fd() } else { -1 };
     let mut cmd = Command::new(exe);
     cmd.arg0("txbox-sandbox").arg("__stage2").args(spec.to_args());
     if opts.capture.is_some() {
@@ -101,11 +127,16 @@ pub fn launch(exe: &Path, spec: &SandboxSpec, opts: &LaunchOptions) -> Result<Fi
     // (dup2, fcntl) on fds that exist in the child.
     unsafe {
         cmd.pre_exec(move || {
-            if w == REPORT_FD {
-                let flags = libc::fcntl(w, libc::F_GETFD);
-                libc::fcntl(w, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
-            } else if libc::dup2(w, REPORT_FD) < 0 {
-                return Err(std::io::Error::last_os_error());
+            for (fd, want) in [(w, REPORT_FD), (sr, SYNC_FD)] {
+                if fd < 0 {
+                    continue;
+                }
+                if fd == want {
+                    let flags = libc::fcntl(fd, libc::F_GETFD);
+                    libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
+                } else if libc::dup2(fd, want) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
             }
             Ok(())
         });
@@ -114,27 +145,57 @@ pub fn launch(exe: &Path, spec: &SandboxSpec, opts: &LaunchOptions) -> Result<Fi
     let _guard = IgnoreInterrupts::new();
     let mut child = cmd.spawn().map_err(spawn_err)?;
     drop(report_w);
+    drop(sync_r);
+    if spec.sync {
+        if let Err(e) = watch.started(child.id()) {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(SandboxError::Setup(e));
+        }
+        let _ = rustix::io::write(&sync_w, b"g");
+    }
+    drop(sync_w);
+    let mut limit: Option<&'static str> = None;
+    let mut next_check = Instant::now();
     let cap = opts.capture.unwrap_or(0);
     let mut out = Sink::new(child.stdout.take().map(OwnedFd::from), cap);
     let mut err = Sink::new(child.stderr.take().map(OwnedFd::from), cap);
     let mut report = Sink::new(Some(report_r), 64 * 1024);
     let deadline = opts.timeout.map(|t| Instant::now() + t);
     let mut timed_out = false;
+    let killed = |child: &mut std::process::Child| {
+        // Killing stage 2 kills init through its parent-death signal, and with init the whole
+        // pid namespace.
+        let _ = child.kill();
+    };
     while out.fd.is_some() || err.fd.is_some() || report.fd.is_some() {
-        let timeout = match deadline {
-            Some(d) if !timed_out => {
-                let left = d.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    // Killing stage 2 kills init through its parent-death signal, and with init
-                    // the whole pid namespace.
-                    let _ = child.kill();
-                    timed_out = true;
+        let stopping = timed_out || limit.is_some();
+        if !stopping {
+            if opts.output_limit_kills && (out.truncated || err.truncated) {
+                limit = Some("output");
+                killed(&mut child);
+                continue;
+            }
+            if Instant::now() >= next_check {
+                next_check = Instant::now() + CHECK_EVERY;
+                if let Some(l) = watch.check() {
+                    limit = Some(l);
+                    killed(&mut child);
                     continue;
                 }
-                Some(rustix::event::Timespec::try_from(left).unwrap_or(rustix::event::Timespec { tv_sec: 1, tv_nsec: 0 }))
             }
-            _ => None,
-        };
+        }
+        let mut wait = if stopping { None } else { Some(CHECK_EVERY) };
+        if let (Some(d), false) = (deadline, stopping) {
+            let left = d.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                killed(&mut child);
+                timed_out = true;
+                continue;
+            }
+            wait = Some(wait.map_or(left, |w| w.min(left)));
+        }
+        let timeout = wait.map(|w| rustix::event::Timespec::try_from(w).unwrap_or(rustix::event::Timespec { tv_sec: 1, tv_nsec: 0 }));
         let mut fds = Vec::with_capacity(3);
         let mut which = Vec::with_capacity(3);
         for (i, s) in [&out, &err, &report].into_iter().enumerate() {
@@ -173,7 +234,7 @@ pub fn launch(exe: &Path, spec: &SandboxSpec, opts: &LaunchOptions) -> Result<Fi
             exit = Some(Exit::Signal(s));
         }
     }
-    let exit = match (exit, timed_out) {
+    let exit = match (exit, timed_out || limit.is_some()) {
         (Some(e), _) => e,
         (None, true) => Exit::Signal(libc::SIGKILL),
         (None, false) => {
@@ -188,6 +249,7 @@ pub fn launch(exe: &Path, spec: &SandboxSpec, opts: &LaunchOptions) -> Result<Fi
         stderr: err.buf,
         stdout_truncated: out.truncated,
         stderr_truncated: err.truncated,
+        limit,
     })
 }
 

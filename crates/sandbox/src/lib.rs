@@ -9,5 +9,5 @@ pub mod launch;
 pub mod spec;
 pub mod stage2;
 
-pub use launch::{launch, shell_argv, Exit, Finished, LaunchOptions, SandboxError};
+pub use launch::{launch, shell_argv, Exit, Finished, LaunchOptions, NoWatch, SandboxError, Watch};
 pub use spec::{MountOp, MountPlan, SandboxSpec};

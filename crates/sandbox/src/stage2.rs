@@ -21,6 +21,8 @@ use crate::spec::{overlay_options, MountOp, MountPlan, SandboxSpec};
 
 /// The fd on which stage 2 reports to its parent (set up by the launcher).
 pub const REPORT_FD: i32 = 3;
+/// The fd on which stage 2 waits for the launcher's go (when `spec.sync`).
+pub const SYNC_FD: i32 = 4;
 
 #[derive(Debug)]
 struct StepError {
@@ -85,8 +87,21 @@ fn hint(e: &StepError) -> String {
 /// The order of these steps is the documentation.
 fn run(spec: &SandboxSpec) -> Result<i32, StepError> {
     let plan = MountPlan::for_spec(spec);
-    // 1. New namespaces. Without root, a user namespace gives us the right to mount.
-    let mut flags = UnshareFlags::NEWNS | UnshareFlags::NEWPID;
+    // 0. Wait until the launcher has put us into our cgroups, so no child escapes the limits.
+    if spec.sync {
+        let mut b = [0u8; 1];
+        // SAFETY: SYNC_FD was installed by the launcher; borrowed only for this read.
+        let fd = unsafe { rustix::fd::BorrowedFd::borrow_raw(SYNC_FD) };
+        let _ = rustix::io::read(fd, &mut b);
+        // SAFETY: closing our own copy of the sync fd; nothing else refers to it.
+        unsafe { libc::close(SYNC_FD) };
+    }
+    // 1. New namespaces: mounts, pids, network (loopback only), IPC, hostname, cgroup view.
+    //    Without root, a user namespace gives us the right to do the rest.
+    let mut flags = UnshareFlags::NEWNS | UnshareFlags::NEWPID | UnshareFlags::NEWIPC | UnshareFlags::NEWUTS | UnshareFlags::NEWCGROUP;
+    if !spec.host_network {
+        flags |= UnshareFlags::NEWNET;
+    }
     if spec.userns {
         flags |= UnshareFlags::NEWUSER;
     }
@@ -100,10 +115,20 @@ fn run(spec: &SandboxSpec) -> Result<i32, StepError> {
         write_proc("/proc/self/uid_map", &format!("{0} {0} 1", spec.uid))?;
         write_proc("/proc/self/gid_map", &format!("{0} {0} 1", spec.gid))?;
     }
-    // 3. Mounts that need no pid namespace: private root, workspace overlay, hidden paths.
-    for op in &plan.namespace {
-        mount(op)?;
+    let _ = rustix::system::sethostname(b"txbox");
+    if !spec.host_network {
+        loopback_up()?;
     }
+    // 3. Open every host object a later mount may cover (a workspace below /tmp, /dev/null),
+    //    then run the mount plan.
+    let mut pins = Pins::default();
+    for p in plan.sources() {
+        pins.open(&p)?;
+    }
+    for op in &plan.namespace {
+        mount(op, &pins)?;
+    }
+    drop(pins);
     // 4. The pid namespace's init.
     // SAFETY: this process is single-threaded (a fresh exec that started no threads), so the
     // child may run arbitrary code after fork.
@@ -132,6 +157,86 @@ fn run(spec: &SandboxSpec) -> Result<i32, StepError> {
     })
 }
 
+/// Host objects opened before the first mount, named through `/proc/self/fd` afterwards.
+#[derive(Default)]
+struct Pins(std::collections::HashMap<std::path::PathBuf, rustix::fd::OwnedFd>);
+
+impl Pins {
+    fn open(&mut self, p: &std::path::Path) -> Result<(), StepError> {
+        if self.0.contains_key(p) {
+            return Ok(());
+        }
+        match rustix::fs::open(p, rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty()) {
+            Ok(fd) => {
+                self.0.insert(p.to_path_buf(), fd);
+                Ok(())
+            }
+            // A device the host lacks (no /dev/tty in some containers) is simply not offered.
+            Err(rustix::io::Errno::NOENT | rustix::io::Errno::NXIO) if p.starts_with("/dev") => Ok(()),
+            Err(e) => Err(at(format!("open {}", p.display()))(e)),
+        }
+    }
+
+    /// The `/proc/self/fd/N` name of a pinned object (None: not available on this host).
+    fn name(&self, p: &std::path::Path) -> Option<std::path::PathBuf> {
+        use std::os::fd::AsRawFd;
+        self.0.get(p).map(|fd| std::path::PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd())))
+    }
+}
+
+/// `ifconfig lo up` in the new network namespace: loopback works, nothing else exists.
+fn loopback_up() -> Result<(), StepError> {
+    // SAFETY: plain socket/ioctl calls on a zeroed ifreq whose name we fill in; the fd is
+    // closed before returning.
+    unsafe {
+        let sock = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if sock < 0 {
+            return Err(StepError { step: "socket for loopback".into(), errno: rustix::io::Errno::from_raw_os_error(errno()) });
+        }
+        let mut ifr: libc::ifreq = std::mem::zeroed();
+        for (i, b) in b"lo".iter().enumerate() {
+            ifr.ifr_name[i] = *b as libc::c_char;
+        }
+        ifr.ifr_ifru.ifru_flags = (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+        let r = libc::ioctl(sock, libc::SIOCSIFFLAGS, &ifr);
+        let e = errno();
+        libc::close(sock);
+        if r < 0 {
+            return Err(StepError { step: "bring loopback up".into(), errno: rustix::io::Errno::from_raw_os_error(e) });
+        }
+    }
+    Ok(())
+}
+
+/// `struct mount_attr` of mount_setattr(2).
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+
+fn mount_setattr(target: &std::path::Path, recursive: bool, set: u64, clr: u64) -> Result<(), StepError> {
+    let c = CString::new(target.as_os_str().as_bytes())
+        .map_err(|_| StepError { step: "mount_setattr path".into(), errno: rustix::io::Errno::INVAL })?;
+    let attr = MountAttr { attr_set: set, attr_clr: clr, propagation: 0, userns_fd: 0 };
+    let flags = if recursive { libc::AT_RECURSIVE as libc::c_uint } else { 0 };
+    // SAFETY: valid NUL-terminated path and a properly sized, initialised mount_attr.
+    let r = unsafe {
+        libc::syscall(libc::SYS_mount_setattr, libc::AT_FDCWD, c.as_ptr(), flags, &attr as *const MountAttr, std::mem::size_of::<MountAttr>())
+    };
+    if r < 0 {
+        return Err(StepError {
+            step: format!("mount_setattr {}", target.display()),
+            errno: rustix::io::Errno::from_raw_os_error(errno()),
+        });
+    }
+    Ok(())
+}
+
 fn errno() -> i32 {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
@@ -143,32 +248,75 @@ fn write_proc(path: &str, text: &str) -> Result<(), StepError> {
     })
 }
 
-fn mount(op: &MountOp) -> Result<(), StepError> {
+fn mkdir_p(p: &std::path::Path) {
+    let _ = std::fs::create_dir_all(p);
+}
+
+fn mount(op: &MountOp, pins: &Pins) -> Result<(), StepError> {
+    use rustix::mount::mount as mnt;
     match op {
         MountOp::PrivateRoot => {
             rustix::mount::mount_change("/", MountPropagationFlags::PRIVATE | MountPropagationFlags::REC)
                 .map_err(at("make / private"))
         }
+        MountOp::Tmpfs { target, mode } => {
+            mkdir_p(target);
+            let data = CString::new(format!("mode={mode:o}")).map_err(|_| StepError { step: "tmpfs options".into(), errno: rustix::io::Errno::INVAL })?;
+            mnt("tmpfs", target.as_path(), "tmpfs", MountFlags::NOSUID | MountFlags::NODEV, Some(data.as_c_str()))
+                .map_err(at(format!("mount tmpfs on {}", target.display())))
+        }
         MountOp::Overlay { target, lowers, upper, work } => {
-            let opts = overlay_options(lowers, upper.as_os_str(), work.as_os_str());
+            let via = |p: &std::path::PathBuf| pins.name(p).unwrap_or_else(|| p.clone());
+            let lowers: Vec<std::path::PathBuf> = lowers.iter().map(via).collect();
+            let opts = overlay_options(&lowers, via(upper).as_os_str(), via(work).as_os_str());
             let opts = CString::new(opts.as_bytes()).map_err(|_| StepError { step: "overlay options".into(), errno: rustix::io::Errno::INVAL })?;
-            rustix::mount::mount("overlay", target.as_path(), "overlay", MountFlags::empty(), Some(opts.as_c_str()))
+            mkdir_p(target);
+            mnt("overlay", target.as_path(), "overlay", MountFlags::empty(), Some(opts.as_c_str()))
                 .map_err(at(format!("mount overlay on {}", target.display())))
         }
-        MountOp::Hide { target } => {
+        MountOp::ReadOnlyRoot => mount_setattr(std::path::Path::new("/"), true, MOUNT_ATTR_RDONLY, 0),
+        MountOp::Writable { target } => {
             if std::fs::symlink_metadata(target).is_err() {
                 return Ok(());
             }
-            rustix::mount::mount(
-                "tmpfs",
-                target.as_path(),
-                "tmpfs",
-                MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
-                Some(c"mode=000,size=4k"),
-            )
-            .map_err(at(format!("hide {}", target.display())))
+            mount_setattr(target, false, 0, MOUNT_ATTR_RDONLY)
         }
-        MountOp::Proc { target } => rustix::mount::mount(
+        MountOp::Bind { source, target } => {
+            let Some(src) = pins.name(source) else { return Ok(()) };
+            let _ = std::fs::File::create(target);
+            mnt(src.as_path(), target.as_path(), "", MountFlags::BIND, None).map_err(at(format!("bind {}", target.display())))
+        }
+        MountOp::Devpts { target } => {
+            mkdir_p(target);
+            mnt("devpts", target.as_path(), "devpts", MountFlags::NOSUID | MountFlags::NOEXEC, Some(c"newinstance,ptmxmode=0666,mode=620"))
+                .map_err(at(format!("mount devpts on {}", target.display())))
+        }
+        MountOp::Symlink { target, points_to } => match std::os::unix::fs::symlink(points_to, target) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+            Err(e) => Err(StepError {
+                step: format!("symlink {}", target.display()),
+                errno: rustix::io::Errno::from_io_error(&e).unwrap_or(rustix::io::Errno::IO),
+            }),
+        },
+        MountOp::Hide { target } => {
+            let Ok(md) = std::fs::symlink_metadata(target) else { return Ok(()) };
+            if md.is_dir() {
+                mnt(
+                    "tmpfs",
+                    target.as_path(),
+                    "tmpfs",
+                    MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+                    Some(c"mode=000,size=4k"),
+                )
+                .map_err(at(format!("hide {}", target.display())))
+            } else {
+                // A file: /dev/null over it, read-only.
+                mnt("/dev/null", target.as_path(), "", MountFlags::BIND, None).map_err(at(format!("hide {}", target.display())))?;
+                mount_setattr(target, false, MOUNT_ATTR_RDONLY, 0)
+            }
+        }
+        MountOp::Proc { target } => mnt(
             "proc",
             target.as_path(),
             "proc",
@@ -206,7 +354,7 @@ fn wait_for(pid: i32) -> Status {
 fn init(spec: &SandboxSpec, plan: &MountPlan) -> Result<i32, StepError> {
     let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
     for op in &plan.init {
-        mount(op)?;
+        mount(op, &Pins::default())?;
     }
     let argv: Vec<CString> = spec
         .argv
@@ -221,6 +369,11 @@ fn init(spec: &SandboxSpec, plan: &MountPlan) -> Result<i32, StepError> {
         return Err(StepError { step: "fork command".into(), errno: rustix::io::Errno::from_raw_os_error(errno()) });
     }
     if child == 0 {
+        if let Err(e) = confine(spec) {
+            report(&format!("error sandbox setup failed at `{}`: {}\n", e.step, hint(&e)));
+            // SAFETY: leaving the forked child without running the parent's destructors.
+            unsafe { libc::_exit(125) };
+        }
         exec_command(&argv, &cwd);
     }
     // Reap every process until the command itself is gone; orphans reparent to us.
@@ -241,6 +394,22 @@ fn init(spec: &SandboxSpec, plan: &MountPlan) -> Result<i32, StepError> {
         report(&format!("exit {}\n", libc::WEXITSTATUS(status)));
     }
     Ok(0)
+}
+
+/// In the command's process, last steps before exec: resource limits, then the kernel
+/// confinement that must come after every mount.
+fn confine(spec: &SandboxSpec) -> Result<(), StepError> {
+    let set = |res: rustix::process::Resource, v: Option<u64>| -> Result<(), StepError> {
+        if let Some(v) = v {
+            rustix::process::setrlimit(res, rustix::process::Rlimit { current: Some(v), maximum: Some(v) })
+                .map_err(at(format!("setrlimit {res:?}")))?;
+        }
+        Ok(())
+    };
+    set(rustix::process::Resource::Cpu, spec.cpu_seconds)?;
+    set(rustix::process::Resource::Fsize, spec.max_file_size)?;
+    set(rustix::process::Resource::Core, Some(0))?;
+    Ok(())
 }
 
 /// In the command's process: reset what txbox changed, enter the working directory, exec.

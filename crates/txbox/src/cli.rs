@@ -98,9 +98,30 @@ struct ExecOpts {
     /// Wall-clock limit in seconds; the whole process tree is killed and rolled back (exit 124).
     #[arg(long, value_name = "SECS")]
     timeout: Option<f64>,
-    /// Most bytes of stdout and of stderr captured into --json output (suffixes: K, M, G).
+    /// Output limit per stream (suffixes: K, M, G): exceeding it kills and rolls back.
     #[arg(long, value_name = "BYTES", value_parser = txbox::size::parse_size)]
     max_output: Option<u64>,
+    /// Memory limit of the whole process tree (cgroup).
+    #[arg(long, value_name = "BYTES", value_parser = txbox::size::parse_size)]
+    memory: Option<u64>,
+    /// Most processes the command may have at once (cgroup).
+    #[arg(long, value_name = "N")]
+    pids: Option<u64>,
+    /// CPU time limit in seconds per process (RLIMIT_CPU).
+    #[arg(long, value_name = "SECS")]
+    cpu: Option<u64>,
+    /// Most bytes the command may write into the workspace view.
+    #[arg(long, value_name = "BYTES", value_parser = txbox::size::parse_size)]
+    max_write: Option<u64>,
+    /// `none` (default): a private network namespace with loopback only; `host`: the host's.
+    #[arg(long, value_enum, default_value = "none")]
+    network: Network,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Network {
+    None,
+    Host,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -155,7 +176,6 @@ enum PolicyCmd {
     },
 }
 
-const DEFAULT_MAX_OUTPUT: u64 = 16 << 20;
 
 pub fn main(args: Vec<OsString>) -> Result<i32> {
     let cli = match Cli::try_parse_from(args) {
@@ -189,8 +209,7 @@ pub fn main(args: Vec<OsString>) -> Result<i32> {
                 command,
                 policy: Policy::builtin(),
                 capture: json,
-                max_output: max_output(&opts),
-                timeout: timeout(&opts)?,
+                limits: limits(&opts)?,
                 keep_on_failure: on_failure == OnFailure::Keep,
             };
             let r = session::exec(&state, &req)?;
@@ -265,16 +284,21 @@ fn command_of(command: Option<String>, argv: Vec<OsString>) -> Result<Command> {
     })
 }
 
-fn timeout(o: &ExecOpts) -> Result<Option<Duration>> {
-    Ok(match o.timeout {
+fn limits(o: &ExecOpts) -> Result<engine::Limits> {
+    let timeout = match o.timeout {
         Some(t) if !(t.is_finite() && t > 0.0) => bail!("--timeout must be a positive number of seconds"),
         Some(t) => Some(Duration::from_secs_f64(t)),
         None => None,
+    };
+    Ok(engine::Limits {
+        timeout,
+        memory: o.memory,
+        pids: o.pids,
+        cpu_seconds: o.cpu,
+        max_output: o.max_output,
+        max_write: o.max_write,
+        host_network: o.network == Network::Host,
     })
-}
-
-fn max_output(o: &ExecOpts) -> usize {
-    usize::try_from(o.max_output.unwrap_or(DEFAULT_MAX_OUTPUT)).unwrap_or(usize::MAX)
 }
 
 /// Print a result (JSON on stdout, or the summary on stderr) and return its exit status.
@@ -295,8 +319,7 @@ fn cmd_run(state_dir: Option<PathBuf>, json: bool, a: RunArgs) -> Result<i32> {
         command: command_of(a.command, a.argv)?,
         policy: Policy::builtin(),
         capture: json,
-        max_output: max_output(&a.opts),
-        timeout: timeout(&a.opts)?,
+        limits: limits(&a.opts)?,
         validate: a.validate,
         no_commit: a.no_commit,
         keep_on_failure: a.on_failure == OnFailure::Keep,

@@ -45,8 +45,7 @@ pub struct RunRequest {
     pub policy: Policy,
     /// Capture output into the result (JSON mode) instead of streaming it.
     pub capture: bool,
-    pub max_output: usize,
-    pub timeout: Option<Duration>,
+    pub limits: Limits,
     /// A check run after the command, in the same transaction; commit only if it exits 0.
     pub validate: Option<String>,
     /// Leave the transaction pending for review instead of committing.
@@ -291,24 +290,59 @@ pub(crate) struct Layers<'a> {
     pub work: &'a Path,
 }
 
-pub(crate) fn execute(env: &Env, cwd: &Path, command: &Command, layers: Layers<'_>, opts: &LaunchOptions) -> Result<Finished, txbox_sandbox::SandboxError> {
+/// Resource limits and network access of one execution (DESIGN §3 `run`/`exec` options).
+#[derive(Debug, Clone, Default)]
+pub struct Limits {
+    pub timeout: Option<Duration>,
+    pub memory: Option<u64>,
+    pub pids: Option<u64>,
+    pub cpu_seconds: Option<u64>,
+    /// Captured output per stream; exceeding it kills the command.
+    pub max_output: Option<u64>,
+    /// Bytes the command may write into its upper layer.
+    pub max_write: Option<u64>,
+    pub host_network: bool,
+}
+
+/// Captured output per stream when no `--max-output` is given: truncated, not killed.
+pub const DEFAULT_CAPTURE: usize = 16 << 20;
+
+pub(crate) fn execute(
+    env: &Env,
+    cwd: &Path,
+    command: &Command,
+    layers: Layers<'_>,
+    capture: bool,
+    limits: &Limits,
+) -> Result<Finished, txbox_sandbox::SandboxError> {
     let argv = match command {
         Command::Argv(a) | Command::Script { argv: a, .. } => a.clone(),
         Command::Shell(s) => txbox_sandbox::shell_argv(s),
     };
-    let spec = SandboxSpec {
-        workspace: env.workspace.clone(),
-        upper: layers.upper.to_path_buf(),
-        work: layers.work.to_path_buf(),
-        layers: layers.lower,
-        hide: vec![env.state.root.clone()],
-        cwd: env.cwd_for(cwd),
-        userns: !rustix::process::geteuid().is_root(),
-        uid: rustix::process::getuid().as_raw(),
-        gid: rustix::process::getgid().as_raw(),
-        argv,
+    let mut spec = SandboxSpec::new(env.workspace.clone(), layers.upper.to_path_buf(), layers.work.to_path_buf(), argv);
+    spec.layers = layers.lower;
+    spec.hide = vec![env.state.root.clone()];
+    let home = std::env::var_os("HOME").map(PathBuf::from);
+    spec.hide.extend(txbox_sandbox::spec::default_secrets(home.as_deref()).into_iter().filter(|p| !env.workspace.starts_with(p)));
+    spec.cwd = env.cwd_for(cwd);
+    spec.userns = !rustix::process::geteuid().is_root();
+    spec.uid = rustix::process::getuid().as_raw();
+    spec.gid = rustix::process::getgid().as_raw();
+    spec.host_network = limits.host_network;
+    spec.cpu_seconds = limits.cpu_seconds;
+    spec.max_file_size = limits.max_write;
+    let mut watch = crate::limits::Watcher::new(layers.upper, limits)?;
+    spec.sync = watch.needs_sync();
+    let opts = LaunchOptions {
+        capture: capture.then(|| limits.max_output.map_or(DEFAULT_CAPTURE, |m| usize::try_from(m).unwrap_or(usize::MAX))),
+        output_limit_kills: limits.max_output.is_some(),
+        timeout: limits.timeout,
     };
-    txbox_sandbox::launch(Path::new("/proc/self/exe"), &spec, opts)
+    let mut finished = txbox_sandbox::launch(Path::new("/proc/self/exe"), &spec, &opts, &mut watch)?;
+    if finished.limit.is_none() {
+        finished.limit = watch.after(&finished);
+    }
+    Ok(finished)
 }
 
 /// Copy a finished command's fate into the result; true when it succeeded (status 0).
@@ -328,9 +362,20 @@ pub(crate) fn record(r: &mut RunResult, finished: Finished) -> bool {
     if finished.timed_out {
         r.exit_code = 124;
     }
-    let ok = !finished.timed_out && finished.exit == Exit::Code(0);
+    r.limit_exceeded = finished.limit.map(str::to_string);
+    let ok = !finished.timed_out && finished.limit.is_none() && finished.exit == Exit::Code(0);
     if !ok {
-        r.rollback_reason = Some(if finished.timed_out { RollbackReason::Timeout } else { RollbackReason::ExitStatus });
+        r.rollback_reason = Some(if finished.limit.is_some() {
+            RollbackReason::Limit
+        } else if finished.timed_out {
+            RollbackReason::Timeout
+        } else {
+            RollbackReason::ExitStatus
+        });
+        if finished.limit.is_some() && r.exit_code == 0 {
+            // A command stopped by a limit did not complete, whatever it returned.
+            r.exit_code = 128 + libc::SIGKILL;
+        }
     }
     ok
 }
@@ -369,9 +414,8 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
     let mut r = RunResult::new(tx.id.clone(), evaluation.decision);
 
     // 4. Execute in the sandbox.
-    let opts = LaunchOptions { capture: req.capture.then_some(req.max_output), timeout: req.timeout };
     let layers = Layers { lower: Vec::new(), upper: &tx.upper, work: &tx.work };
-    let finished = match execute(&env, &cwd, &req.command, layers, &opts) {
+    let finished = match execute(&env, &cwd, &req.command, layers, req.capture, &req.limits) {
         Ok(f) => f,
         Err(e) => {
             setup_failed(&mut r, e);

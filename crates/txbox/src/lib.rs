@@ -4,6 +4,7 @@
 //! - [`render`]: the human summary line and the JSON of DESIGN §3.
 
 pub mod engine;
+pub mod limits;
 pub mod diff;
 pub mod render;
 pub mod session;

@@ -3,18 +3,17 @@
 //! that work on it; every operation on one transaction holds its lock.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use serde::Serialize;
 use txbox_policy::{Action, Decision, Policy};
-use txbox_sandbox::LaunchOptions;
 use txbox_txn::session::{self, Fingerprints};
 use txbox_txn::state::{remove_tree, TxMeta};
 use txbox_txn::{ChangeSet, StateDir};
 
 use crate::engine::{
     audit, commit_upper, deny, evaluate, execute, policy_context, record, settle, setup_failed, Changes, Command,
-    EngineError, Env, Layers, Outcome, RollbackReason, RunRequest, RunResult, Target,
+    EngineError, Env, Layers, Limits, Outcome, RollbackReason, RunRequest, RunResult, Target,
 };
 
 /// Find the state directory for a transaction id: `--state-dir` if given, else the nearest
@@ -61,8 +60,7 @@ pub struct ExecRequest {
     pub command: Command,
     pub policy: Policy,
     pub capture: bool,
-    pub max_output: usize,
-    pub timeout: Option<Duration>,
+    pub limits: Limits,
     /// Keep a failed step's changes instead of undoing the step.
     pub keep_on_failure: bool,
 }
@@ -86,8 +84,7 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
     r.step = Some(n);
     let (upper, work) = session::create_step(&tx_dir, n, &env.workspace)?;
     let lower: Vec<PathBuf> = layers.iter().rev().map(|(_, p)| p.clone()).collect();
-    let opts = LaunchOptions { capture: req.capture.then_some(req.max_output), timeout: req.timeout };
-    let finished = execute(&env, &req.cwd, &req.command, Layers { lower, upper: &upper, work: &work }, &opts);
+    let finished = execute(&env, &req.cwd, &req.command, Layers { lower, upper: &upper, work: &work }, req.capture, &req.limits);
     let ok = match finished {
         Ok(f) => record(&mut r, f),
         Err(e) => {
@@ -266,8 +263,7 @@ pub fn run_as_session(req: &RunRequest) -> Result<RunResult, EngineError> {
         command,
         policy: req.policy.clone(),
         capture: req.capture,
-        max_output: req.max_output,
-        timeout: req.timeout,
+        limits: req.limits.clone(),
         keep_on_failure: false,
     };
     let mut first = exec_req(req.command.clone());

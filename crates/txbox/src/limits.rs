@@ -1,0 +1,73 @@
+//! Limits that need watching while a command runs: bytes written to the upper layer (no kernel
+//! knob counts them) and, through cgroups, memory and process count. Implements the sandbox's
+//! `Watch` hooks.
+
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+use txbox_sandbox::{Exit, Finished, Watch};
+
+use crate::engine::Limits;
+
+pub struct Watcher {
+    upper: PathBuf,
+    max_write: Option<u64>,
+    cpu_seconds: Option<u64>,
+}
+
+impl Watcher {
+    pub fn new(upper: &Path, limits: &Limits) -> Result<Watcher, txbox_sandbox::SandboxError> {
+        Ok(Watcher { upper: upper.to_path_buf(), max_write: limits.max_write, cpu_seconds: limits.cpu_seconds })
+    }
+
+    /// Whether stage 2 must wait to be attached before starting the command.
+    pub fn needs_sync(&self) -> bool {
+        false
+    }
+
+    /// After the command: name the limit that stopped it, if one did.
+    pub fn after(&mut self, f: &Finished) -> Option<&'static str> {
+        let sig = match f.exit {
+            Exit::Signal(s) => Some(s),
+            Exit::Code(_) => None,
+        };
+        if self.cpu_seconds.is_some() && matches!(sig, Some(libc::SIGXCPU) | Some(libc::SIGKILL)) {
+            return Some("cpu");
+        }
+        if let Some(max) = self.max_write {
+            // RLIMIT_FSIZE stops a single file at the limit (SIGXFSZ, or EFBIG for programs
+            // that ignore it, like Python): the upper layer then holds at least the limit.
+            if sig == Some(libc::SIGXFSZ) || (f.exit != Exit::Code(0) && upper_bytes(&self.upper) >= max) {
+                return Some("write");
+            }
+        }
+        None
+    }
+}
+
+impl Watch for Watcher {
+    fn check(&mut self) -> Option<&'static str> {
+        match self.max_write {
+            Some(max) if upper_bytes(&self.upper) > max => Some("write"),
+            _ => None,
+        }
+    }
+}
+
+/// Bytes a layer occupies on disk (allocated blocks: a sparse file counts only its data).
+pub fn upper_bytes(dir: &Path) -> u64 {
+    let mut total = 0u64;
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else { continue };
+        for e in rd.flatten() {
+            let Ok(md) = e.metadata() else { continue };
+            if md.is_dir() {
+                stack.push(e.path());
+            } else {
+                total = total.saturating_add(md.blocks() * 512);
+            }
+        }
+    }
+    total
+}
