@@ -208,8 +208,9 @@ impl Classifier<'_> {
         let u = std::fs::symlink_metadata(&upath).at(&upath)?;
         let l = lstat_opt(&lpath)?;
         if meta::is_whiteout(&u) {
-            // In full mode the lower directory is hidden anyway; the whiteout says nothing more.
-            if let (false, Some(l)) = (full, &l) {
+            // A whiteout deletes the workspace entry of its name, in an opaque directory too
+            // (squashed session layers leave whiteouts inside directories made opaque later).
+            if let Some(l) = &l {
                 self.delete(p, Kind::of(l));
             }
             return Ok(());

@@ -116,6 +116,12 @@ fn squash_dir(bottom: &Path, top: &Path, rel: &Path) -> Result<(), LayerError> {
             remove_tree(&b).map_err(|e| LayerError { path: b.clone(), what: "replace", source: io::Error::other(e.to_string()) })?;
         }
         std::fs::rename(&t, &b).map_err(at(&t, "move into lower layer"))?;
+        // A plain directory over a whiteout (or a file) in the layer below hid everything
+        // beneath it; now that it sits directly on the workspace it must say so itself.
+        if tmd.is_dir() && bmd.is_some() {
+            rustix::fs::lsetxattr(b.as_path(), "user.overlay.opaque", b"y", rustix::fs::XattrFlags::empty())
+                .map_err(|e| at(&b, "mark opaque")(e.into()))?;
+        }
     }
     Ok(())
 }

@@ -229,6 +229,11 @@ impl StateDir {
 /// Remove a tree, tolerating its absence. Directories made unwritable by the command are made
 /// writable first (we own everything in the upper layer).
 pub fn remove_tree(path: &Path) -> Result<(), StateError> {
+    match std::fs::symlink_metadata(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Ok(md) if !md.is_dir() => return std::fs::remove_file(path).map_err(io_at(path, "remove")),
+        _ => {}
+    }
     match std::fs::remove_dir_all(path) {
         Ok(()) => Ok(()),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),

@@ -1,0 +1,195 @@
+//! Sessions, savepoints, conflicts and crash recovery, through the real binary.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::*;
+use proptest::prelude::*;
+
+fn begin(who: As, s: &Scratch) -> String {
+    let ws = s.ws.to_str().unwrap().to_string();
+    let out = txbox(who, s, &["begin", "-C", &ws]);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let id = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    assert_eq!(id.len(), 16, "begin must print the id alone: {id:?}");
+    id
+}
+
+fn exec(who: As, s: &Scratch, tx: &str, script: &str) -> i32 {
+    txbox(who, s, &["exec", tx, "-c", script]).status.code().unwrap_or(-1)
+}
+
+#[test]
+fn steps_are_savepoints_and_failed_steps_are_undone_alone() {
+    for who in identities() {
+        let s = Scratch::new("steps");
+        if let As::User(uid) = who {
+            s.chown(uid);
+        }
+        native(who, &s.ws, "echo base > keep.txt; mkdir d; echo x > d/x");
+        let before = digest(&s.ws, &[]);
+        let tx = begin(who, &s);
+        assert_eq!(exec(who, &s, &tx, "echo one > one.txt"), 0);
+        assert_eq!(exec(who, &s, &tx, "echo two > two.txt; rm keep.txt; exit 4"), 4);
+        assert_eq!(exec(who, &s, &tx, "test -f one.txt && test ! -f two.txt && test -f keep.txt && echo three > three.txt && rm -r d"), 0);
+        assert!(digest(&s.ws, &[]) == before, "{who:?}: an open transaction touched the workspace");
+        let out = txbox(who, &s, &["--json", "diff", &tx]);
+        let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", describe(&out)));
+        assert_eq!(d["added"], serde_json::json!(["one.txt", "three.txt"]), "{d}");
+        assert_eq!(d["deleted"], serde_json::json!(["d"]), "{d}");
+        // Back to the savepoint after step 1: step 3 is gone, step 1 stays.
+        let out = txbox(who, &s, &["rollback", &tx, "--to", "1"]);
+        assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+        let out = txbox(who, &s, &["diff", &tx]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(text.contains("+++ b/one.txt") && text.contains("+one") && !text.contains("three"), "{text}");
+        let out = txbox(who, &s, &["commit", &tx]);
+        assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+        assert_eq!(std::fs::read_to_string(s.ws.join("one.txt")).unwrap(), "one\n");
+        assert!(!s.ws.join("three.txt").exists() && s.ws.join("d/x").exists());
+        let out = txbox(who, &s, &["commit", &tx]);
+        assert_ne!(out.status.code(), Some(0), "a committed transaction cannot commit again");
+        assert!(String::from_utf8_lossy(&out.stderr).contains("unknown transaction"), "{}", describe(&out));
+    }
+}
+
+#[test]
+fn first_committer_wins_and_disjoint_transactions_land() {
+    let s = Scratch::new("conflict");
+    native(As::Me, &s.ws, "mkdir src; echo base > src/main.rs; echo keep > other");
+    let (a, b, c) = (begin(As::Me, &s), begin(As::Me, &s), begin(As::Me, &s));
+    assert_eq!(exec(As::Me, &s, &a, "echo a > src/main.rs"), 0);
+    assert_eq!(exec(As::Me, &s, &b, "echo b > src/main.rs; echo b > b-only"), 0);
+    assert_eq!(exec(As::Me, &s, &c, "echo c > c-only"), 0);
+    let list = txbox(As::Me, &s, &["--json", "list"]);
+    let l: serde_json::Value = serde_json::from_slice(&list.stdout).unwrap();
+    assert_eq!(l.as_array().map(Vec::len), Some(3), "{l}");
+    assert_eq!(txbox(As::Me, &s, &["commit", &a]).status.code(), Some(0));
+    let mid = digest(&s.ws, &[]);
+    let out = txbox(As::Me, &s, &["--json", "commit", &b]);
+    assert_eq!(out.status.code(), Some(3), "{}", describe(&out));
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["outcome"], "conflict");
+    assert_eq!(j["conflicts"], serde_json::json!(["src/main.rs"]));
+    assert!(digest(&s.ws, &[]) == mid, "a refused commit changed the workspace");
+    assert_eq!(txbox(As::Me, &s, &["commit", &c]).status.code(), Some(0));
+    assert_eq!(std::fs::read_to_string(s.ws.join("src/main.rs")).unwrap(), "a\n");
+    assert_eq!(std::fs::read_to_string(s.ws.join("c-only")).unwrap(), "c\n");
+}
+
+#[test]
+fn a_killed_commit_recovers_to_old_or_new_at_every_point() {
+    let s = Scratch::new("kill");
+    native(As::Me, &s.ws, "for i in $(seq 40); do mkdir -p d$((i % 5)); echo old $i > d$((i % 5))/f$i; done");
+    let script = "for f in d*/f*; do echo new >> $f; done; mkdir gen; echo g > gen/g; rm -r d3";
+    let old = digest(&s.ws, &[]);
+    let reference = s.root.join("ref");
+    copy_tree(&s.ws, &reference);
+    native(As::Me, &reference, script);
+    let new = digest(&reference, &[]);
+    let mut seen = (0, 0);
+    for n in 1..60 {
+        let tx = begin(As::Me, &s);
+        assert_eq!(exec(As::Me, &s, &tx, script), 0);
+        let out = std::process::Command::new(binary())
+            .args(["--state-dir", s.state.to_str().unwrap(), "commit", &tx])
+            .env("TXBOX_CRASH_AFTER", n.to_string())
+            .output()
+            .unwrap();
+        let crashed = out.status.code() == Some(137);
+        let rec = txbox(As::Me, &s, &["recover"]);
+        assert_eq!(rec.status.code(), Some(0), "{}", describe(&rec));
+        let got = digest(&s.ws, &[]);
+        if got == old {
+            seen.0 += 1;
+        } else if got == new {
+            seen.1 += 1;
+        } else {
+            panic!("killed after {n} mutating calls: neither old nor new:\n{}", diff(&got, &new));
+        }
+        if !crashed {
+            break;
+        }
+        // Back to the old state for the next round.
+        std::fs::remove_dir_all(&s.ws).unwrap();
+        std::fs::create_dir(&s.ws).unwrap();
+        native(As::Me, &s.ws, "for i in $(seq 40); do mkdir -p d$((i % 5)); echo old $i > d$((i % 5))/f$i; done");
+    }
+    assert!(seen.0 >= 1 && seen.1 >= 1, "old/new outcomes seen: {seen:?}");
+    let log = txbox(As::Me, &s, &["--json", "log"]);
+    assert!(String::from_utf8_lossy(&log.stdout).contains("rolled_forward"), "crash recovery must be audited");
+}
+
+#[test]
+fn run_validate_and_no_commit() {
+    let s = Scratch::new("validate");
+    let ws = s.ws.to_str().unwrap().to_string();
+    let out = txbox(As::Me, &s, &["--json", "run", "-C", &ws, "--validate", "test -f ok", "-c", "echo x > made"]);
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", describe(&out)));
+    assert_eq!((j["outcome"].as_str(), j["rollback_reason"].as_str()), (Some("rolled_back"), Some("validation")), "{j}");
+    assert_ne!(out.status.code(), Some(0));
+    assert!(!s.ws.join("made").exists());
+    let out = txbox(As::Me, &s, &["--json", "run", "-C", &ws, "--validate", "test -f made", "-c", "echo x > made"]);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    assert!(s.ws.join("made").exists());
+    let out = txbox(As::Me, &s, &["--json", "run", "-C", &ws, "--no-commit", "-c", "echo y > later"]);
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(j["outcome"], "pending");
+    assert!(!s.ws.join("later").exists());
+    let tx = j["tx"].as_str().unwrap().to_string();
+    assert_eq!(txbox(As::Me, &s, &["commit", &tx]).status.code(), Some(0));
+    assert!(s.ws.join("later").exists());
+}
+
+/// One step of a random session: a script and whether it fails at the end.
+fn step() -> impl Strategy<Value = (String, bool)> {
+    let name = proptest::sample::select(vec!["a", "b", "d/c", "d/e", "f/g/h"]);
+    let op = prop_oneof![
+        (name.clone(), "[a-z]{1,6}").prop_map(|(p, t)| format!("mkdir -p \"$(dirname {p})\" && echo {t} >> {p}")),
+        name.clone().prop_map(|p| format!("rm -rf {p}")),
+        name.clone().prop_map(|p| format!("rm -rf \"$(dirname {p})\"")),
+        (name.clone(), name).prop_map(|(a, b)| format!("mkdir -p \"$(dirname {b})\" && mv {a} {b}")),
+    ]
+    .prop_map(|s| format!("{{ {s}; }} 2>/dev/null || true"));
+    (proptest::collection::vec(op, 1..5).prop_map(|v| v.join("\n")), proptest::bool::weighted(0.3))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: std::env::var("TXBOX_PROP_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(12), failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Random multi-step sessions with failing steps and a rollback to a random savepoint,
+    /// against a model: the same scripts applied natively, keeping only steps that succeeded.
+    #[test]
+    fn sessions_match_a_native_model(steps in proptest::collection::vec(step(), 1..6), back in 0usize..6) {
+        let s = Scratch::new("model");
+        native(As::Me, &s.ws, "mkdir -p d f/g; echo 1 > a; echo 2 > d/c; echo 3 > f/g/h");
+        // Model: a copy per savepoint.
+        let mut snapshots = vec![s.root.join("snap0")];
+        copy_tree(&s.ws, &snapshots[0]);
+        let tx = begin(As::Me, &s);
+        let mut kept_numbers = vec![0u32];
+        for (i, (script, fail)) in steps.iter().enumerate() {
+            let body = if *fail { format!("{script}\nexit 1") } else { script.clone() };
+            let code = exec(As::Me, &s, &tx, &body);
+            prop_assert_eq!(code, if *fail { 1 } else { 0 });
+            if !fail {
+                let next = s.root.join(format!("snap{}", snapshots.len()));
+                copy_tree(snapshots.last().unwrap(), &next);
+                native(As::Me, &next, script);
+                snapshots.push(next);
+                kept_numbers.push(i as u32 + 1);
+            }
+        }
+        let k = back % kept_numbers.len();
+        if k + 1 < kept_numbers.len() {
+            let out = txbox(As::Me, &s, &["rollback", &tx, "--to", &kept_numbers[k].to_string()]);
+            prop_assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+            snapshots.truncate(k + 1);
+        }
+        let out = txbox(As::Me, &s, &["commit", &tx]);
+        prop_assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+        let got = digest(&s.ws, &[]);
+        let want = digest(snapshots.last().unwrap(), &[]);
+        prop_assert!(got == want, "session result differs from the model:\n{}", diff(&got, &want));
+    }
+}
