@@ -5,7 +5,10 @@
 //! - [`stage2`]: the re-exec'd helper that builds the sandbox in one ordered function;
 //! - [`launch`]: the host side that starts it, captures output and enforces the timeout.
 
+pub mod cgroup;
+pub mod landlock;
 pub mod launch;
+pub mod seccomp;
 pub mod spec;
 pub mod stage2;
 

@@ -176,6 +176,8 @@ pub enum MountOp {
     Hide { target: PathBuf },
     /// A procfs of the sandbox's own pid namespace; mounted by its init process.
     Proc { target: PathBuf },
+    /// Bind a path onto itself read-only (kernel knobs under /proc that root could turn).
+    ReadOnlyBind { target: PathBuf },
 }
 
 /// The mount plan: ops run right after `unshare`, then ops run by the pid namespace's init.
@@ -218,7 +220,12 @@ impl MountPlan {
         }
         // Hidden paths last: one inside the workspace must cover the merged view.
         ops.extend(spec.hide.iter().map(|h| MountOp::Hide { target: h.clone() }));
-        MountPlan { namespace: ops, init: vec![MountOp::Proc { target: p("/proc") }] }
+        let mut init = vec![MountOp::Proc { target: p("/proc") }];
+        // Writable kernel knobs in a fresh procfs (what Docker masks too).
+        for knob in ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs"] {
+            init.push(MountOp::ReadOnlyBind { target: p(knob) });
+        }
+        MountPlan { namespace: ops, init }
     }
 
     /// Host paths the executor must open before its first mount (they may be covered later).
@@ -360,7 +367,8 @@ mod tests {
         assert_eq!(ops[0], MountOp::PrivateRoot);
         assert!(tmp < overlay && overlay < ro && ro < ws_rw && ws_rw < dev && dev < null && null < hide_state, "{ops:#?}");
         assert_eq!(ops.last(), Some(&MountOp::Hide { target: "/home/u/.ssh".into() }));
-        assert_eq!(plan.init, vec![MountOp::Proc { target: "/proc".into() }]);
+        assert_eq!(plan.init[0], MountOp::Proc { target: "/proc".into() });
+        assert!(plan.init.contains(&MountOp::ReadOnlyBind { target: "/proc/sysrq-trigger".into() }));
         // Everything a later mount may cover is opened first.
         let sources = plan.sources();
         assert!(sources.contains(&"/w/ws".into()) && sources.contains(&"/dev/null".into()));

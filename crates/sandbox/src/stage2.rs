@@ -271,7 +271,9 @@ fn mount(op: &MountOp, pins: &Pins) -> Result<(), StepError> {
             let opts = overlay_options(&lowers, via(upper).as_os_str(), via(work).as_os_str());
             let opts = CString::new(opts.as_bytes()).map_err(|_| StepError { step: "overlay options".into(), errno: rustix::io::Errno::INVAL })?;
             mkdir_p(target);
-            mnt("overlay", target.as_path(), "overlay", MountFlags::empty(), Some(opts.as_c_str()))
+            // nosuid, nodev: a command running as root must not make a device node or a
+            // setuid binary in the workspace and use it.
+            mnt("overlay", target.as_path(), "overlay", MountFlags::NOSUID | MountFlags::NODEV, Some(opts.as_c_str()))
                 .map_err(at(format!("mount overlay on {}", target.display())))
         }
         MountOp::ReadOnlyRoot => mount_setattr(std::path::Path::new("/"), true, MOUNT_ATTR_RDONLY, 0),
@@ -315,6 +317,14 @@ fn mount(op: &MountOp, pins: &Pins) -> Result<(), StepError> {
                 mnt("/dev/null", target.as_path(), "", MountFlags::BIND, None).map_err(at(format!("hide {}", target.display())))?;
                 mount_setattr(target, false, MOUNT_ATTR_RDONLY, 0)
             }
+        }
+        MountOp::ReadOnlyBind { target } => {
+            if std::fs::symlink_metadata(target).is_err() {
+                return Ok(());
+            }
+            mnt(target.as_path(), target.as_path(), "", MountFlags::BIND | MountFlags::REC, None)
+                .map_err(at(format!("bind {}", target.display())))?;
+            mount_setattr(target, true, MOUNT_ATTR_RDONLY, 0)
         }
         MountOp::Proc { target } => mnt(
             "proc",
@@ -396,6 +406,12 @@ fn init(spec: &SandboxSpec, plan: &MountPlan) -> Result<i32, StepError> {
     Ok(0)
 }
 
+/// Capabilities root loses in the sandbox: LINUX_IMMUTABLE, NET_ADMIN, IPC_LOCK, IPC_OWNER,
+/// SYS_MODULE, SYS_RAWIO, SYS_PTRACE, SYS_PACCT, SYS_ADMIN, SYS_BOOT, SYS_NICE, SYS_RESOURCE,
+/// SYS_TIME, SYS_TTY_CONFIG, MKNOD, LEASE, AUDIT_CONTROL, MAC_OVERRIDE, MAC_ADMIN, SYSLOG,
+/// WAKE_ALARM, BLOCK_SUSPEND, AUDIT_READ, PERFMON, BPF, CHECKPOINT_RESTORE.
+const DROPPED_CAPS: [u32; 26] = [9, 12, 14, 15, 16, 17, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 30, 32, 33, 34, 35, 36, 37, 38, 39, 40];
+
 /// In the command's process, last steps before exec: resource limits, then the kernel
 /// confinement that must come after every mount.
 fn confine(spec: &SandboxSpec) -> Result<(), StepError> {
@@ -409,6 +425,24 @@ fn confine(spec: &SandboxSpec) -> Result<(), StepError> {
     set(rustix::process::Resource::Cpu, spec.cpu_seconds)?;
     set(rustix::process::Resource::Fsize, spec.max_file_size)?;
     set(rustix::process::Resource::Core, Some(0))?;
+    // Root without a user namespace keeps only the everyday capabilities (file ownership,
+    // setuid to drop privileges, binding low ports): nothing that reaches the kernel, devices,
+    // time, modules or other processes. The bounding set is what root gets back after exec.
+    if !spec.userns {
+        for cap in DROPPED_CAPS {
+            // SAFETY: PR_CAPBSET_DROP with a capability number; no pointers involved.
+            let r = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
+            if r != 0 && errno() != libc::EINVAL {
+                return Err(StepError { step: format!("drop capability {cap}"), errno: rustix::io::Errno::from_raw_os_error(errno()) });
+            }
+        }
+    }
+    // Landlock: writes only beneath the workspace view, /tmp, /dev and configured extras —
+    // a second wall behind the read-only mounts, best effort by kernel ABI.
+    let plan = crate::landlock::LandlockPlan::new(&spec.workspace, &spec.writable);
+    crate::landlock::apply(&plan).map_err(|e| StepError { step: format!("landlock: {e}"), errno: rustix::io::Errno::PERM })?;
+    // seccomp last: it refuses mount and friends, which everything above needed.
+    crate::seccomp::apply().map_err(|e| StepError { step: format!("seccomp: {e}"), errno: rustix::io::Errno::PERM })?;
     Ok(())
 }
 

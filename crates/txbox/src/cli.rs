@@ -81,6 +81,8 @@ enum Sub {
     Recover(WorkspaceArg),
     /// A guided run on a scratch workspace: a commit, a rollback and a refusal.
     Demo,
+    /// What this host supports, and how to fix what it lacks.
+    Doctor,
     /// Inspect the policy.
     #[command(subcommand)]
     Policy(PolicyCmd),
@@ -263,6 +265,7 @@ pub fn main(args: Vec<OsString>) -> Result<i32> {
         Sub::Log(a) => cmd_log(state_dir, json, a),
         Sub::Recover(a) => cmd_recover(state_dir, json, a),
         Sub::Demo => crate::demo::run(),
+        Sub::Doctor => crate::doctor::run(json),
         Sub::Policy(PolicyCmd::Check { ws, command }) => cmd_policy_check(json, ws, &command),
     }
 }

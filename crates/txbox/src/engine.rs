@@ -342,6 +342,8 @@ pub(crate) fn execute(
     if finished.limit.is_none() {
         finished.limit = watch.after(&finished);
     }
+    // Dropping the watcher kills anything left in its cgroup and removes it.
+    drop(watch);
     Ok(finished)
 }
 

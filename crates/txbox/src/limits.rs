@@ -5,7 +5,8 @@
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-use txbox_sandbox::{Exit, Finished, Watch};
+use txbox_sandbox::cgroup::{self, Cgroup};
+use txbox_sandbox::{Exit, Finished, SandboxError, Watch};
 
 use crate::engine::Limits;
 
@@ -13,16 +14,31 @@ pub struct Watcher {
     upper: PathBuf,
     max_write: Option<u64>,
     cpu_seconds: Option<u64>,
+    /// Present when --memory or --pids asked for one; removed (after killing what is left) on drop.
+    cgroup: Option<Cgroup>,
 }
 
 impl Watcher {
-    pub fn new(upper: &Path, limits: &Limits) -> Result<Watcher, txbox_sandbox::SandboxError> {
-        Ok(Watcher { upper: upper.to_path_buf(), max_write: limits.max_write, cpu_seconds: limits.cpu_seconds })
+    /// Set up what the limits need. A limit that cannot be enforced is an error, never ignored.
+    pub fn new(upper: &Path, limits: &Limits) -> Result<Watcher, SandboxError> {
+        let wanted = cgroup::Limits { memory: limits.memory, pids: limits.pids, cpu_seconds: None };
+        let cgroup = if wanted.needs_cgroup() {
+            let refuse = |e: cgroup::CgroupError| {
+                SandboxError::Setup(format!("--memory/--pids need a cgroup, and none can be made here: {e} (see `txbox doctor`)"))
+            };
+            let layout = cgroup::CgroupLayout::detect().map_err(refuse)?;
+            static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+            let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            Some(Cgroup::create(&layout, &format!("txbox-{}-{n}", std::process::id()), &wanted).map_err(refuse)?)
+        } else {
+            None
+        };
+        Ok(Watcher { upper: upper.to_path_buf(), max_write: limits.max_write, cpu_seconds: limits.cpu_seconds, cgroup })
     }
 
     /// Whether stage 2 must wait to be attached before starting the command.
     pub fn needs_sync(&self) -> bool {
-        false
+        self.cgroup.is_some()
     }
 
     /// After the command: name the limit that stopped it, if one did.
@@ -31,6 +47,9 @@ impl Watcher {
             Exit::Signal(s) => Some(s),
             Exit::Code(_) => None,
         };
+        if let Some(l) = self.cgroup.as_ref().and_then(|c| c.usage().limit_name(sig)) {
+            return Some(l);
+        }
         if self.cpu_seconds.is_some() && matches!(sig, Some(libc::SIGXCPU) | Some(libc::SIGKILL)) {
             return Some("cpu");
         }
@@ -46,7 +65,18 @@ impl Watcher {
 }
 
 impl Watch for Watcher {
+    fn started(&mut self, pid: u32) -> Result<(), String> {
+        match &self.cgroup {
+            Some(c) => c.add_pid(pid as i32).map_err(|e| e.to_string()),
+            None => Ok(()),
+        }
+    }
+
     fn check(&mut self) -> Option<&'static str> {
+        // A process limit that bites or an OOM kill ends the transaction at once.
+        if let Some(l) = self.cgroup.as_ref().and_then(|c| c.usage().limit_name(None)) {
+            return Some(l);
+        }
         match self.max_write {
             Some(max) if upper_bytes(&self.upper) > max => Some("write"),
             _ => None,

@@ -2,6 +2,7 @@
 
 mod cli;
 mod demo;
+mod doctor;
 mod shim;
 
 fn main() {

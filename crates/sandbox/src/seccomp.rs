@@ -1,0 +1,609 @@
+//! The command's seccomp filter: a deny-list, kept as data ([`rules`]) so it can be reviewed,
+//! tested and reported, plus [`build`] (data → BPF) and [`install`] / [`apply`] (BPF → kernel).
+//!
+//! Why a deny-list and not an allow-list: the command is an arbitrary program (compilers,
+//! interpreters, test suites, debuggers), so anything ordinary must keep working. The namespaces,
+//! the read-only host view and Landlock do the confining; this filter closes the kernel interfaces
+//! that are escape or attack vectors from inside such a sandbox (mounts, modules, kexec, bpf, new
+//! user namespaces, io_uring, keyrings, clock and swap control, …). `ptrace` is deliberately
+//! allowed: the pid namespace already hides every host process, and debuggers inside must work.
+//!
+//! Every refused call gets `EPERM` (the answer a program would get without the capability), except
+//! `clone3`, which gets `ENOSYS` so that libc falls back to `clone`, whose flags the filter can
+//! inspect (`clone3` passes its flags in memory, out of a seccomp filter's reach).
+//!
+//! On x86_64 two more things are refused structurally, because a deny-list keyed on syscall
+//! numbers could otherwise be bypassed: syscalls from another ABI (i386 via `int 0x80`: the
+//! architecture check kills the process) and x32 syscall numbers (`__X32_SYSCALL_BIT` set:
+//! `ENOSYS`).
+
+use std::collections::BTreeMap;
+use std::io;
+
+use seccompiler::{
+    sock_filter, BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition,
+    SeccompFilter, SeccompRule, TargetArch,
+};
+
+/// `open_tree_attr(2)` (Linux 6.15): `open_tree` plus `mount_setattr`, not yet in `libc`.
+/// Syscall numbers from 424 on are the same on every architecture.
+const SYS_OPEN_TREE_ATTR: i64 = 467;
+
+/// Refuse the syscall only when every bit of `mask` is set in argument `arg` (0-based).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlagsSet {
+    /// Index of the syscall argument (0..=5).
+    pub arg: u8,
+    /// The bits that must all be set for the rule to match.
+    pub mask: u64,
+}
+
+/// One refused syscall: what, when, with which errno, and why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rule {
+    /// The syscall's name, for reports and tests.
+    pub syscall: &'static str,
+    /// Its number on the architecture this crate is built for.
+    pub nr: i64,
+    /// `None`: always refused; `Some`: refused only when the argument condition holds.
+    pub when: Option<FlagsSet>,
+    /// The errno the caller sees.
+    pub errno: i32,
+    /// One line saying why it is refused.
+    pub reason: &'static str,
+}
+
+const fn deny(syscall: &'static str, nr: i64, reason: &'static str) -> Rule {
+    Rule {
+        syscall,
+        nr,
+        when: None,
+        errno: libc::EPERM,
+        reason,
+    }
+}
+
+/// `clone`'s and `unshare`'s flags are argument 0 on every supported architecture.
+const NEWUSER_IN_ARG0: FlagsSet = FlagsSet {
+    arg: 0,
+    mask: libc::CLONE_NEWUSER as u64,
+};
+
+#[rustfmt::skip]
+const RULES: &[Rule] = &[
+    // Mounts: the mount plan is built before the command starts and must stay as it is.
+    deny("mount", libc::SYS_mount, "changing the mount table could uncover hidden or read-only paths"),
+    deny("umount2", libc::SYS_umount2, "unmounting the overlay or a hiding tmpfs would uncover the host"),
+    deny("pivot_root", libc::SYS_pivot_root, "changing the root could escape the mount plan"),
+    deny("fsopen", libc::SYS_fsopen, "new mount API: creating a filesystem context"),
+    deny("fsconfig", libc::SYS_fsconfig, "new mount API: configuring a filesystem context"),
+    deny("fsmount", libc::SYS_fsmount, "new mount API: creating a mount"),
+    deny("fspick", libc::SYS_fspick, "new mount API: reconfiguring an existing mount"),
+    deny("move_mount", libc::SYS_move_mount, "new mount API: attaching or moving a mount"),
+    deny("open_tree", libc::SYS_open_tree, "a cloned mount tree shows what the sandbox's mounts hide"),
+    deny("open_tree_attr", SYS_OPEN_TREE_ATTR, "open_tree with attribute changes, same risk as open_tree"),
+    deny("mount_setattr", libc::SYS_mount_setattr, "could make read-only mounts writable"),
+    // The kernel itself.
+    deny("kexec_load", libc::SYS_kexec_load, "loads a new kernel"),
+    deny("kexec_file_load", libc::SYS_kexec_file_load, "loads a new kernel"),
+    deny("init_module", libc::SYS_init_module, "loads kernel code"),
+    deny("finit_module", libc::SYS_finit_module, "loads kernel code"),
+    deny("delete_module", libc::SYS_delete_module, "unloads kernel code"),
+    deny("bpf", libc::SYS_bpf, "eBPF is a large kernel attack surface and can observe the host"),
+    deny("perf_event_open", libc::SYS_perf_event_open, "observes the host; a frequent exploit vector"),
+    deny("userfaultfd", libc::SYS_userfaultfd, "a classic tool for winning kernel race conditions"),
+    deny("io_uring_setup", libc::SYS_io_uring_setup, "io_uring bypasses the syscall filter; large attack surface"),
+    deny("io_uring_enter", libc::SYS_io_uring_enter, "io_uring bypasses the syscall filter"),
+    deny("io_uring_register", libc::SYS_io_uring_register, "io_uring bypasses the syscall filter"),
+    // Keyrings are not namespaced: the host's keys (credentials, tokens) live there.
+    deny("keyctl", libc::SYS_keyctl, "kernel keyrings are shared with the host"),
+    deny("add_key", libc::SYS_add_key, "kernel keyrings are shared with the host"),
+    deny("request_key", libc::SYS_request_key, "kernel keyrings are shared with the host"),
+    // Namespaces.
+    deny("setns", libc::SYS_setns, "joining another namespace leaves the sandbox"),
+    Rule {
+        syscall: "unshare",
+        nr: libc::SYS_unshare,
+        when: Some(NEWUSER_IN_ARG0),
+        errno: libc::EPERM,
+        reason: "a new user namespace grants capabilities that reopen the kernel's attack surface",
+    },
+    Rule {
+        syscall: "clone",
+        nr: libc::SYS_clone,
+        when: Some(NEWUSER_IN_ARG0),
+        errno: libc::EPERM,
+        reason: "a new user namespace grants capabilities that reopen the kernel's attack surface",
+    },
+    Rule {
+        syscall: "clone3",
+        nr: libc::SYS_clone3,
+        when: None,
+        errno: libc::ENOSYS,
+        reason: "its flags are out of the filter's reach; ENOSYS makes libc fall back to clone",
+    },
+    // Host files and devices reached around the mount plan.
+    deny("open_by_handle_at", libc::SYS_open_by_handle_at, "opens files by handle, bypassing the mount plan"),
+    deny("swapon", libc::SYS_swapon, "host swap configuration"),
+    deny("swapoff", libc::SYS_swapoff, "host swap configuration"),
+    deny("acct", libc::SYS_acct, "host process accounting"),
+    deny("quotactl", libc::SYS_quotactl, "host disk quotas"),
+    deny("quotactl_fd", libc::SYS_quotactl_fd, "host disk quotas"),
+    deny("lookup_dcookie", libc::SYS_lookup_dcookie, "kernel profiling interface, exposes host paths"),
+    deny("vhangup", libc::SYS_vhangup, "hangs up the controlling terminal, which is the user's"),
+    deny("syslog", libc::SYS_syslog, "the kernel log belongs to the host"),
+    // Host-wide state.
+    deny("reboot", libc::SYS_reboot, "reboots or halts the host"),
+    deny("settimeofday", libc::SYS_settimeofday, "sets the host clock"),
+    deny("clock_settime", libc::SYS_clock_settime, "sets the host clock"),
+    deny("clock_adjtime", libc::SYS_clock_adjtime, "adjusts the host clock"),
+    deny("adjtimex", libc::SYS_adjtimex, "adjusts the host clock"),
+    #[cfg(target_arch = "x86_64")]
+    deny("iopl", libc::SYS_iopl, "raw access to host I/O ports"),
+    #[cfg(target_arch = "x86_64")]
+    deny("ioperm", libc::SYS_ioperm, "raw access to host I/O ports"),
+];
+
+/// The refused syscalls for the architecture this crate is built for. Everything else is
+/// allowed.
+pub fn rules() -> &'static [Rule] {
+    RULES
+}
+
+/// A step of building or installing the filter failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SeccompError {
+    #[error("seccomp: unsupported architecture {0} (txbox supports x86_64 and aarch64)")]
+    UnsupportedArch(&'static str),
+    #[error("seccomp: compiling the rules that answer errno {errno}: {source}")]
+    Compile {
+        errno: i32,
+        source: seccompiler::BackendError,
+    },
+    #[error("seccomp: the filter has {0} instructions, more than the kernel's limit of 4096")]
+    TooLarge(usize),
+    #[error("seccomp: prctl(PR_SET_NO_NEW_PRIVS): {0}")]
+    NoNewPrivs(io::Error),
+    #[error("seccomp: installing the filter: {0}")]
+    Install(seccompiler::Error),
+}
+
+// Classic BPF opcodes (linux/bpf_common.h); `seccompiler` keeps its own private.
+/// `BPF_LD | BPF_W | BPF_ABS`: load a 32-bit word of `seccomp_data`.
+const BPF_LD_W_ABS: u16 = 0x20;
+/// `BPF_JMP | BPF_JA`: unconditional forward jump by `k`.
+const BPF_JMP_JA: u16 = 0x05;
+/// `BPF_JMP | BPF_JGE | BPF_K`.
+const BPF_JMP_JGE_K: u16 = 0x35;
+/// `BPF_RET | BPF_K`: return the action `k`.
+const BPF_RET_K: u16 = 0x06;
+/// Offset of `nr` in `struct seccomp_data`.
+const SECCOMP_DATA_NR: u32 = 0;
+/// The kernel's `BPF_MAXINSNS`.
+const BPF_MAX_LEN: usize = 4096;
+
+const fn stmt(code: u16, k: u32) -> sock_filter {
+    sock_filter {
+        code,
+        jt: 0,
+        jf: 0,
+        k,
+    }
+}
+
+/// Compiles [`rules`] into one BPF program for the running architecture: default action allow,
+/// each matched rule answers its errno.
+///
+/// `seccompiler` gives a filter a single match action, so one program is compiled per distinct
+/// errno and the programs are chained: in every program but the last, "allow" is rewritten as a
+/// forward jump to the next program, so a syscall is allowed only if no program refuses it.
+/// The result is one program, installed with one `seccomp(2)` call.
+pub fn build() -> Result<BpfProgram, SeccompError> {
+    let arch = TargetArch::try_from(std::env::consts::ARCH)
+        .map_err(|_| SeccompError::UnsupportedArch(std::env::consts::ARCH))?;
+
+    // Distinct errnos in table order.
+    let mut errnos: Vec<i32> = Vec::new();
+    for r in RULES {
+        if !errnos.contains(&r.errno) {
+            errnos.push(r.errno);
+        }
+    }
+
+    let mut program = x32_guard(arch);
+    let groups = errnos.len();
+    for (i, errno) in errnos.into_iter().enumerate() {
+        let mut part = compile_group(arch, errno)?;
+        if i + 1 < groups {
+            chain_to_next(&mut part);
+        }
+        program.append(&mut part);
+    }
+    if program.len() > BPF_MAX_LEN {
+        return Err(SeccompError::TooLarge(program.len()));
+    }
+    Ok(program)
+}
+
+/// The rules answering `errno`, compiled by `seccompiler` (which also prepends the architecture
+/// check that kills a process making syscalls of another ABI).
+fn compile_group(arch: TargetArch, errno: i32) -> Result<BpfProgram, SeccompError> {
+    let compile = |source| SeccompError::Compile { errno, source };
+    let group: Vec<&Rule> = RULES.iter().filter(|r| r.errno == errno).collect();
+    // An empty chain matches unconditionally, so an unconditional rule wins over conditional
+    // ones for the same syscall.
+    let mut map: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
+    for r in group.iter().filter(|r| r.when.is_none()) {
+        map.insert(r.nr, Vec::new());
+    }
+    for r in &group {
+        let Some(FlagsSet { arg, mask }) = r.when else {
+            continue;
+        };
+        if map.get(&r.nr).is_some_and(Vec::is_empty) {
+            continue;
+        }
+        let cond = SeccompCondition::new(
+            arg,
+            SeccompCmpArgLen::Qword,
+            SeccompCmpOp::MaskedEq(mask),
+            mask,
+        )
+        .map_err(compile)?;
+        map.entry(r.nr)
+            .or_default()
+            .push(SeccompRule::new(vec![cond]).map_err(compile)?);
+    }
+    // errno is a small positive constant from libc.
+    let action = SeccompAction::Errno(errno.unsigned_abs());
+    let filter = SeccompFilter::new(map, SeccompAction::Allow, action, arch).map_err(compile)?;
+    BpfProgram::try_from(filter).map_err(compile)
+}
+
+/// Rewrites every "allow" return into a jump just past the end of `part`.
+fn chain_to_next(part: &mut [sock_filter]) {
+    let len = part.len();
+    for (idx, insn) in part.iter_mut().enumerate() {
+        if insn.code == BPF_RET_K && insn.k == libc::SECCOMP_RET_ALLOW {
+            // A jump lands at pc + 1 + k; programs are far shorter than u32::MAX.
+            *insn = stmt(BPF_JMP_JA, (len - idx - 1) as u32);
+        }
+    }
+}
+
+/// On x86_64, x32 syscalls share the x86_64 audit architecture but carry
+/// `__X32_SYSCALL_BIT` in their number, so `mount` could be reached as `0x40000000 | 165`.
+/// Refuse every such number (x32 programs are not supported in the sandbox).
+fn x32_guard(arch: TargetArch) -> BpfProgram {
+    const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+    match arch {
+        TargetArch::x86_64 => vec![
+            stmt(BPF_LD_W_ABS, SECCOMP_DATA_NR),
+            sock_filter {
+                code: BPF_JMP_JGE_K,
+                jt: 0,
+                jf: 1,
+                k: X32_SYSCALL_BIT,
+            },
+            stmt(
+                BPF_RET_K,
+                libc::SECCOMP_RET_ERRNO | libc::ENOSYS.unsigned_abs(),
+            ),
+        ],
+        _ => Vec::new(),
+    }
+}
+
+/// Sets `PR_SET_NO_NEW_PRIVS` (required to install a filter without `CAP_SYS_ADMIN`, and so that
+/// no setuid program can shed the filter) and installs `program` on the calling thread.
+///
+/// Does not allocate, so it may be called in a child forked from a multi-threaded process.
+pub fn install(program: &BpfProgram) -> Result<(), SeccompError> {
+    // SAFETY: prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) takes no pointers and only sets a flag on
+    // the calling thread.
+    let rc = unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) };
+    if rc != 0 {
+        return Err(SeccompError::NoNewPrivs(io::Error::last_os_error()));
+    }
+    seccompiler::apply_filter(program).map_err(SeccompError::Install)
+}
+
+/// Builds the filter and installs it on the calling thread. Called in the forked command process
+/// right before `execve` (single-threaded), after Landlock. The filter survives `execve` and is
+/// inherited by every descendant.
+pub fn apply() -> Result<(), SeccompError> {
+    install(&build()?)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    const EXPECTED: &[&str] = &[
+        "mount",
+        "umount2",
+        "pivot_root",
+        "fsopen",
+        "fsconfig",
+        "fsmount",
+        "fspick",
+        "move_mount",
+        "open_tree",
+        "mount_setattr",
+        "kexec_load",
+        "kexec_file_load",
+        "init_module",
+        "finit_module",
+        "delete_module",
+        "bpf",
+        "perf_event_open",
+        "keyctl",
+        "add_key",
+        "request_key",
+        "io_uring_setup",
+        "io_uring_enter",
+        "io_uring_register",
+        "setns",
+        "unshare",
+        "clone",
+        "clone3",
+        "userfaultfd",
+        "open_by_handle_at",
+        "swapon",
+        "swapoff",
+        "reboot",
+        "settimeofday",
+        "clock_settime",
+        "clock_adjtime",
+        "adjtimex",
+        "acct",
+        "quotactl",
+        "lookup_dcookie",
+        "vhangup",
+        "syslog",
+    ];
+
+    fn rule(name: &str) -> Rule {
+        match rules().iter().find(|r| r.syscall == name) {
+            Some(r) => *r,
+            None => panic!("no rule for {name}"),
+        }
+    }
+
+    #[test]
+    fn table_lists_every_refused_syscall() {
+        for name in EXPECTED {
+            let r = rule(name);
+            assert!(!r.reason.is_empty(), "{name} has no reason");
+        }
+        for name in ["unshare", "clone"] {
+            let r = rule(name);
+            assert_eq!(r.errno, libc::EPERM);
+            assert_eq!(
+                r.when,
+                Some(FlagsSet {
+                    arg: 0,
+                    mask: libc::CLONE_NEWUSER as u64
+                }),
+                "{name}"
+            );
+        }
+        assert_eq!(rule("clone3").errno, libc::ENOSYS);
+        assert_eq!(rule("mount").nr, libc::SYS_mount);
+        for r in rules()
+            .iter()
+            .filter(|r| !["unshare", "clone"].contains(&r.syscall))
+        {
+            assert_eq!(r.when, None, "{} should be unconditional", r.syscall);
+            if r.syscall != "clone3" {
+                assert_eq!(r.errno, libc::EPERM, "{}", r.syscall);
+            }
+        }
+        for name in ["ptrace", "personality", "getpid"] {
+            assert!(
+                rules().iter().all(|r| r.syscall != name),
+                "{name} must stay allowed"
+            );
+        }
+    }
+
+    #[test]
+    fn table_has_no_duplicates() {
+        let mut nrs: Vec<i64> = rules().iter().map(|r| r.nr).collect();
+        nrs.sort_unstable();
+        let n = nrs.len();
+        nrs.dedup();
+        assert_eq!(nrs.len(), n, "a syscall number appears twice");
+    }
+
+    #[test]
+    fn build_succeeds_and_chains_into_one_program() {
+        let prog = build().unwrap();
+        assert!(!prog.is_empty() && prog.len() <= BPF_MAX_LEN);
+        let errno_of = |e: i32| libc::SECCOMP_RET_ERRNO | e.unsigned_abs();
+        let ret_at = |k: u32| {
+            prog.iter()
+                .enumerate()
+                .filter(move |(_, i)| i.code == BPF_RET_K && i.k == k)
+                .map(|(n, _)| n)
+        };
+        // Chained: the EPERM group allows nothing itself, so every "allow" comes after every
+        // EPERM return (i.e. in the last, ENOSYS, group).
+        let last_eperm = ret_at(errno_of(libc::EPERM)).max().unwrap();
+        let first_allow = ret_at(libc::SECCOMP_RET_ALLOW).min().unwrap();
+        assert!(first_allow > last_eperm);
+        assert!(prog
+            .iter()
+            .any(|i| i.code == BPF_RET_K && i.k == errno_of(libc::ENOSYS)));
+    }
+
+    /// What each probe returned: 0 on success, `-errno` on failure.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    struct Probes {
+        getpid: i64,
+        mount: i64,
+        setns: i64,
+        clone3: i64,
+        x32_getpid: i64,
+        unshare_fs: i64,
+        unshare_newns: i64,
+        clone_newuser: i64,
+        unshare_newuser: i64,
+    }
+    const N: usize = 9;
+    const INSTALL_FAILED: i64 = i64::MIN;
+
+    /// Forks a child that (optionally) installs `filter` and runs the probes, reporting them
+    /// through a pipe. The child only makes async-signal-safe calls: this process has threads.
+    fn probe(filter: Option<&BpfProgram>) -> Probes {
+        let mut fds = [0i32; 2];
+        // SAFETY: fds is a valid array of two ints for pipe2 to fill.
+        assert_eq!(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) }, 0);
+        // SAFETY: the child below only calls async-signal-safe functions (prctl, seccomp,
+        // syscall, write, waitpid, _exit) and never returns into the test harness.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            child(filter, fds[1]);
+        }
+        // SAFETY: closing our copy of the write end, which we own.
+        unsafe { libc::close(fds[1]) };
+        let mut buf = [0u8; N * 8];
+        let mut got = 0;
+        while got < buf.len() {
+            // SAFETY: reading into the unfilled tail of buf, within its bounds.
+            let n = unsafe { libc::read(fds[0], buf[got..].as_mut_ptr().cast(), buf.len() - got) };
+            if n <= 0 {
+                break;
+            }
+            got += n as usize;
+        }
+        let mut status = 0;
+        // SAFETY: reaping the child we forked; status is a valid out pointer.
+        unsafe {
+            libc::close(fds[0]);
+            libc::waitpid(pid, &mut status, 0);
+        }
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "child status {status:#x}"
+        );
+        assert_eq!(got, buf.len(), "short report from the child");
+        let v: Vec<i64> = buf
+            .chunks_exact(8)
+            .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
+            .collect();
+        assert!(
+            v.iter().all(|&x| x != INSTALL_FAILED),
+            "installing the filter failed in the child"
+        );
+        Probes {
+            getpid: v[0],
+            mount: v[1],
+            setns: v[2],
+            clone3: v[3],
+            x32_getpid: v[4],
+            unshare_fs: v[5],
+            unshare_newns: v[6],
+            clone_newuser: v[7],
+            unshare_newuser: v[8],
+        }
+    }
+
+    /// The forked child's body: async-signal-safe calls only. Never returns.
+    fn child(filter: Option<&BpfProgram>, out: i32) -> ! {
+        fn result(rc: libc::c_long) -> i64 {
+            if rc < 0 {
+                // SAFETY: errno is thread-local and readable at any time.
+                -i64::from(unsafe { *libc::__errno_location() })
+            } else {
+                0
+            }
+        }
+        let mut r = [0i64; N];
+        let installed = match filter {
+            Some(f) => install(f).is_ok(),
+            None => true,
+        };
+        if !installed {
+            r = [INSTALL_FAILED; N];
+        } else {
+            // SAFETY: raw syscalls with integer arguments, valid C strings, or null
+            // pointers the kernel rejects; none touches memory Rust relies on.
+            unsafe {
+                r[0] = result(libc::syscall(libc::SYS_getpid));
+                // A target that does not exist: without the filter the kernel answers ENOENT
+                // (path lookup precedes the permission check), so EPERM proves the filter.
+                r[1] = result(libc::syscall(
+                    libc::SYS_mount,
+                    c"none".as_ptr(),
+                    c"/nonexistent/txbox-seccomp-test".as_ptr(),
+                    c"tmpfs".as_ptr(),
+                    0 as libc::c_ulong,
+                    std::ptr::null::<libc::c_void>(),
+                ));
+                // Without the filter: EBADF.
+                r[2] = result(libc::syscall(
+                    libc::SYS_setns,
+                    -1 as libc::c_int,
+                    0 as libc::c_int,
+                ));
+                // Without the filter: EINVAL (null args, size 0).
+                r[3] = result(libc::syscall(
+                    libc::SYS_clone3,
+                    std::ptr::null::<libc::c_void>(),
+                    0 as libc::size_t,
+                ));
+                r[4] = result(libc::syscall(0x4000_0000 | libc::SYS_getpid));
+                r[5] = result(libc::c_long::from(libc::unshare(libc::CLONE_FS)));
+                r[6] = result(libc::c_long::from(libc::unshare(libc::CLONE_NEWNS)));
+                // Fork-like clone (no stack): if it ever succeeds, the new child leaves at once.
+                let flags = (libc::CLONE_NEWUSER | libc::SIGCHLD) as libc::c_ulong;
+                let rc = libc::syscall(libc::SYS_clone, flags, 0usize, 0usize, 0usize, 0usize);
+                if rc == 0 {
+                    libc::_exit(0);
+                }
+                if rc > 0 {
+                    libc::waitpid(rc as libc::pid_t, std::ptr::null_mut(), 0);
+                }
+                r[7] = result(rc);
+                // Last: success would move this child into a new user namespace.
+                r[8] = result(libc::c_long::from(libc::unshare(libc::CLONE_NEWUSER)));
+            }
+        }
+        // SAFETY: writing the fixed-size result array to the pipe, then leaving without running
+        // any of the parent's destructors or atexit handlers.
+        unsafe {
+            libc::write(out, r.as_ptr().cast(), std::mem::size_of_val(&r));
+            libc::_exit(0)
+        }
+    }
+
+    #[test]
+    fn filter_refuses_escapes_in_a_forked_child() {
+        // Everything that allocates happens before fork.
+        let prog = build().unwrap();
+        let base = probe(None);
+        let got = probe(Some(&prog));
+        eprintln!("without filter: {base:?}\nwith filter:    {got:?}");
+
+        let eperm = -i64::from(libc::EPERM);
+        assert_eq!(got.getpid, 0, "ordinary syscalls work");
+        assert_eq!(got.mount, eperm);
+        assert_ne!(
+            base.mount, eperm,
+            "without the filter mount fails otherwise (ENOENT)"
+        );
+        assert_eq!(got.setns, eperm);
+        assert_eq!(got.clone3, -i64::from(libc::ENOSYS));
+        assert_eq!(got.unshare_newuser, eperm);
+        assert_eq!(got.clone_newuser, eperm);
+        // Other namespace flags are not the filter's business.
+        assert_eq!(got.unshare_fs, 0);
+        assert_eq!(got.unshare_newns, base.unshare_newns);
+        if cfg!(target_arch = "x86_64") {
+            assert_eq!(got.x32_getpid, -i64::from(libc::ENOSYS));
+        }
+    }
+}

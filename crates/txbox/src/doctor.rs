@@ -1,0 +1,149 @@
+//! `txbox doctor`: what this host supports, and for anything missing, the exact fix.
+//! Ends with a live probe: a real transaction in a scratch workspace.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use serde::Serialize;
+use txbox::engine::{self, Command, Outcome, RunRequest};
+use txbox_policy::Policy;
+
+#[derive(Serialize)]
+struct Check {
+    name: &'static str,
+    ok: bool,
+    /// Essential checks make txbox unusable when they fail; others weaken a guarantee.
+    essential: bool,
+    detail: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fix: Option<String>,
+}
+
+fn read(p: &str) -> Option<String> {
+    std::fs::read_to_string(p).ok().map(|s| s.trim().to_string())
+}
+
+fn kernel_version() -> (u32, u32, String) {
+    let release = read("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let mut it = release.split(|c: char| !c.is_ascii_digit()).filter_map(|x| x.parse::<u32>().ok());
+    (it.next().unwrap_or(0), it.next().unwrap_or(0), release)
+}
+
+fn checks() -> Vec<Check> {
+    let mut v = Vec::new();
+    let root = rustix::process::geteuid().is_root();
+    let (major, minor, release) = kernel_version();
+    let recent = (major, minor) >= (5, 12);
+    v.push(Check {
+        name: "kernel",
+        ok: recent,
+        essential: true,
+        detail: format!("Linux {release}"),
+        fix: (!recent).then(|| "txbox needs Linux ≥ 5.12 (overlayfs in user namespaces, mount_setattr)".into()),
+    });
+    let max_userns = read("/proc/sys/user/max_user_namespaces").and_then(|s| s.parse::<u64>().ok()).unwrap_or(1);
+    let clone_ok = read("/proc/sys/kernel/unprivileged_userns_clone").is_none_or(|s| s == "1");
+    let apparmor = read("/proc/sys/kernel/apparmor_restrict_unprivileged_userns").is_some_and(|s| s == "1");
+    let userns_ok = max_userns > 0 && clone_ok && !apparmor;
+    v.push(Check {
+        name: "user namespaces",
+        ok: userns_ok || root,
+        essential: !root,
+        detail: format!(
+            "max_user_namespaces={max_userns}, unprivileged_userns_clone={}, apparmor restriction={}",
+            if clone_ok { "on" } else { "off" },
+            if apparmor { "on" } else { "off" }
+        ),
+        fix: (!userns_ok).then(|| {
+            let mut f = Vec::new();
+            if max_userns == 0 {
+                f.push("sysctl -w user.max_user_namespaces=15000");
+            }
+            if !clone_ok {
+                f.push("sysctl -w kernel.unprivileged_userns_clone=1");
+            }
+            if apparmor {
+                f.push("sysctl -w kernel.apparmor_restrict_unprivileged_userns=0 (or an AppArmor profile for txbox with `userns,`)");
+            }
+            format!("{} — needed for users other than root", f.join("; "))
+        }),
+    });
+    let overlay = read("/proc/filesystems").is_some_and(|s| s.lines().any(|l| l.ends_with("overlay")));
+    v.push(Check {
+        name: "overlayfs",
+        ok: overlay,
+        essential: true,
+        detail: if overlay { "available".into() } else { "not in /proc/filesystems".into() },
+        fix: (!overlay).then(|| "modprobe overlay".into()),
+    });
+    let abi = txbox_sandbox::landlock::kernel_abi();
+    v.push(Check {
+        name: "landlock",
+        ok: abi > 0,
+        essential: false,
+        detail: if abi > 0 { format!("ABI {abi}") } else { "not available".into() },
+        fix: (abi == 0).then(|| "boot with `lsm=landlock,...` (CONFIG_SECURITY_LANDLOCK=y); the read-only mounts still confine writes".into()),
+    });
+    let seccomp = std::path::Path::new("/proc/sys/kernel/seccomp/actions_avail").exists();
+    v.push(Check {
+        name: "seccomp",
+        ok: seccomp,
+        essential: true,
+        detail: read("/proc/sys/kernel/seccomp/actions_avail").unwrap_or_else(|| "not available".into()),
+        fix: (!seccomp).then(|| "a kernel with CONFIG_SECCOMP_FILTER=y".into()),
+    });
+    let cg = txbox_sandbox::cgroup::probe();
+    v.push(Check {
+        name: "cgroups",
+        ok: cg.limits_supported,
+        essential: false,
+        detail: cg.to_string(),
+        fix: cg.hint.clone().map(|h| format!("{h} — without it --memory and --pids are refused")),
+    });
+    v
+}
+
+fn live_probe() -> Check {
+    let dir = PathBuf::from(format!("/var/tmp/txbox-doctor-{}", std::process::id()));
+    let _ = std::fs::create_dir_all(&dir);
+    let req = RunRequest {
+        workspace: dir.clone(),
+        state_dir: None,
+        cwd: dir.clone(),
+        command: Command::Shell("echo probe > probe.txt".into()),
+        policy: Policy::builtin(),
+        capture: true,
+        limits: engine::Limits::default(),
+        validate: None,
+        no_commit: false,
+        keep_on_failure: false,
+    };
+    let r = engine::run(&req);
+    let ok = matches!(&r, Ok(r) if r.outcome == Outcome::Committed) && dir.join("probe.txt").exists();
+    let detail = match &r {
+        Ok(r) if ok => format!("committed a transaction in {}", txbox::render::ms(r.duration_ms)),
+        Ok(r) => r.error.clone().unwrap_or_else(|| format!("outcome {}", r.outcome.as_str())),
+        Err(e) => e.to_string(),
+    };
+    let _ = txbox_txn::state::remove_tree(&dir);
+    Check { name: "live transaction", ok, essential: true, detail, fix: (!ok).then(|| "see the checks above".into()) }
+}
+
+pub fn run(json: bool) -> Result<i32> {
+    let mut all = checks();
+    all.push(live_probe());
+    let healthy = all.iter().all(|c| c.ok || !c.essential);
+    if json {
+        println!("{}", serde_json::json!({ "ok": healthy, "checks": all }));
+    } else {
+        for c in &all {
+            let mark = if c.ok { "ok  " } else if c.essential { "FAIL" } else { "warn" };
+            println!("{mark} {:<17} {}", c.name, c.detail);
+            if let Some(f) = &c.fix {
+                println!("     {:<17} fix: {f}", "");
+            }
+        }
+        println!("{}", if healthy { "txbox can run here." } else { "txbox cannot run here until the FAIL lines are fixed." });
+    }
+    Ok(if healthy { 0 } else { 1 })
+}
