@@ -178,6 +178,9 @@ pub enum MountOp {
     Proc { target: PathBuf },
     /// Bind a path onto itself read-only (kernel knobs under /proc that root could turn).
     ReadOnlyBind { target: PathBuf },
+    /// A read-only sysfs of the sandbox's own network namespace (so /sys/class/net shows
+    /// only its loopback).
+    Sysfs { target: PathBuf },
 }
 
 /// The mount plan: ops run right after `unshare`, then ops run by the pid namespace's init.
@@ -208,6 +211,9 @@ impl MountPlan {
             MountOp::Writable { target: p("/tmp") },
         ];
         ops.extend(spec.writable.iter().map(|w| MountOp::Writable { target: w.clone() }));
+        if !spec.host_network {
+            ops.push(MountOp::Sysfs { target: p("/sys") });
+        }
         ops.push(MountOp::Tmpfs { target: p("/dev"), mode: 0o755 });
         for d in DEVICES {
             ops.push(MountOp::Bind { source: Path::new("/dev").join(d), target: Path::new("/dev").join(d) });

@@ -318,6 +318,14 @@ fn mount(op: &MountOp, pins: &Pins) -> Result<(), StepError> {
                 mount_setattr(target, false, MOUNT_ATTR_RDONLY, 0)
             }
         }
+        MountOp::Sysfs { target } => mnt(
+            "sysfs",
+            target.as_path(),
+            "sysfs",
+            MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+            None,
+        )
+        .map_err(at(format!("mount sysfs on {}", target.display()))),
         MountOp::ReadOnlyBind { target } => {
             if std::fs::symlink_metadata(target).is_err() {
                 return Ok(());
