@@ -520,8 +520,27 @@ pub(crate) fn commit_upper(env: &Env, t: &Target<'_>, base: Option<&Fingerprints
 /// a wrong workspace, so it is not an error of the run.
 pub(crate) fn drop_tx(state: &StateDir, tx: TxDir) {
     let id = tx.id.clone();
+    let wrote_something = std::fs::read_dir(&tx.upper).map(|mut d| d.next().is_some()).unwrap_or(true);
     drop(tx);
-    let _ = state.remove_tx(&id);
+    if !wrote_something {
+        // An empty layer is gone in a few syscalls.
+        let _ = state.remove_tx(&id);
+        return;
+    }
+    // A rollback returns as soon as the layer is renamed aside; a detached helper deletes it
+    // (DESIGN §8: rollback ≤ 50 ms, cleanup may continue in the background). Should the
+    // helper die, the next recovery finishes the job.
+    if state.retire_tx(&id).is_err() {
+        let _ = state.remove_tx(&id);
+        return;
+    }
+    let _ = std::process::Command::new("/proc/self/exe")
+        .arg("__gc")
+        .arg(&state.root)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn();
 }
 
 pub(crate) fn audit(env: &Env, command: &Command, r: &mut RunResult, started: Instant, durable: bool) -> Result<(), EngineError> {

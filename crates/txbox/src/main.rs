@@ -11,6 +11,15 @@ fn main() {
     if args.get(1).is_some_and(|a| a == "__stage2") {
         txbox_sandbox::stage2::main(&args[2..]);
     }
+    // Background deletion of rolled-back layers (see engine::drop_tx).
+    if args.get(1).is_some_and(|a| a == "__gc") {
+        if let Some(root) = args.get(2) {
+            // Detach from the caller's session so its terminal signals do not stop us.
+            let _ = rustix::process::setsid();
+            let _ = txbox_txn::StateDir { root: root.into() }.collect_garbage();
+        }
+        std::process::exit(0);
+    }
     let code = match cli::main(args) {
         Ok(code) => code,
         Err(e) => {

@@ -114,7 +114,15 @@ fn failure_rolls_back_everything_and_passes_the_status_through() {
         let after = digest(&s.ws, &[]);
         assert!(before == after, "{who:?}: rollback left traces:\n{}", diff(&before, &after));
         // Nothing of the transaction is left in the state directory.
-        let leftovers: Vec<_> = std::fs::read_dir(s.state.join("tx")).unwrap().collect();
+        // The layer is deleted in the background after the run returns; give it a moment.
+        let mut leftovers = Vec::new();
+        for _ in 0..100 {
+            leftovers = std::fs::read_dir(s.state.join("tx")).unwrap().map(|e| e.unwrap().file_name()).collect();
+            if leftovers.is_empty() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
         assert!(leftovers.is_empty(), "transaction directory left behind: {leftovers:?}");
     }
 }

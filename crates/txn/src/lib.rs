@@ -61,11 +61,12 @@ pub fn recover(state: &StateDir, workspace: Option<&Path>, hook: &mut CrashHook)
         out.push(Recovered::RolledForward { tx: record.tx, workspace: record.workspace });
     }
     for tx in state.abandoned()? {
-        state.remove_tx(tx.strip_prefix(".gone-").unwrap_or(&tx))?;
-        if let Some(dot) = tx.strip_prefix(".gone-") {
-            // A half-finished removal: finish removing the hidden directory itself.
-            state::remove_tree(&state.tx_dir(&format!(".gone-{dot}")))?;
+        if tx.starts_with(".gone-") {
+            // Retired layers: a background collector may be deleting them right now, so this
+            // is best effort; whatever is left, the next pass takes.
+            let _ = state::remove_tree(&state.tx_dir(&tx));
         } else {
+            state.remove_tx(&tx)?;
             out.push(Recovered::Discarded { tx });
         }
     }

@@ -186,6 +186,30 @@ impl StateDir {
         Ok(id)
     }
 
+    /// Retire a transaction's directory in O(1): rename it aside as `.gone-<id>`. Deleting
+    /// it is then anyone's job (`collect_garbage`, or recovery), and no one mistakes it for a
+    /// live transaction.
+    pub fn retire_tx(&self, id: &str) -> Result<(), StateError> {
+        let dir = self.tx_dir(id);
+        let aside = self.root.join("tx").join(format!(".gone-{id}"));
+        match std::fs::rename(&dir, &aside) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io_at(&dir, "move aside")(e)),
+        }
+    }
+
+    /// Delete every retired transaction directory.
+    pub fn collect_garbage(&self) -> Result<(), StateError> {
+        for id in self.tx_ids()? {
+            if id.starts_with(".gone-") {
+                // Best effort: several collectors may race on the same directory.
+                let _ = remove_tree(&self.tx_dir(&id));
+            }
+        }
+        Ok(())
+    }
+
     /// Remove a transaction's directory. It is first renamed aside, so a half-deleted
     /// directory is never mistaken for a live transaction.
     pub fn remove_tx(&self, id: &str) -> Result<(), StateError> {
