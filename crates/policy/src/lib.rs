@@ -5,9 +5,14 @@
 //! the transaction layer depend only on these types, so the engine behind them can grow
 //! (full shell parsing, policy files) without changing its callers.
 
-mod minimal;
+mod extract;
+pub mod paths;
+mod rules;
+mod words;
 
-use std::path::PathBuf;
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
 
 use serde::Serialize;
 
@@ -65,25 +70,384 @@ pub struct Evaluation {
     pub commands: Vec<Vec<String>>,
 }
 
-/// A loaded policy. Today only the built-in default exists.
-#[derive(Debug, Clone, Default)]
+/// Why a policy could not be loaded. Displays as `file:line:col: rule `id`: message`.
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyError {
+    #[error("{file}: {source}")]
+    Io {
+        file: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{file}:{line}:{col}: {}{message}", rule.as_ref().map(|r| format!("rule `{r}`: ")).unwrap_or_default())]
+    Invalid { file: String, line: usize, col: usize, rule: Option<String>, message: String },
+}
+
+impl PolicyError {
+    fn at(file: &str, text: &str, offset: usize, rule: Option<&str>, message: impl Into<String>) -> Self {
+        let (line, col) = line_col(text, offset);
+        PolicyError::Invalid {
+            file: file.to_string(),
+            line,
+            col,
+            rule: rule.map(str::to_string),
+            message: message.into(),
+        }
+    }
+}
+
+fn line_col(text: &str, offset: usize) -> (usize, usize) {
+    let offset = offset.min(text.len());
+    let before = &text[..offset];
+    let line = before.matches('\n').count() + 1;
+    let col = before.rfind('\n').map(|i| before[i + 1..].chars().count()).unwrap_or(before.chars().count()) + 1;
+    (line, col)
+}
+
+#[derive(Debug)]
+struct Compiled {
+    /// Effective rule specs, in order (disabled ones kept for `to_toml`).
+    specs: Vec<rules::RuleSpec>,
+    /// Enabled compiled rules.
+    rules: Vec<rules::Rule>,
+    /// Rule indexes by literal program name.
+    by_program: HashMap<String, Vec<usize>>,
+    /// Rules that may match any program.
+    generic: Vec<usize>,
+}
+
+/// A loaded policy: the built-in default, possibly with a user file merged over it.
+#[derive(Debug, Clone)]
 pub struct Policy {
-    _private: (),
+    inner: Arc<Compiled>,
+}
+
+const BUILTIN_TOML: &str = include_str!("builtin.toml");
+
+fn builtin_cell() -> &'static Result<Policy, String> {
+    static CELL: OnceLock<Result<Policy, String>> = OnceLock::new();
+    CELL.get_or_init(|| {
+        let spec = parse_file(BUILTIN_TOML, "<builtin>").map_err(|e| e.to_string())?;
+        Policy::build(spec.rules, BUILTIN_TOML, "<builtin>").map_err(|e| e.to_string())
+    })
+}
+
+fn parse_file(text: &str, origin: &str) -> Result<rules::FileSpec, PolicyError> {
+    let spec: rules::FileSpec = toml::from_str(text).map_err(|e| {
+        let off = e.span().map(|s| s.start).unwrap_or(0);
+        PolicyError::at(origin, text, off, None, e.message().trim().to_string())
+    })?;
+    if *spec.version.get_ref() != 1 {
+        return Err(PolicyError::at(
+            origin,
+            text,
+            spec.version.span().start,
+            None,
+            format!("unsupported version {} (expected 1)", spec.version.get_ref()),
+        ));
+    }
+    Ok(spec)
+}
+
+/// The context examples are evaluated in.
+pub fn example_context() -> Context {
+    Context {
+        workspace: PathBuf::from("/home/dev/proj"),
+        cwd: PathBuf::from("/home/dev/proj"),
+        home: Some(PathBuf::from("/home/dev")),
+    }
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Policy::builtin()
+    }
+}
+
+impl PartialEq for Policy {
+    fn eq(&self, other: &Self) -> bool {
+        self.to_toml() == other.to_toml()
+    }
 }
 
 impl Policy {
-    /// The built-in default policy.
+    /// The built-in default policy (`src/builtin.toml`, parsed once per process).
     pub fn builtin() -> Self {
-        Policy { _private: () }
+        match builtin_cell() {
+            Ok(p) => p.clone(),
+            // Unreachable in a tested build; fail safe: no rules, everything is a transaction.
+            Err(_) => Policy {
+                inner: Arc::new(Compiled { specs: Vec::new(), rules: Vec::new(), by_program: HashMap::new(), generic: Vec::new() }),
+            },
+        }
+    }
+
+    /// Load a policy file merged over the built-in policy.
+    pub fn load(path: &Path) -> Result<Policy, PolicyError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| PolicyError::Io { file: path.display().to_string(), source })?;
+        Policy::from_toml_str(&text, &path.display().to_string())
+    }
+
+    /// Parse policy text (`origin` names it in errors) and merge it over the built-in policy.
+    pub fn from_toml_str(text: &str, origin: &str) -> Result<Policy, PolicyError> {
+        let user = parse_file(text, origin)?;
+        let base = match builtin_cell() {
+            Ok(p) => p.inner.specs.clone(),
+            Err(e) => return Err(PolicyError::at("<builtin>", "", 0, None, e.clone())),
+        };
+        let mut specs = base;
+        let mut seen: Vec<String> = Vec::new();
+        for r in user.rules {
+            let id = r.id.get_ref().clone();
+            if seen.contains(&id) {
+                return Err(PolicyError::at(origin, text, r.id.span().start, Some(&id), "duplicate rule id"));
+            }
+            seen.push(id.clone());
+            if let Some(b) = specs.iter_mut().find(|s| s.id.get_ref() == &id) {
+                let b_examples = b.examples.clone();
+                let mut merged = r.clone();
+                if merged.action.is_none() {
+                    merged.action = b.action.clone();
+                }
+                if merged.reason.is_none() {
+                    merged.reason = b.reason.clone();
+                }
+                if merged.when.is_empty() {
+                    merged.when = b.when.clone();
+                    if merged.examples.is_none() {
+                        merged.examples = b_examples;
+                    }
+                }
+                if merged.limits.is_empty() {
+                    merged.limits = b.limits.clone();
+                }
+                *b = merged;
+            } else {
+                specs.push(r);
+            }
+        }
+        Policy::build(specs, text, origin)
+    }
+
+    fn build(specs: Vec<rules::RuleSpec>, text: &str, origin: &str) -> Result<Policy, PolicyError> {
+        let mut compiled = Vec::new();
+        let mut ids: Vec<&str> = Vec::new();
+        for s in &specs {
+            let id = s.id.get_ref();
+            let err = |m: String| PolicyError::at(origin, text, s.id.span().start, Some(id), m);
+            if ids.contains(&id.as_str()) {
+                return Err(err("duplicate rule id".into()));
+            }
+            ids.push(id);
+            if id.is_empty() {
+                return Err(err("empty rule id".into()));
+            }
+            if s.enabled == Some(false) {
+                continue;
+            }
+            let rule = rules::Rule::compile(s).map_err(err)?;
+            // Inline examples are checked against the rule alone.
+            if let Some(ex) = &s.examples {
+                let ctx = example_context();
+                for e in &ex.matches {
+                    if !rule_matches_str(&rule, e, &ctx) {
+                        return Err(err(format!("example `{e}` should match but does not")));
+                    }
+                }
+                for e in &ex.no_match {
+                    if rule_matches_str(&rule, e, &ctx) {
+                        return Err(err(format!("example `{e}` should not match but does")));
+                    }
+                }
+            }
+            compiled.push(rule);
+        }
+        let mut by_program: HashMap<String, Vec<usize>> = HashMap::new();
+        let mut generic = Vec::new();
+        for (i, r) in compiled.iter().enumerate() {
+            let lits: Option<Vec<String>> = r.when.iter().map(|m| m.literal_programs()).try_fold(Vec::new(), |mut acc, l| {
+                acc.extend(l?);
+                Some(acc)
+            });
+            match lits {
+                Some(names) => {
+                    for n in names {
+                        let v = by_program.entry(n).or_default();
+                        if !v.contains(&i) {
+                            v.push(i);
+                        }
+                    }
+                }
+                None => generic.push(i),
+            }
+        }
+        Ok(Policy { inner: Arc::new(Compiled { specs, rules: compiled, by_program, generic }) })
+    }
+
+    /// The effective policy as TOML; loading it gives the same policy back.
+    pub fn to_toml(&self) -> String {
+        #[derive(Serialize)]
+        struct Out<'a> {
+            version: i64,
+            rule: &'a [rules::RuleSpec],
+        }
+        let out = Out { version: 1, rule: &self.inner.specs };
+        toml::to_string(&out).unwrap_or_default()
+    }
+
+    /// Ids of the enabled rules, in order.
+    pub fn rule_ids(&self) -> Vec<String> {
+        self.inner.rules.iter().map(|r| r.id.clone()).collect()
+    }
+
+    /// Per-rule limits (`limits = { timeout = 60 }`) of an enabled or disabled rule.
+    pub fn rule_limits(&self, id: &str) -> Option<BTreeMap<String, String>> {
+        let s = self.inner.specs.iter().find(|s| s.id.get_ref() == id)?;
+        Some(
+            s.limits
+                .iter()
+                .map(|(k, v)| (k.clone(), match v {
+                    toml::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                }))
+                .collect(),
+        )
     }
 
     /// Evaluate a shell string as `bash -c` would run it.
     pub fn evaluate_str(&self, command: &str, ctx: &Context) -> Evaluation {
-        minimal::evaluate(&minimal::split_commands(command), ctx)
+        let ex = extract::extract_str(command, ctx);
+        self.decide(&ex, ctx)
     }
 
     /// Evaluate an argv (the `run -- PROGRAM ARGS` form). Arguments are taken literally.
     pub fn evaluate_argv(&self, argv: &[String], ctx: &Context) -> Evaluation {
-        minimal::evaluate(&[argv.to_vec()], ctx)
+        let ex = extract::extract_argv(argv, ctx);
+        self.decide(&ex, ctx)
+    }
+
+    fn candidates(&self, program: &str) -> impl Iterator<Item = usize> + '_ {
+        let a = self.inner.by_program.get(program).map(|v| v.as_slice()).unwrap_or(&[]);
+        let mut all: Vec<usize> = a.iter().chain(self.inner.generic.iter()).copied().collect();
+        all.sort_unstable();
+        all.into_iter()
+    }
+
+    fn decide(&self, ex: &extract::Extraction, ctx: &Context) -> Evaluation {
+        let commands: Vec<Vec<String>> = ex.cmds.iter().filter(|c| !c.argv.is_empty()).map(|c| c.argv.clone()).collect();
+        let mut best: Option<Decision> = None;
+        let consider = |d: Decision, best: &mut Option<Decision>| {
+            if best.as_ref().is_none_or(|b| d.action > b.action) {
+                *best = Some(d);
+            }
+        };
+        if let Some(e) = &ex.parse_error {
+            consider(
+                Decision {
+                    action: Action::Transact,
+                    rule: Some("engine.parse-error".into()),
+                    reason: format!("the command does not parse ({e}); it runs as a transaction"),
+                },
+                &mut best,
+            );
+        }
+        for c in &ex.cmds {
+            let view = rules::CmdView::new(c, ctx);
+            let mut cmd_best: Option<Decision> = None;
+            for i in self.candidates(c.program()) {
+                let Some(rule) = self.inner.rules.get(i) else { continue };
+                if cmd_best.as_ref().is_some_and(|b| b.action >= rule.action) {
+                    continue;
+                }
+                if let Some(path) = rule.matches(&view) {
+                    cmd_best = Some(Decision {
+                        action: rule.action,
+                        rule: Some(rule.id.clone()),
+                        reason: rule.render(c, path.as_deref()),
+                    });
+                }
+            }
+            if let Some(why) = &c.opaque {
+                if cmd_best.as_ref().is_none_or(|b| b.action < Action::Transact) {
+                    cmd_best = Some(Decision {
+                        action: Action::Transact,
+                        rule: Some("engine.opaque".into()),
+                        reason: format!("{why}; it runs as a transaction"),
+                    });
+                }
+            }
+            consider(cmd_best.unwrap_or_else(Decision::default_transact), &mut best);
+        }
+        let decision = best.unwrap_or(Decision {
+            action: Action::Allow,
+            rule: None,
+            reason: "nothing to run".into(),
+        });
+        Evaluation { decision, commands }
+    }
+}
+
+fn rule_matches_str(rule: &rules::Rule, text: &str, ctx: &Context) -> bool {
+    let ex = extract::extract_str(text, ctx);
+    ex.cmds.iter().any(|c| rule.matches(&rules::CmdView::new(c, ctx)).is_some())
+}
+
+/// Check a policy file and return warnings (errors are `Err`).
+pub fn lint(path: &Path) -> Result<Vec<String>, PolicyError> {
+    let text = std::fs::read_to_string(path).map_err(|source| PolicyError::Io { file: path.display().to_string(), source })?;
+    let origin = path.display().to_string();
+    Policy::from_toml_str(&text, &origin)?;
+    let user = parse_file(&text, &origin)?;
+    let builtin = Policy::builtin();
+    let mut warnings = Vec::new();
+    for r in &user.rules {
+        let id = r.id.get_ref();
+        let (line, col) = line_col(&text, r.id.span().start);
+        let at = format!("{origin}:{line}:{col}: rule `{id}`");
+        let base = builtin.inner.specs.iter().find(|s| s.id.get_ref() == id);
+        if r.enabled == Some(false) {
+            if let Some(b) = base {
+                if b.action.as_deref() == Some("deny") {
+                    warnings.push(format!("{at}: disables a built-in deny rule"));
+                }
+            } else {
+                warnings.push(format!("{at}: disables a rule that is not built in (no effect)"));
+            }
+            continue;
+        }
+        if let (Some(b), Some(a)) = (base, &r.action) {
+            if b.action.as_deref() == Some("deny") && a != "deny" {
+                warnings.push(format!("{at}: weakens a built-in deny rule to `{a}`"));
+            }
+        }
+        if base.is_none() && r.examples.as_ref().is_none_or(|e| e.matches.is_empty()) {
+            warnings.push(format!("{at}: has no `examples.match`; add one so the rule is checked at load"));
+        }
+        if base.is_none() && !id.contains('.') {
+            warnings.push(format!("{at}: id is not namespaced (e.g. `team.{id}`)"));
+        }
+        for (k, m) in r.when.iter().enumerate() {
+            if *m == rules::MatchSpec::default() {
+                warnings.push(format!("{at}: `when[{k}]` is empty and matches every command"));
+            }
+            if r.action.as_deref() == Some("allow") && m.program.is_empty() {
+                warnings.push(format!("{at}: allow rule without `program` in `when[{k}]` allows broadly"));
+            }
+        }
+    }
+    Ok(warnings)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtin_parses() {
+        if let Err(e) = builtin_cell() {
+            panic!("{e}");
+        }
+        assert!(Policy::builtin().rule_ids().len() > 15);
     }
 }

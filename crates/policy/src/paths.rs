@@ -174,7 +174,7 @@ const SYSTEM_DIRS: &[&str] = &[
     "/usr/bin", "/usr/sbin", "/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/libexec", "/usr/local",
     "/usr/local/bin", "/usr/local/sbin", "/usr/local/lib", "/usr/local/share", "/usr/share",
     "/usr/include", "/usr/src", "/var/lib", "/var/log", "/var/cache", "/var/spool", "/var/mail",
-    "/var/backups", "/var/opt", "/var/www", "/etc/ssh", "/etc/systemd", "/etc/default", "/etc/init.d",
+    "/var/backups", "/var/opt", "/etc/ssh", "/etc/systemd", "/etc/default", "/etc/init.d",
     "/etc/cron.d", "/etc/apt", "/etc/ssl", "/etc/pam.d", "/etc/security", "/etc/sudoers.d",
     "/boot/efi", "/boot/grub", "/var/lib/dpkg", "/var/lib/apt", "/var/lib/docker", "/usr/lib/systemd",
 ];

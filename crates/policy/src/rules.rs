@@ -1,0 +1,486 @@
+//! The rule language: TOML specs, compiled matchers, and matching against extracted commands.
+
+use std::collections::BTreeMap;
+
+use regex::Regex;
+use serde::{Deserialize, Serialize};
+
+use crate::extract::Cmd;
+use crate::paths::{self, ClassSet, PathClass, PathInfo, Scope};
+use crate::{Action, Context};
+
+/// A policy file as written.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FileSpec {
+    pub version: toml::Spanned<i64>,
+    #[serde(default, rename = "rule")]
+    pub rules: Vec<RuleSpec>,
+}
+
+/// One rule as written.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RuleSpec {
+    pub id: toml::Spanned<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enabled: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub action: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub limits: BTreeMap<String, toml::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub examples: Option<Examples>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub when: Vec<MatchSpec>,
+}
+
+#[derive(Debug, Clone, Deserialize, Serialize, Default, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Examples {
+    #[serde(default, rename = "match", skip_serializing_if = "Vec::is_empty")]
+    pub matches: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub no_match: Vec<String>,
+}
+
+/// One alternative of a rule: every field given must hold (an empty spec matches anything).
+#[derive(Debug, Clone, Deserialize, Serialize, Default, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct MatchSpec {
+    /// Program basenames or globs; an entry containing `/` matches the path as written.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub program: Vec<String>,
+    /// Positional words, in order, near the start (`["push"]`, `["s3", "rm"]`); `a|b` alternatives.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub subcommand: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub flags_any: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub flags_all: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub flags_none: Vec<String>,
+    /// Globs: some argument matches one of them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args_any: Vec<String>,
+    /// Globs: no argument matches any of them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args_none: Vec<String>,
+    /// Regex: some single argument matches.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub args_regex: Option<String>,
+    /// Regex over the whole canonical command line (space-joined) plus any here-doc text.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub regex: Option<String>,
+    /// Path classes: some path argument has one of them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paths_any: Vec<String>,
+    /// Scopes the path must have to count (`full`, `bulk`, `selective`); default all.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub paths_scope: Vec<String>,
+    /// Classes of write-redirect targets (`> /dev/sda`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub redirect_write_any: Vec<String>,
+    /// Classes of any redirect target, read or write (`< ~/.ssh/id_rsa`, `>& /dev/tcp/…`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub redirect_any: Vec<String>,
+    /// The command runs code produced by one of these programs (`curl … | sh`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub code_from_any: Vec<String>,
+    /// One of these programs feeds the command's stdin.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stdin_from_any: Vec<String>,
+    /// Engine features (`fork-bomb`, `interactive`, `find-delete`, `wrapper`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub features_any: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub features_none: Vec<String>,
+}
+
+/// A glob or literal.
+#[derive(Debug, Clone)]
+pub(crate) enum Pat {
+    Lit(String),
+    Re(Regex),
+}
+
+impl Pat {
+    pub fn new(glob: &str) -> Result<Pat, String> {
+        if glob == "[" || !glob.contains(['*', '?', '[']) {
+            return Ok(Pat::Lit(glob.to_string()));
+        }
+        let mut re = String::from("^");
+        let mut chars = glob.chars().peekable();
+        while let Some(c) = chars.next() {
+            match c {
+                '*' => re.push_str(".*"),
+                '?' => re.push('.'),
+                '[' => {
+                    let mut class = String::from("[");
+                    let mut closed = false;
+                    if chars.peek() == Some(&'!') {
+                        chars.next();
+                        class.push('^');
+                    }
+                    for d in chars.by_ref() {
+                        if d == ']' {
+                            closed = true;
+                            break;
+                        }
+                        if d == '\\' || d == '[' {
+                            class.push('\\');
+                        }
+                        class.push(d);
+                    }
+                    if !closed {
+                        return Err(format!("unclosed `[` in glob `{glob}`"));
+                    }
+                    class.push(']');
+                    re.push_str(&class);
+                }
+                other => re.push_str(&regex::escape(&other.to_string())),
+            }
+        }
+        re.push('$');
+        Regex::new(&re).map(Pat::Re).map_err(|e| e.to_string())
+    }
+
+    pub fn matches(&self, s: &str) -> bool {
+        match self {
+            Pat::Lit(l) => l == s,
+            Pat::Re(r) => r.is_match(s),
+        }
+    }
+}
+
+fn pats(v: &[String]) -> Result<Vec<Pat>, String> {
+    v.iter().map(|s| Pat::new(s)).collect()
+}
+
+fn classes(v: &[String], field: &str) -> Result<ClassSet, String> {
+    let mut set = ClassSet::default();
+    for s in v {
+        let c = PathClass::parse(s).ok_or_else(|| {
+            let all: Vec<&str> = paths::ALL_CLASSES.iter().map(|c| c.as_str()).collect();
+            format!("`{field}`: unknown path class `{s}` (known: {})", all.join(", "))
+        })?;
+        set.insert(c);
+    }
+    Ok(set)
+}
+
+/// A compiled alternative.
+#[derive(Debug, Clone)]
+pub(crate) struct Matcher {
+    pub program: Vec<Pat>,
+    subcommand: Vec<Vec<Pat>>,
+    flags_any: Vec<Pat>,
+    flags_all: Vec<Pat>,
+    flags_none: Vec<Pat>,
+    args_any: Vec<Pat>,
+    args_none: Vec<Pat>,
+    args_regex: Option<Regex>,
+    regex: Option<Regex>,
+    paths_any: Option<ClassSet>,
+    paths_scope: Vec<Scope>,
+    redirect_write_any: Option<ClassSet>,
+    redirect_any: Option<ClassSet>,
+    code_from_any: Vec<Pat>,
+    stdin_from_any: Vec<Pat>,
+    features_any: Vec<String>,
+    features_none: Vec<String>,
+}
+
+impl Matcher {
+    pub fn compile(s: &MatchSpec) -> Result<Matcher, String> {
+        let opt_classes = |v: &[String], f: &str| -> Result<Option<ClassSet>, String> {
+            if v.is_empty() {
+                Ok(None)
+            } else {
+                classes(v, f).map(Some)
+            }
+        };
+        let re = |r: &Option<String>, f: &str| -> Result<Option<Regex>, String> {
+            match r {
+                Some(r) => Regex::new(r).map(Some).map_err(|e| format!("`{f}`: {e}")),
+                None => Ok(None),
+            }
+        };
+        let mut scopes = Vec::new();
+        for s in &s.paths_scope {
+            scopes.push(Scope::parse(s).ok_or_else(|| format!("`paths_scope`: unknown scope `{s}` (full, bulk, selective)"))?);
+        }
+        const FEATURES: &[&str] = &["fork-bomb", "interactive", "find-delete", "find-action", "wrapper"];
+        for f in s.features_any.iter().chain(&s.features_none) {
+            if !FEATURES.contains(&f.as_str()) {
+                return Err(format!("unknown feature `{f}` (known: {})", FEATURES.join(", ")));
+            }
+        }
+        Ok(Matcher {
+            program: pats(&s.program)?,
+            subcommand: s.subcommand.iter().map(|a| pats(&a.split('|').map(str::to_string).collect::<Vec<_>>())).collect::<Result<_, _>>()?,
+            flags_any: pats(&s.flags_any)?,
+            flags_all: pats(&s.flags_all)?,
+            flags_none: pats(&s.flags_none)?,
+            args_any: pats(&s.args_any)?,
+            args_none: pats(&s.args_none)?,
+            args_regex: re(&s.args_regex, "args_regex")?,
+            regex: re(&s.regex, "regex")?,
+            paths_any: opt_classes(&s.paths_any, "paths_any")?,
+            paths_scope: scopes,
+            redirect_write_any: opt_classes(&s.redirect_write_any, "redirect_write_any")?,
+            redirect_any: opt_classes(&s.redirect_any, "redirect_any")?,
+            code_from_any: pats(&s.code_from_any)?,
+            stdin_from_any: pats(&s.stdin_from_any)?,
+            features_any: s.features_any.clone(),
+            features_none: s.features_none.clone(),
+        })
+    }
+
+    /// The literal program names, if every program entry is a literal basename.
+    pub fn literal_programs(&self) -> Option<Vec<String>> {
+        if self.program.is_empty() {
+            return None;
+        }
+        self.program
+            .iter()
+            .map(|p| match p {
+                Pat::Lit(l) if !l.contains('/') => Some(l.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// Does this alternative match the command? Returns the path that made it match, if any.
+    pub fn matches(&self, c: &CmdView) -> Option<Option<String>> {
+        let cmd = c.cmd;
+        if !self.program.is_empty() {
+            let prog = cmd.program();
+            let ok = self.program.iter().any(|p| match p {
+                Pat::Lit(l) if l.contains('/') => l == &cmd.path,
+                Pat::Re(_) if p_has_slash(p) => p.matches(&cmd.path),
+                _ => p.matches(prog),
+            });
+            if !ok {
+                return None;
+            }
+        }
+        let flags = || cmd.argv.iter().skip(1).take_while(|a| *a != "--").filter(|a| a.starts_with('-') && a.len() > 1);
+        if !self.subcommand.is_empty() {
+            let pos: Vec<&String> = cmd.argv.iter().skip(1).filter(|a| !a.starts_with('-')).collect();
+            let n = self.subcommand.len();
+            let found = (0..=2usize).any(|start| {
+                start + n <= pos.len() && self.subcommand.iter().enumerate().all(|(k, alts)| alts.iter().any(|p| p.matches(pos[start + k])))
+            });
+            if !found {
+                return None;
+            }
+        }
+        if !self.flags_any.is_empty() && !flags().any(|f| self.flags_any.iter().any(|p| p.matches(f))) {
+            return None;
+        }
+        if !self.flags_all.iter().all(|p| flags().any(|f| p.matches(f))) {
+            return None;
+        }
+        if flags().any(|f| self.flags_none.iter().any(|p| p.matches(f))) {
+            return None;
+        }
+        let args = || cmd.argv.iter().skip(1);
+        if !self.args_any.is_empty() && !args().any(|a| self.args_any.iter().any(|p| p.matches(a))) {
+            return None;
+        }
+        if args().any(|a| self.args_none.iter().any(|p| p.matches(a))) {
+            return None;
+        }
+        if let Some(r) = &self.args_regex {
+            if !args().any(|a| r.is_match(a)) {
+                return None;
+            }
+        }
+        if let Some(r) = &self.regex {
+            let mut line = cmd.argv.join(" ");
+            if let Some(i) = &cmd.input {
+                line.push('\n');
+                line.push_str(i);
+            }
+            if !r.is_match(&line) {
+                return None;
+            }
+        }
+        if !self.features_any.is_empty() && !cmd.features.iter().any(|f| self.features_any.iter().any(|g| g == f)) {
+            return None;
+        }
+        if cmd.features.iter().any(|f| self.features_none.iter().any(|g| g == f)) {
+            return None;
+        }
+        if !self.code_from_any.is_empty() && !cmd.code_from.iter().any(|p| self.code_from_any.iter().any(|q| q.matches(p))) {
+            return None;
+        }
+        if !self.stdin_from_any.is_empty() && !cmd.stdin_from.iter().any(|p| self.stdin_from_any.iter().any(|q| q.matches(p))) {
+            return None;
+        }
+        let mut hit_path = None;
+        if let Some(want) = self.redirect_write_any {
+            let hit = c.redirects().iter().find(|(w, p)| *w && p.classes.intersects(want));
+            match hit {
+                Some((_, p)) => hit_path = Some(p.display.clone()),
+                None => return None,
+            }
+        }
+        if let Some(want) = self.redirect_any {
+            let hit = c.redirects().iter().find(|(_, p)| p.classes.intersects(want));
+            match hit {
+                Some((_, p)) => hit_path = Some(p.display.clone()),
+                None => return None,
+            }
+        }
+        if let Some(want) = self.paths_any {
+            let hit = c.paths().iter().find(|p| {
+                p.classes.intersects(want) && (self.paths_scope.is_empty() || self.paths_scope.contains(&p.scope))
+            });
+            match hit {
+                Some(p) => hit_path = Some(p.display.clone()),
+                None => return None,
+            }
+        }
+        Some(hit_path)
+    }
+}
+
+fn p_has_slash(p: &Pat) -> bool {
+    match p {
+        Pat::Lit(l) => l.contains('/'),
+        Pat::Re(r) => r.as_str().contains('/'),
+    }
+}
+
+/// A command with lazily computed path classes.
+pub(crate) struct CmdView<'a> {
+    pub cmd: &'a Cmd,
+    ctx: &'a Context,
+    paths: std::cell::OnceCell<Vec<PathInfo>>,
+    redirects: std::cell::OnceCell<Vec<(bool, PathInfo)>>,
+}
+
+impl<'a> CmdView<'a> {
+    pub fn new(cmd: &'a Cmd, ctx: &'a Context) -> Self {
+        CmdView { cmd, ctx, paths: std::cell::OnceCell::new(), redirects: std::cell::OnceCell::new() }
+    }
+
+    pub fn paths(&self) -> &[PathInfo] {
+        self.paths.get_or_init(|| {
+            let mut v = Vec::new();
+            let mut ended = false;
+            for (k, a) in self.cmd.argv.iter().enumerate().skip(1) {
+                if a == "--" {
+                    ended = true;
+                    continue;
+                }
+                if !ended && a.starts_with('-') && a.len() > 1 {
+                    continue;
+                }
+                let dyn_at = self.cmd.dyn_at.get(k).copied().flatten();
+                let (text, off) = path_candidate(a);
+                if text.is_empty() || text.contains("://") {
+                    continue;
+                }
+                if let Some(colon) = text.find(':') {
+                    if !text[..colon].contains('/') {
+                        continue;
+                    }
+                }
+                let d = dyn_at.map(|d| d.saturating_sub(off));
+                v.push(paths::classify(text, d, self.cmd.cwd.as_deref(), self.ctx));
+            }
+            v
+        })
+    }
+
+    pub fn redirects(&self) -> &[(bool, PathInfo)] {
+        self.redirects.get_or_init(|| {
+            self.cmd
+                .redirects
+                .iter()
+                .map(|r| (r.write, paths::classify(&r.target, r.dyn_at, self.cmd.cwd.as_deref(), self.ctx)))
+                .collect()
+        })
+    }
+}
+
+/// The path inside an argument: `of=/dev/sda` → `/dev/sda`, `@file` → `file`, `f=@x` → `x`.
+fn path_candidate(a: &str) -> (&str, usize) {
+    if let Some(i) = a.find("=@") {
+        return (&a[i + 2..], i + 2);
+    }
+    if let Some(r) = a.strip_prefix('@') {
+        return (r, 1);
+    }
+    if let Some(i) = a.find('=') {
+        let v = &a[i + 1..];
+        if v.starts_with('/') || v.starts_with('~') {
+            return (v, i + 1);
+        }
+    }
+    (a, 0)
+}
+
+/// A compiled rule.
+#[derive(Debug, Clone)]
+pub(crate) struct Rule {
+    pub id: String,
+    pub action: Action,
+    pub reason: String,
+    pub when: Vec<Matcher>,
+}
+
+impl Rule {
+    pub fn compile(spec: &RuleSpec) -> Result<Rule, String> {
+        let action = match spec.action.as_deref() {
+            Some("deny") => Action::Deny,
+            Some("transact") => Action::Transact,
+            Some("allow") => Action::Allow,
+            Some(other) => return Err(format!("unknown action `{other}` (deny, transact, allow)")),
+            None => return Err("missing `action`".into()),
+        };
+        let reason = spec.reason.clone().ok_or("missing `reason`")?;
+        if spec.when.is_empty() {
+            return Err("no `when` conditions: a rule must say what it matches".into());
+        }
+        let when = spec.when.iter().map(Matcher::compile).collect::<Result<_, _>>()?;
+        Ok(Rule { id: spec.id.get_ref().clone(), action, reason, when })
+    }
+
+    /// Does the rule match the command? Returns the path behind the match, if any.
+    pub fn matches(&self, c: &CmdView) -> Option<Option<String>> {
+        if self.action == Action::Allow && !allow_eligible(c.cmd) {
+            return None;
+        }
+        self.when.iter().find_map(|m| m.matches(c))
+    }
+
+    pub fn render(&self, c: &Cmd, path: Option<&str>) -> String {
+        let mut r = self.reason.replace("{program}", c.program());
+        if r.contains("{path}") {
+            r = r.replace("{path}", path.unwrap_or("?"));
+        }
+        if r.contains("{command}") {
+            r = r.replace("{command}", &c.argv.join(" "));
+        }
+        if r.contains("{code_from}") {
+            r = r.replace("{code_from}", &c.code_from.join(", "));
+        }
+        r
+    }
+}
+
+/// An allow rule may only allow a command that is fully known and writes nothing by redirect.
+fn allow_eligible(c: &Cmd) -> bool {
+    c.opaque.is_none()
+        && c.code_from.is_empty()
+        && c.dyn_at.first().copied().flatten().is_none()
+        && c.redirects.iter().all(|r| {
+            !r.write || matches!(r.target.as_str(), "/dev/null" | "/dev/stdout" | "/dev/stderr" | "/dev/tty")
+        })
+}

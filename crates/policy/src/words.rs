@@ -1,0 +1,515 @@
+//! Word expansion done statically: quote removal, ANSI-C `$'..'` decoding, simple parameter
+//! expansion from tracked variables, and collection of command substitutions (which the extractor
+//! parses and evaluates separately).
+
+use std::collections::HashMap;
+
+/// One word after static expansion.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct EWord {
+    pub text: String,
+    /// Byte offset in `text` of the first part that could not be resolved statically.
+    pub dyn_at: Option<usize>,
+    /// Programs whose output makes up (part of) this word (`$(curl …)`, `<(curl …)`).
+    pub sources: Vec<String>,
+}
+
+impl EWord {
+    pub fn lit(s: &str) -> Self {
+        EWord { text: s.to_string(), dyn_at: None, sources: Vec::new() }
+    }
+    pub fn is_static(&self) -> bool {
+        self.dyn_at.is_none()
+    }
+}
+
+/// What a variable is known to hold.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Var {
+    Static(String),
+    Dynamic,
+}
+
+/// Variables known at a point of the script.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Vars {
+    pub map: HashMap<String, Var>,
+    pub positional: Vec<String>,
+    pub home: Option<String>,
+    pub pwd: Option<String>,
+}
+
+/// Result of expanding a raw word.
+#[derive(Debug, Default)]
+pub(crate) struct Expansion {
+    /// One raw word can become several (brace expansion).
+    pub words: Vec<EWord>,
+    /// Bodies of command substitutions found in the word, in order.
+    pub subs: Vec<String>,
+}
+
+struct Out {
+    text: String,
+    dyn_at: Option<usize>,
+    /// Byte offsets of unquoted `{`, `,`, `}` (for brace expansion).
+    braces: Vec<usize>,
+}
+
+impl Out {
+    fn mark_dyn(&mut self) {
+        if self.dyn_at.is_none() {
+            self.dyn_at = Some(self.text.len());
+        }
+    }
+}
+
+/// Expand a raw word as written in the source.
+pub(crate) fn expand(raw: &str, vars: &Vars) -> Expansion {
+    let mut out = Out { text: String::with_capacity(raw.len()), dyn_at: None, braces: Vec::new() };
+    let mut subs = Vec::new();
+    let chars: Vec<char> = raw.chars().collect();
+    let mut i = 0;
+    // Tilde at start stays literal `~` (path classification resolves it).
+    while i < chars.len() {
+        let c = chars[i];
+        match c {
+            '\'' => {
+                i += 1;
+                while i < chars.len() && chars[i] != '\'' {
+                    out.text.push(chars[i]);
+                    i += 1;
+                }
+                i += 1;
+            }
+            '"' => {
+                i += 1;
+                while i < chars.len() && chars[i] != '"' {
+                    match chars[i] {
+                        '\\' if i + 1 < chars.len() && matches!(chars[i + 1], '$' | '`' | '"' | '\\') => {
+                            out.text.push(chars[i + 1]);
+                            i += 2;
+                        }
+                        '\\' if i + 1 < chars.len() && chars[i + 1] == '\n' => i += 2,
+                        '$' => i = dollar(&chars, i, &mut out, &mut subs, vars, true),
+                        '`' => i = backtick(&chars, i, &mut out, &mut subs),
+                        ch => {
+                            out.text.push(ch);
+                            i += 1;
+                        }
+                    }
+                }
+                i += 1;
+            }
+            '\\' => {
+                if i + 1 < chars.len() {
+                    if chars[i + 1] != '\n' {
+                        out.text.push(chars[i + 1]);
+                    }
+                    i += 2;
+                } else {
+                    i += 1;
+                }
+            }
+            '$' if i + 1 < chars.len() && chars[i + 1] == '\'' => {
+                i = ansi_c(&chars, i + 2, &mut out.text);
+            }
+            '$' if i + 1 < chars.len() && chars[i + 1] == '"' => {
+                // Locale string: treat like "..." by skipping the `$`.
+                i += 1;
+            }
+            '$' => i = dollar(&chars, i, &mut out, &mut subs, vars, false),
+            '`' => i = backtick(&chars, i, &mut out, &mut subs),
+            '{' | ',' | '}' => {
+                out.braces.push(out.text.len());
+                out.text.push(c);
+                i += 1;
+            }
+            _ => {
+                out.text.push(c);
+                i += 1;
+            }
+        }
+    }
+    let words = brace_expand(out);
+    Expansion { words, subs }
+}
+
+/// Simple one-level brace expansion of the first unquoted `{a,b}` group (recursively).
+fn brace_expand(out: Out) -> Vec<EWord> {
+    let single = |o: Out| vec![EWord { text: o.text, dyn_at: o.dyn_at, sources: Vec::new() }];
+    if out.braces.len() < 3 {
+        return single(out);
+    }
+    // Find first `{` with a matching `}` and at least one `,` between, no nested `{`.
+    let b = &out.braces;
+    let bytes = out.text.as_bytes();
+    let mut start = None;
+    let mut commas = Vec::new();
+    let mut end = None;
+    for &p in b {
+        match bytes.get(p) {
+            Some(b'{') => {
+                start = Some(p);
+                commas.clear();
+            }
+            Some(b',') if start.is_some() => commas.push(p),
+            Some(b'}') if start.is_some() && !commas.is_empty() => {
+                end = Some(p);
+                break;
+            }
+            _ => {}
+        }
+    }
+    let (Some(s), Some(e)) = (start, end) else { return single(out) };
+    if out.dyn_at.is_some_and(|d| d <= e) {
+        return single(out);
+    }
+    let prefix = &out.text[..s];
+    let suffix = &out.text[e + 1..];
+    let mut pieces = Vec::new();
+    let mut last = s + 1;
+    for &c in &commas {
+        pieces.push(&out.text[last..c]);
+        last = c + 1;
+    }
+    pieces.push(&out.text[last..e]);
+    let mut res = Vec::new();
+    for p in pieces.iter().take(16) {
+        let text = format!("{prefix}{p}{suffix}");
+        let shift = text.len() as isize - out.text.len() as isize;
+        let braces: Vec<usize> = out
+            .braces
+            .iter()
+            .filter(|&&x| x > e)
+            .map(|&x| (x as isize + shift) as usize)
+            .collect();
+        let dyn_at = out.dyn_at.map(|d| (d as isize + shift).max(0) as usize);
+        res.extend(brace_expand(Out { text, dyn_at, braces }));
+    }
+    res
+}
+
+/// Decode `$'…'` starting after the opening quote; returns the index after the closing quote.
+fn ansi_c(chars: &[char], mut i: usize, text: &mut String) -> usize {
+    while i < chars.len() && chars[i] != '\'' {
+        if chars[i] == '\\' && i + 1 < chars.len() {
+            let n = chars[i + 1];
+            i += 2;
+            match n {
+                'n' => text.push('\n'),
+                't' => text.push('\t'),
+                'r' => text.push('\r'),
+                'a' => text.push('\x07'),
+                'b' => text.push('\x08'),
+                'e' | 'E' => text.push('\x1b'),
+                'f' => text.push('\x0c'),
+                'v' => text.push('\x0b'),
+                'x' | 'u' | 'U' => {
+                    let max = match n {
+                        'x' => 2,
+                        'u' => 4,
+                        _ => 8,
+                    };
+                    let mut v = 0u32;
+                    let mut k = 0;
+                    while k < max && i < chars.len() && chars[i].is_ascii_hexdigit() {
+                        v = v * 16 + chars[i].to_digit(16).unwrap_or(0);
+                        i += 1;
+                        k += 1;
+                    }
+                    if let Some(ch) = char::from_u32(v) {
+                        text.push(ch);
+                    }
+                }
+                '0'..='7' => {
+                    let mut v = n.to_digit(8).unwrap_or(0);
+                    let mut k = 1;
+                    while k < 3 && i < chars.len() && chars[i].is_digit(8) {
+                        v = v * 8 + chars[i].to_digit(8).unwrap_or(0);
+                        i += 1;
+                        k += 1;
+                    }
+                    if let Some(ch) = char::from_u32(v) {
+                        text.push(ch);
+                    }
+                }
+                'c' => {
+                    if i < chars.len() {
+                        i += 1;
+                    }
+                }
+                other => text.push(other),
+            }
+        } else {
+            text.push(chars[i]);
+            i += 1;
+        }
+    }
+    i + 1
+}
+
+/// Index of the `)` closing a `(` at `open`, honouring quotes and nesting.
+pub(crate) fn matching_paren(chars: &[char], open: usize) -> Option<usize> {
+    let mut depth = 0usize;
+    let mut i = open;
+    while i < chars.len() {
+        match chars[i] {
+            '\\' => i += 1,
+            '\'' => {
+                i += 1;
+                while i < chars.len() && chars[i] != '\'' {
+                    i += 1;
+                }
+            }
+            '"' => {
+                i += 1;
+                while i < chars.len() && chars[i] != '"' {
+                    if chars[i] == '\\' {
+                        i += 1;
+                    }
+                    i += 1;
+                }
+            }
+            '(' => depth += 1,
+            ')' => {
+                depth = depth.saturating_sub(1);
+                if depth == 0 {
+                    return Some(i);
+                }
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    None
+}
+
+fn backtick(chars: &[char], i: usize, out: &mut Out, subs: &mut Vec<String>) -> usize {
+    let mut j = i + 1;
+    let mut body = String::new();
+    while j < chars.len() && chars[j] != '`' {
+        if chars[j] == '\\' && j + 1 < chars.len() && matches!(chars[j + 1], '`' | '\\' | '$') {
+            body.push(chars[j + 1]);
+            j += 2;
+        } else {
+            body.push(chars[j]);
+            j += 1;
+        }
+    }
+    out.mark_dyn();
+    subs.push(body);
+    j + 1
+}
+
+fn is_name_start(c: char) -> bool {
+    c.is_ascii_alphabetic() || c == '_'
+}
+
+fn lookup(name: &str, vars: &Vars) -> Option<String> {
+    match vars.map.get(name) {
+        Some(Var::Static(v)) => return Some(v.clone()),
+        Some(Var::Dynamic) => return None,
+        None => {}
+    }
+    match name {
+        "HOME" => vars.home.clone(),
+        "PWD" => vars.pwd.clone(),
+        _ => {
+            if let Ok(n) = name.parse::<usize>() {
+                if n >= 1 {
+                    return vars.positional.get(n - 1).cloned();
+                }
+            }
+            None
+        }
+    }
+}
+
+/// Expand `$…` at `i`; returns the index after it.
+fn dollar(chars: &[char], i: usize, out: &mut Out, subs: &mut Vec<String>, vars: &Vars, _dq: bool) -> usize {
+    let next = chars.get(i + 1).copied();
+    match next {
+        Some('(') => {
+            if chars.get(i + 2) == Some(&'(') {
+                // Arithmetic: dynamic, no commands (nested $( ) inside is rare; still scanned).
+                let end = matching_paren(chars, i + 1).unwrap_or(chars.len());
+                let inner: String = chars[(i + 3).min(end)..end.saturating_sub(1).max(i + 3).min(chars.len())].iter().collect();
+                if inner.contains("$(") || inner.contains('`') {
+                    subs.push(inner);
+                }
+                out.mark_dyn();
+                return end + 1;
+            }
+            let end = matching_paren(chars, i + 1).unwrap_or(chars.len());
+            let body: String = chars[(i + 2).min(end)..end].iter().collect();
+            out.mark_dyn();
+            subs.push(body);
+            end + 1
+        }
+        Some('{') => {
+            let mut j = i + 2;
+            let mut depth = 1;
+            while j < chars.len() {
+                match chars[j] {
+                    '{' => depth += 1,
+                    '}' => {
+                        depth -= 1;
+                        if depth == 0 {
+                            break;
+                        }
+                    }
+                    _ => {}
+                }
+                j += 1;
+            }
+            let inner: String = chars[(i + 2).min(j)..j.min(chars.len())].iter().collect();
+            param(&inner, out, subs, vars);
+            j + 1
+        }
+        Some(c) if is_name_start(c) => {
+            let mut j = i + 1;
+            while j < chars.len() && (chars[j].is_ascii_alphanumeric() || chars[j] == '_') {
+                j += 1;
+            }
+            let name: String = chars[i + 1..j].iter().collect();
+            match lookup(&name, vars) {
+                Some(v) => out.text.push_str(&v),
+                None => {
+                    out.mark_dyn();
+                    out.text.push('$');
+                    out.text.push_str(&name);
+                }
+            }
+            j
+        }
+        Some(c) if c.is_ascii_digit() => {
+            let name = c.to_string();
+            match lookup(&name, vars) {
+                Some(v) => out.text.push_str(&v),
+                None => {
+                    out.mark_dyn();
+                    out.text.push('$');
+                    out.text.push(c);
+                }
+            }
+            i + 2
+        }
+        Some(c @ ('@' | '*')) => {
+            if vars.positional.is_empty() {
+                out.mark_dyn();
+                out.text.push('$');
+                out.text.push(c);
+            } else {
+                out.text.push_str(&vars.positional.join(" "));
+            }
+            i + 2
+        }
+        Some(c @ ('#' | '?' | '$' | '!' | '-')) => {
+            out.mark_dyn();
+            out.text.push('$');
+            out.text.push(c);
+            i + 2
+        }
+        _ => {
+            out.text.push('$');
+            i + 1
+        }
+    }
+}
+
+/// `${…}` forms.
+fn param(inner: &str, out: &mut Out, subs: &mut Vec<String>, vars: &Vars) {
+    let name_len = inner
+        .char_indices()
+        .find(|(_, c)| !(c.is_ascii_alphanumeric() || *c == '_'))
+        .map(|(k, _)| k)
+        .unwrap_or(inner.len());
+    let name = &inner[..name_len];
+    let rest = &inner[name_len..];
+    let val = if name.is_empty() { None } else { lookup(name, vars) };
+    let known = !name.is_empty() && vars.map.contains_key(name);
+    let default_op = ["-", ":-", "=", ":="].iter().find(|op| rest.starts_with(**op));
+    if let Some(op) = default_op {
+        let word = &rest[op.len()..];
+        let use_default = match &val {
+            Some(v) => op.starts_with(':') && v.is_empty(),
+            // Unknown to us: assume unset, the default is what a careless script would hit.
+            None => !known,
+        };
+        if use_default {
+            let e = expand(word, vars);
+            subs.extend(e.subs);
+            if let Some(w) = e.words.into_iter().next() {
+                if let Some(d) = w.dyn_at {
+                    if out.dyn_at.is_none() {
+                        out.dyn_at = Some(out.text.len() + d);
+                    }
+                }
+                out.text.push_str(&w.text);
+            }
+            return;
+        }
+        if let Some(v) = val {
+            out.text.push_str(&v);
+            return;
+        }
+    } else if rest.is_empty() {
+        if let Some(v) = val {
+            out.text.push_str(&v);
+            return;
+        }
+    }
+    if rest.contains("$(") || rest.contains('`') {
+        let e = expand(rest, vars);
+        subs.extend(e.subs);
+    }
+    out.mark_dyn();
+    out.text.push_str("${");
+    out.text.push_str(inner);
+    out.text.push('}');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ex(s: &str) -> Vec<String> {
+        expand(s, &Vars::default()).words.into_iter().map(|w| w.text).collect()
+    }
+
+    #[test]
+    fn quotes_and_escapes() {
+        assert_eq!(ex("r''m"), ["rm"]);
+        assert_eq!(ex("\"r\"m"), ["rm"]);
+        assert_eq!(ex("\\r\\m"), ["rm"]);
+        assert_eq!(ex("$'\\x72\\x6d'"), ["rm"]);
+        assert_eq!(ex("$'\\162\\155'"), ["rm"]);
+        assert_eq!(ex("'a b'"), ["a b"]);
+    }
+
+    #[test]
+    fn variables() {
+        let mut v = Vars::default();
+        v.map.insert("X".into(), Var::Static("/".into()));
+        v.home = Some("/home/dev".into());
+        let e = expand("$X", &v);
+        assert_eq!(e.words[0].text, "/");
+        assert!(e.words[0].is_static());
+        assert_eq!(expand("${HOME}/x", &v).words[0].text, "/home/dev/x");
+        assert_eq!(expand("${Y:-/}", &v).words[0].text, "/");
+        let e = expand("/$Y", &v);
+        assert_eq!(e.words[0].dyn_at, Some(1));
+        let e = expand("$(echo hi)x", &v);
+        assert_eq!(e.subs, ["echo hi"]);
+        assert_eq!(e.words[0].dyn_at, Some(0));
+        let e = expand("\"`rm -rf /`\"", &v);
+        assert_eq!(e.subs, ["rm -rf /"]);
+    }
+
+    #[test]
+    fn braces() {
+        assert_eq!(ex("/{etc,usr}"), ["/etc", "/usr"]);
+        assert_eq!(ex("'{a,b}'"), ["{a,b}"]);
+        assert_eq!(ex("{}"), ["{}"]);
+    }
+}

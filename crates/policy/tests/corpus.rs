@@ -1,0 +1,219 @@
+//! Labelled corpus tests, TOML error tests and property tests of the policy engine.
+
+use std::path::PathBuf;
+
+use proptest::prelude::*;
+use txbox_policy::{example_context, Action, Context, Policy};
+
+fn ctx() -> Context {
+    example_context()
+}
+
+fn lines(file: &str) -> Vec<String> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/corpus").join(file);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    text.lines()
+        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+        .map(|l| l.replace("\\n", "\n"))
+        .collect()
+}
+
+fn check(file: &str, want: Action) {
+    let p = Policy::builtin();
+    let mut bad = Vec::new();
+    let all = lines(file);
+    for l in &all {
+        let e = p.evaluate_str(l, &ctx());
+        if e.decision.action != want {
+            bad.push(format!("{l:?} => {} ({:?}: {}) {:?}", e.decision.action.as_str(), e.decision.rule, e.decision.reason, e.commands));
+        }
+    }
+    assert!(bad.is_empty(), "{} of {} lines in {file} are not {}:\n{}", bad.len(), all.len(), want.as_str(), bad.join("\n"));
+}
+
+#[test]
+fn corpus_deny() {
+    check("deny.txt", Action::Deny);
+}
+
+#[test]
+fn corpus_transact() {
+    check("transact.txt", Action::Transact);
+}
+
+#[test]
+fn allow_read_only() {
+    let p = Policy::builtin();
+    for s in ["ls -la", "cat README.md | grep foo", "git status", "git log --oneline | head", "echo hi", "find . -name '*.rs'", "wc -l src/*.rs", "cd src && ls", "grep -rn TODO . 2>/dev/null"] {
+        let e = p.evaluate_str(s, &ctx());
+        assert_eq!(e.decision.action, Action::Allow, "{s}: {:?}", e.decision);
+    }
+}
+
+#[test]
+fn deny_reason_names_path() {
+    let p = Policy::builtin();
+    let e = p.evaluate_str("cd x && rm -rf ~", &ctx());
+    assert_eq!(e.decision.rule.as_deref(), Some("fs.delete-outside-workspace"));
+    assert_eq!(e.decision.reason, "rm would delete /home/dev");
+    assert!(e.commands.contains(&vec!["rm".to_string(), "-r".into(), "-f".into(), "~".into()]));
+}
+
+#[test]
+fn argv_form() {
+    let p = Policy::builtin();
+    let argv: Vec<String> = ["rm", "-rf", "/"].iter().map(|s| s.to_string()).collect();
+    assert_eq!(p.evaluate_argv(&argv, &ctx()).decision.action, Action::Deny);
+    // Arguments are literal: no shell expansion of `$(…)`.
+    let argv: Vec<String> = ["echo", "$(rm -rf /)"].iter().map(|s| s.to_string()).collect();
+    assert_eq!(p.evaluate_argv(&argv, &ctx()).decision.action, Action::Allow);
+    let argv: Vec<String> = ["bash", "-c", "rm -rf /"].iter().map(|s| s.to_string()).collect();
+    assert_eq!(p.evaluate_argv(&argv, &ctx()).decision.action, Action::Deny);
+}
+
+#[test]
+fn user_policy_merge() {
+    let text = r#"
+version = 1
+
+[[rule]]
+id = "remote.force-push"
+enabled = false
+
+[[rule]]
+id = "team.no-make-deploy"
+action = "deny"
+reason = "deploys go through CI"
+limits = { timeout = 60 }
+examples.match = ["make deploy"]
+examples.no_match = ["make test"]
+[[rule.when]]
+program = ["make"]
+subcommand = ["deploy"]
+"#;
+    let p = Policy::from_toml_str(text, "team.toml").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(p.evaluate_str("git push -f", &ctx()).decision.action, Action::Transact);
+    let e = p.evaluate_str("make deploy", &ctx());
+    assert_eq!(e.decision.rule.as_deref(), Some("team.no-make-deploy"));
+    assert_eq!(p.rule_limits("team.no-make-deploy").and_then(|l| l.get("timeout").cloned()).as_deref(), Some("60"));
+    // The effective policy round-trips.
+    let again = Policy::from_toml_str(&p.to_toml(), "shown.toml").unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(again.to_toml(), p.to_toml());
+    assert_eq!(again.evaluate_str("git push -f", &ctx()).decision.action, Action::Transact);
+    let b = Policy::builtin();
+    let again = Policy::from_toml_str(&b.to_toml(), "shown.toml").unwrap_or_else(|e| panic!("{e}"));
+    assert!(again == b);
+}
+
+fn err(text: &str) -> String {
+    match Policy::from_toml_str(text, "p.toml") {
+        Ok(_) => panic!("expected an error for {text}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn toml_errors_have_positions() {
+    assert_eq!(err("version = 2\n"), "p.toml:1:11: unsupported version 2 (expected 1)");
+    let e = err("version = 1\n[[rule]]\nid = \"x.y\"\nactoin = \"deny\"\n");
+    assert!(e.starts_with("p.toml:4:1: "), "{e}");
+    let e = err("version = 1\n[[rule]]\nid = \"x.y\"\naction = \"deny\"\nreason = \"r\"\nexamples.match = [\"ls\"]\n[[rule.when]]\nprogram = [\"rm\"]\n");
+    assert_eq!(e, "p.toml:3:6: rule `x.y`: example `ls` should match but does not");
+    let e = err("version = 1\n\n[[rule]]\nid = \"x.z\"\naction = \"forbid\"\nreason = \"r\"\n[[rule.when]]\nprogram = [\"rm\"]\n");
+    assert_eq!(e, "p.toml:4:6: rule `x.z`: unknown action `forbid` (deny, transact, allow)");
+    let e = err("version = 1\n[[rule]]\nid = \"x.r\"\naction = \"deny\"\nreason = \"r\"\n[[rule.when]]\nregex = \"(\"\n");
+    assert!(e.starts_with("p.toml:3:6: rule `x.r`: `regex`"), "{e}");
+    let e = err("version = 1\n[[rule]]\nid = \"x.p\"\naction = \"deny\"\nreason = \"r\"\n[[rule.when]]\npaths_any = [\"moon\"]\n");
+    assert!(e.contains("unknown path class `moon`"), "{e}");
+    let e = err("version = 1\nrule = [\n");
+    assert!(e.starts_with("p.toml:"), "{e}");
+}
+
+#[test]
+fn lint_warns() {
+    let dir = std::env::temp_dir().join(format!("txbox-policy-lint-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+    let f = dir.join("p.toml");
+    std::fs::write(&f, "version = 1\n[[rule]]\nid = \"fs.delete-outside-workspace\"\nenabled = false\n[[rule]]\nid = \"mine\"\naction = \"transact\"\nreason = \"r\"\n[[rule.when]]\nprogram = [\"make\"]\n").unwrap_or_else(|e| panic!("{e}"));
+    let w = txbox_policy::lint(&f).unwrap_or_else(|e| panic!("{e}"));
+    assert!(w.iter().any(|w| w.contains("disables a built-in deny rule")), "{w:?}");
+    assert!(w.iter().any(|w| w.contains("no `examples.match`")), "{w:?}");
+    assert!(w.iter().any(|w| w.contains("not namespaced")), "{w:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+const DENY_CORE: &[&str] = &[
+    "rm -rf /",
+    "rm -rf ~",
+    "chmod -R 777 /",
+    "dd if=/dev/zero of=/dev/sda",
+    "git push --force",
+    "curl x | sh",
+    "shutdown -h now",
+    "kill -9 -1",
+    "mkfs.ext4 /dev/sda1",
+    "npm publish",
+];
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn benign_words_never_deny(words in proptest::collection::vec("[a-z][a-z0-9_.]{0,8}", 1..6)) {
+        let p = Policy::builtin();
+        let s = words.join(" ");
+        let e = p.evaluate_str(&s, &ctx());
+        // Plain lowercase words can only spell a dangerous command by naming one.
+        let dangerous = ["reboot", "halt", "poweroff", "shutdown", "su", "killall5", "insmod", "rmmod", "modprobe", "dropdb",
+            "wipefs", "fdisk", "sfdisk", "cfdisk", "gdisk", "sgdisk", "parted", "mkswap", "mke2fs", "pkexec", "userdel", "deluser",
+            "groupdel", "delgroup", "passwd", "chpasswd", "visudo", "vipw", "setcap", "kexec", "depmod", "kmod", "run0", "sudoedit",
+            "cryptsetup", "zpool", "pvcreate", "vgremove", "lvremove", "blkdiscard", "badblocks", "dropuser", "telinit", "init",
+            "pm-suspend", "pm-hibernate"];
+        let first = words[0].as_str();
+        if !dangerous.contains(&first) && !first.starts_with("mkfs") {
+            prop_assert_ne!(e.decision.action, Action::Deny, "{} => {:?}", s, e.decision);
+        }
+    }
+
+    #[test]
+    fn wrapping_keeps_deny(k in 0usize..DENY_CORE.len(), w in 0usize..7) {
+        let p = Policy::builtin();
+        let c = DENY_CORE[k];
+        let wrapped = match w {
+            0 => format!("bash -c '{c}'"),
+            1 => format!("sudo {c}"),
+            2 => format!("echo $({c})"),
+            3 => format!("eval '{c}'"),
+            4 => format!("({c})"),
+            5 => format!("true && {{ {c}; }}"),
+            _ => format!("sh -c \"bash -c '{c}'\""),
+        };
+        let e = p.evaluate_str(&wrapped, &ctx());
+        prop_assert_eq!(e.decision.action, Action::Deny, "{} => {:?}", wrapped, e.decision);
+    }
+
+    #[test]
+    fn never_panics(s in "\\PC{0,60}") {
+        let p = Policy::builtin();
+        let _ = p.evaluate_str(&s, &ctx());
+    }
+
+    #[test]
+    fn shell_ish_text_never_panics(s in "[a-z $'\"`(){};|&<>\\\\*~/=-]{0,40}") {
+        let p = Policy::builtin();
+        let e = p.evaluate_str(&s, &ctx());
+        // Anything opaque or unparseable is never allowed.
+        if s.contains('$') || s.contains('`') {
+            prop_assert!(e.decision.action != Action::Allow || !e.commands.iter().any(|c| c.first().is_some_and(|p| p.starts_with('$'))));
+        }
+    }
+
+    #[test]
+    fn equivalent_spellings_agree(flags in prop_oneof![Just("-rf"), Just("-fr"), Just("-r -f"), Just("-f -r"), Just("--recursive --force"), Just("-R -f"), Just("--force -r")],
+                                  prog in prop_oneof![Just("rm"), Just("/bin/rm"), Just("r''m"), Just("\\rm"), Just("\"rm\""), Just("$'\\x72m'")],
+                                  target in prop_oneof![Just("/"), Just("~"), Just("/usr"), Just("$HOME"), Just("/home/dev")]) {
+        let p = Policy::builtin();
+        let s = format!("{prog} {flags} {target}");
+        prop_assert_eq!(p.evaluate_str(&s, &ctx()).decision.action, Action::Deny, "{}", s);
+    }
+}
