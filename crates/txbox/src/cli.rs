@@ -97,6 +97,8 @@ struct WorkspaceArg {
 
 #[derive(Args, Debug)]
 struct ExecOpts {
+    #[command(flatten)]
+    policy: PolicyArg,
     /// Wall-clock limit in seconds; the whole process tree is killed and rolled back (exit 124).
     #[arg(long, value_name = "SECS")]
     timeout: Option<f64>,
@@ -169,13 +171,38 @@ struct LogArgs {
 
 #[derive(Subcommand, Debug)]
 enum PolicyCmd {
-    /// Evaluate a command string and print the decision.
+    /// Evaluate a command string and print the decision and the commands extracted.
     Check {
         #[command(flatten)]
         ws: WorkspaceArg,
+        #[command(flatten)]
+        policy: PolicyArg,
         #[arg(short = 'c', value_name = "STRING")]
         command: String,
     },
+    /// Check a policy file: syntax, rules, their examples; print warnings.
+    Lint { file: PathBuf },
+    /// Print the effective policy (the built-in one merged with --policy FILE) as TOML.
+    Show {
+        #[command(flatten)]
+        policy: PolicyArg,
+    },
+}
+
+#[derive(Args, Debug, Clone)]
+struct PolicyArg {
+    /// A policy file (TOML, version = 1) merged over the built-in policy.
+    #[arg(long = "policy", value_name = "FILE", env = "TXBOX_POLICY")]
+    file: Option<PathBuf>,
+}
+
+impl PolicyArg {
+    fn load(&self) -> Result<Policy> {
+        Ok(match &self.file {
+            Some(f) => Policy::load(f)?,
+            None => Policy::builtin(),
+        })
+    }
 }
 
 
@@ -209,7 +236,8 @@ pub fn main(args: Vec<OsString>) -> Result<i32> {
                 tx,
                 cwd,
                 command,
-                policy: Policy::builtin(),
+                policy: opts.policy.load()?,
+                policy_file: opts.policy.file.clone(),
                 capture: json,
                 limits: limits(&opts)?,
                 keep_on_failure: on_failure == OnFailure::Keep,
@@ -266,7 +294,32 @@ pub fn main(args: Vec<OsString>) -> Result<i32> {
         Sub::Recover(a) => cmd_recover(state_dir, json, a),
         Sub::Demo => crate::demo::run(),
         Sub::Doctor => crate::doctor::run(json),
-        Sub::Policy(PolicyCmd::Check { ws, command }) => cmd_policy_check(json, ws, &command),
+        Sub::Policy(PolicyCmd::Check { ws, policy, command }) => cmd_policy_check(json, ws, &policy, &command),
+        Sub::Policy(PolicyCmd::Lint { file }) => match txbox_policy::lint(&file) {
+            Ok(warnings) => {
+                if json {
+                    println!("{}", serde_json::json!({"ok": true, "warnings": warnings}));
+                } else {
+                    for w in &warnings {
+                        println!("warning: {w}");
+                    }
+                    println!("{}: ok ({} warnings)", file.display(), warnings.len());
+                }
+                Ok(0)
+            }
+            Err(e) => {
+                if json {
+                    println!("{}", serde_json::json!({"ok": false, "error": e.to_string()}));
+                } else {
+                    eprintln!("txbox: {e}");
+                }
+                Ok(1)
+            }
+        },
+        Sub::Policy(PolicyCmd::Show { policy }) => {
+            print!("{}", policy.load()?.to_toml());
+            Ok(0)
+        }
     }
 }
 
@@ -320,7 +373,8 @@ fn cmd_run(state_dir: Option<PathBuf>, json: bool, a: RunArgs) -> Result<i32> {
         state_dir,
         cwd: std::env::current_dir().unwrap_or_default(),
         command: command_of(a.command, a.argv)?,
-        policy: Policy::builtin(),
+        policy: a.opts.policy.load()?,
+        policy_file: a.opts.policy.file.clone(),
         capture: json,
         limits: limits(&a.opts)?,
         validate: a.validate,
@@ -431,13 +485,13 @@ fn cmd_recover(state_dir: Option<PathBuf>, json: bool, a: WorkspaceArg) -> Resul
     Ok(0)
 }
 
-fn cmd_policy_check(json: bool, ws: WorkspaceArg, command: &str) -> Result<i32> {
+fn cmd_policy_check(json: bool, ws: WorkspaceArg, policy: &PolicyArg, command: &str) -> Result<i32> {
     let cwd = std::env::current_dir().unwrap_or_default();
     let workspace = match &ws.workspace {
         Some(_) => workspace_of(&ws)?,
         None => cwd.clone(),
     };
-    let ev = Policy::builtin().evaluate_str(command, &engine::policy_context(&workspace, &cwd));
+    let ev = policy.load()?.evaluate_str(command, &engine::policy_context(&workspace, &cwd));
     if json {
         let d = &ev.decision;
         println!(

@@ -23,6 +23,7 @@ fn step(ws: &Path, title: &str, script: &str) -> Result<engine::RunResult> {
         cwd: ws.to_path_buf(),
         command: Command::Shell(script.to_string()),
         policy: Policy::builtin(),
+        policy_file: None,
         capture: false,
         limits: engine::Limits { timeout: Some(std::time::Duration::from_secs(30)), ..engine::Limits::default() },
         validate: None,

@@ -112,6 +112,7 @@ fn live_probe() -> Check {
         cwd: dir.clone(),
         command: Command::Shell("echo probe > probe.txt".into()),
         policy: Policy::builtin(),
+        policy_file: None,
         capture: true,
         limits: engine::Limits::default(),
         validate: None,

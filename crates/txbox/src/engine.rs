@@ -43,6 +43,8 @@ pub struct RunRequest {
     pub cwd: PathBuf,
     pub command: Command,
     pub policy: Policy,
+    /// The policy file in use, if any: invisible inside the sandbox, never committed.
+    pub policy_file: Option<PathBuf>,
     /// Capture output into the result (JSON mode) instead of streaming it.
     pub capture: bool,
     pub limits: Limits,
@@ -314,6 +316,7 @@ pub(crate) fn execute(
     layers: Layers<'_>,
     capture: bool,
     limits: &Limits,
+    policy_file: Option<&Path>,
 ) -> Result<Finished, txbox_sandbox::SandboxError> {
     let argv = match command {
         Command::Argv(a) | Command::Script { argv: a, .. } => a.clone(),
@@ -322,6 +325,8 @@ pub(crate) fn execute(
     let mut spec = SandboxSpec::new(env.workspace.clone(), layers.upper.to_path_buf(), layers.work.to_path_buf(), argv);
     spec.layers = layers.lower;
     spec.hide = vec![env.state.root.clone()];
+    // The policy in force is neither readable for tricks nor writable for the command.
+    spec.hide.extend(policy_file.and_then(|p| std::fs::canonicalize(p).ok()));
     let home = std::env::var_os("HOME").map(PathBuf::from);
     spec.hide.extend(txbox_sandbox::spec::default_secrets(home.as_deref()).into_iter().filter(|p| !env.workspace.starts_with(p)));
     spec.cwd = env.cwd_for(cwd);
@@ -417,7 +422,7 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
 
     // 4. Execute in the sandbox.
     let layers = Layers { lower: Vec::new(), upper: &tx.upper, work: &tx.work };
-    let finished = match execute(&env, &cwd, &req.command, layers, req.capture, &req.limits) {
+    let finished = match execute(&env, &cwd, &req.command, layers, req.capture, &req.limits, req.policy_file.as_deref()) {
         Ok(f) => f,
         Err(e) => {
             setup_failed(&mut r, e);

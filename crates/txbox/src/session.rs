@@ -59,6 +59,7 @@ pub struct ExecRequest {
     pub cwd: PathBuf,
     pub command: Command,
     pub policy: Policy,
+    pub policy_file: Option<PathBuf>,
     pub capture: bool,
     pub limits: Limits,
     /// Keep a failed step's changes instead of undoing the step.
@@ -84,7 +85,8 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
     r.step = Some(n);
     let (upper, work) = session::create_step(&tx_dir, n, &env.workspace)?;
     let lower: Vec<PathBuf> = layers.iter().rev().map(|(_, p)| p.clone()).collect();
-    let finished = execute(&env, &req.cwd, &req.command, Layers { lower, upper: &upper, work: &work }, req.capture, &req.limits);
+    let layers = Layers { lower, upper: &upper, work: &work };
+    let finished = execute(&env, &req.cwd, &req.command, layers, req.capture, &req.limits, req.policy_file.as_deref());
     let ok = match finished {
         Ok(f) => record(&mut r, f),
         Err(e) => {
@@ -262,6 +264,7 @@ pub fn run_as_session(req: &RunRequest) -> Result<RunResult, EngineError> {
         cwd: req.cwd.clone(),
         command,
         policy: req.policy.clone(),
+        policy_file: req.policy_file.clone(),
         capture: req.capture,
         limits: req.limits.clone(),
         keep_on_failure: false,

@@ -49,6 +49,7 @@ pub fn main(state_dir: Option<PathBuf>, args: Vec<OsString>) -> Result<i32> {
     };
     let cwd = std::env::current_dir()?;
     let workspace = std::env::var_os("TXBOX_WORKSPACE").map(PathBuf::from).unwrap_or_else(|| cwd.clone());
+    let policy_file = std::env::var_os("TXBOX_POLICY").map(PathBuf::from);
     let timeout = std::env::var("TXBOX_TIMEOUT").ok().and_then(|t| t.parse::<f64>().ok()).filter(|t| *t > 0.0);
     // Plain `-c STRING` runs exactly like `run -c`; extra flags or arguments keep their argv.
     let command = if argv.len() == 3 { Command::Shell(script) } else { Command::Script { script, argv } };
@@ -57,7 +58,11 @@ pub fn main(state_dir: Option<PathBuf>, args: Vec<OsString>) -> Result<i32> {
         state_dir,
         cwd,
         command,
-        policy: Policy::builtin(),
+        policy: match &policy_file {
+            Some(f) => Policy::load(f)?,
+            None => Policy::builtin(),
+        },
+        policy_file: policy_file.clone(),
         capture: false,
         limits: engine::Limits { timeout: timeout.map(Duration::from_secs_f64), ..engine::Limits::default() },
         validate: None,
