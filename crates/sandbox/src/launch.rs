@@ -111,44 +111,150 @@ impl Sink {
 }
 
 /// Run `spec` in a sandbox through the stage-2 helper at `exe` (normally `/proc/self/exe`).
+/// Move each `(fd, target)` to its target number without clobbering a source that sits on
+/// another pair's target, and clear close-on-exec on the targets. Async-signal-safe.
+///
+/// # Safety
+/// To be called in a freshly forked child, with fds that are open.
+unsafe fn install_fds(pairs: &[(i32, i32)]) -> bool {
+    let mut moved = [-1i32; 4];
+    for (i, (fd, _)) in pairs.iter().enumerate().take(4) {
+        if *fd >= 0 {
+            // SAFETY: duplicating an open fd to a free number ≥ 10.
+            moved[i] = unsafe { libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 10) };
+            if moved[i] < 0 {
+                return false;
+            }
+        }
+    }
+    for (i, (_, want)) in pairs.iter().enumerate().take(4) {
+        // SAFETY: dup2 onto a target number; dup2 clears close-on-exec on the new fd.
+        if moved[i] >= 0 && unsafe { libc::dup2(moved[i], *want) } < 0 {
+            return false;
+        }
+    }
+    true
+}
+
+/// Whether this process has a single thread, which makes `fork` without `exec` safe.
+fn single_threaded() -> bool {
+    // Field 20 of /proc/self/stat, counted after the `(comm)` field that may hold spaces.
+    std::fs::read_to_string("/proc/self/stat")
+        .ok()
+        .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.split_whitespace().nth(17).map(str::to_string)))
+        .flatten()
+        .is_some_and(|n| n == "1")
+}
+
+/// The stage-2 process: forked (the fast path, for single-threaded callers like the CLI) or
+/// re-executed (`txbox __stage2 ARGS`, safe from any process, e.g. a threaded server).
+enum Helper {
+    Forked(libc::pid_t),
+    Spawned(std::process::Child),
+}
+
+impl Helper {
+    fn id(&self) -> u32 {
+        match self {
+            Helper::Forked(p) => *p as u32,
+            Helper::Spawned(c) => c.id(),
+        }
+    }
+
+    fn kill(&mut self) {
+        match self {
+            // SAFETY: signalling our own child, which we have not reaped yet.
+            Helper::Forked(p) => unsafe {
+                libc::kill(*p, libc::SIGKILL);
+            },
+            Helper::Spawned(c) => {
+                let _ = c.kill();
+            }
+        }
+    }
+
+    /// Reap it; returns a shell-style status (code, or 128 + signal).
+    fn wait(&mut self) -> Result<i32, SandboxError> {
+        match self {
+            Helper::Forked(p) => loop {
+                let mut st = 0;
+                // SAFETY: waitpid on our own child with a valid out-pointer.
+                let r = unsafe { libc::waitpid(*p, &mut st, 0) };
+                if r == *p {
+                    return Ok(if libc::WIFSIGNALED(st) { 128 + libc::WTERMSIG(st) } else { libc::WEXITSTATUS(st) });
+                }
+                let e = std::io::Error::last_os_error();
+                if e.raw_os_error() != Some(libc::EINTR) {
+                    return Err(SandboxError::Wait(e));
+                }
+            },
+            Helper::Spawned(c) => {
+                use std::os::unix::process::ExitStatusExt;
+                let st = c.wait().map_err(SandboxError::Wait)?;
+                Ok(st.code().or(st.signal().map(|s| 128 + s)).unwrap_or(-1))
+            }
+        }
+    }
+}
+
+/// Run `spec` in a sandbox through the stage-2 helper at `exe` (normally `/proc/self/exe`).
 pub fn launch(exe: &Path, spec: &SandboxSpec, opts: &LaunchOptions, watch: &mut dyn Watch) -> Result<Finished, SandboxError> {
     let spawn_err = |source| SandboxError::Spawn { exe: exe.display().to_string(), source };
-    let (report_r, report_w) =
-        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| spawn_err(e.into()))?;
-    let (sync_r, sync_w) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| spawn_err(e.into()))?;
+    let pipe = || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| spawn_err(e.into()));
+    let (report_r, report_w) = pipe()?;
+    let (sync_r, sync_w) = pipe()?;
     let sr = if spec.sync { sync_r.as_raw_fd() } else { -1 };
-    let mut cmd = Command::new(exe);
-    cmd.arg0("txbox-sandbox").arg("__stage2").args(spec.to_args());
-    if opts.capture.is_some() {
-        cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    }
     let w = report_w.as_raw_fd();
-    // SAFETY: the closure runs between fork and exec and only makes async-signal-safe syscalls
-    // (dup2, fcntl) on fds that exist in the child.
-    unsafe {
-        cmd.pre_exec(move || {
-            for (fd, want) in [(w, REPORT_FD), (sr, SYNC_FD)] {
-                if fd < 0 {
-                    continue;
-                }
-                if fd == want {
-                    let flags = libc::fcntl(fd, libc::F_GETFD);
-                    libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC);
-                } else if libc::dup2(fd, want) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            Ok(())
-        });
-    }
     // The command gets the terminal's SIGINT/SIGQUIT itself; txbox stays to roll back.
     let _guard = IgnoreInterrupts::new();
-    let mut child = cmd.spawn().map_err(spawn_err)?;
+    let (mut child, out_r, err_r) = if single_threaded() && std::env::var_os("TXBOX_REEXEC").is_none() {
+        let (out, err) = match opts.capture {
+            Some(_) => (Some(pipe()?), Some(pipe()?)),
+            None => (None, None),
+        };
+        let out_w = out.as_ref().map_or(-1, |p| p.1.as_raw_fd());
+        let err_w = err.as_ref().map_or(-1, |p| p.1.as_raw_fd());
+        // SAFETY: this process is single-threaded (checked above), so the child may run
+        // ordinary Rust code; it never returns from `run_spec`.
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            return Err(spawn_err(std::io::Error::last_os_error()));
+        }
+        if pid == 0 {
+            // SAFETY: in the forked child, with fds inherited from the parent.
+            if !unsafe { install_fds(&[(out_w, 1), (err_w, 2), (w, REPORT_FD), (sr, SYNC_FD)]) } {
+                // SAFETY: leaving the forked child without touching the parent's state.
+                unsafe { libc::_exit(125) };
+            }
+            crate::stage2::run_spec(spec);
+        }
+        (Helper::Forked(pid), out.map(|(r, _)| r), err.map(|(r, _)| r))
+    } else {
+        let mut cmd = Command::new(exe);
+        cmd.arg0("txbox-sandbox").arg("__stage2").args(spec.to_args());
+        if opts.capture.is_some() {
+            cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        }
+        // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
+        // syscalls (fcntl, dup2) on fds that exist in the child.
+        unsafe {
+            cmd.pre_exec(move || {
+                if install_fds(&[(w, REPORT_FD), (sr, SYNC_FD)]) {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        }
+        let mut c = cmd.spawn().map_err(spawn_err)?;
+        let (o, e) = (c.stdout.take().map(OwnedFd::from), c.stderr.take().map(OwnedFd::from));
+        (Helper::Spawned(c), o, e)
+    };
     drop(report_w);
     drop(sync_r);
     if spec.sync {
         if let Err(e) = watch.started(child.id()) {
-            let _ = child.kill();
+            child.kill();
             let _ = child.wait();
             return Err(SandboxError::Setup(e));
         }
@@ -158,15 +264,15 @@ pub fn launch(exe: &Path, spec: &SandboxSpec, opts: &LaunchOptions, watch: &mut 
     let mut limit: Option<&'static str> = None;
     let mut next_check = Instant::now();
     let cap = opts.capture.unwrap_or(0);
-    let mut out = Sink::new(child.stdout.take().map(OwnedFd::from), cap);
-    let mut err = Sink::new(child.stderr.take().map(OwnedFd::from), cap);
+    let mut out = Sink::new(out_r, cap);
+    let mut err = Sink::new(err_r, cap);
     let mut report = Sink::new(Some(report_r), 64 * 1024);
     let deadline = opts.timeout.map(|t| Instant::now() + t);
     let mut timed_out = false;
-    let killed = |child: &mut std::process::Child| {
+    let killed = |child: &mut Helper| {
         // Killing stage 2 kills init through its parent-death signal, and with init the whole
         // pid namespace.
-        let _ = child.kill();
+        child.kill();
     };
     while out.fd.is_some() || err.fd.is_some() || report.fd.is_some() {
         let stopping = timed_out || limit.is_some();
@@ -220,7 +326,7 @@ pub fn launch(exe: &Path, spec: &SandboxSpec, opts: &LaunchOptions, watch: &mut 
             };
         }
     }
-    let status = child.wait().map_err(SandboxError::Wait)?;
+    let status = child.wait()?;
     let text = String::from_utf8_lossy(&report.buf).into_owned();
     let mut exit = None;
     for line in text.lines() {
@@ -237,10 +343,7 @@ pub fn launch(exe: &Path, spec: &SandboxSpec, opts: &LaunchOptions, watch: &mut 
     let exit = match (exit, timed_out || limit.is_some()) {
         (Some(e), _) => e,
         (None, true) => Exit::Signal(libc::SIGKILL),
-        (None, false) => {
-            use std::os::unix::process::ExitStatusExt;
-            return Err(SandboxError::NoReport(status.code().or(status.signal().map(|s| 128 + s)).unwrap_or(-1)));
-        }
+        (None, false) => return Err(SandboxError::NoReport(status)),
     };
     Ok(Finished {
         exit,

@@ -44,28 +44,40 @@ fn report(line: &str) {
 
 /// Entry point of `txbox __stage2 ARGS`. Never returns.
 pub fn main(args: &[OsString]) -> ! {
+    match SandboxSpec::from_args(args) {
+        Ok(spec) => run_spec(&spec),
+        Err(e) => {
+            report(&format!("error {e}\n"));
+            exit(125)
+        }
+    }
+}
+
+/// Build the sandbox for `spec` and run its command; the process exits with stage 2's code.
+/// Reached either through `main` (re-exec) or straight after the launcher's fork.
+pub fn run_spec(spec: &SandboxSpec) -> ! {
     // The report fd must not leak into the command.
     let _ = rustix::io::fcntl_setfd(
-        // SAFETY: see `report`; borrowed only for this call.
+        // SAFETY: REPORT_FD was installed by the launcher; borrowed only for this call.
         unsafe { rustix::fd::BorrowedFd::borrow_raw(REPORT_FD) },
         rustix::io::FdFlags::CLOEXEC,
     );
     // If txbox dies, so do we (and with us, through pid 1, the whole sandbox).
     let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
-    let spec = match SandboxSpec::from_args(args) {
-        Ok(s) => s,
-        Err(e) => {
-            report(&format!("error {e}\n"));
-            std::process::exit(125);
-        }
-    };
-    match run(&spec) {
-        Ok(code) => std::process::exit(code),
+    match run(spec) {
+        Ok(code) => exit(code),
         Err(e) => {
             report(&format!("error sandbox setup failed at `{}`: {}\n", e.step, hint(&e)));
-            std::process::exit(125);
+            exit(125)
         }
     }
+}
+
+/// Leave without running exit handlers or flushing stdio buffers: after the launcher's fork
+/// those buffers are the parent's, and flushing them here would print its output twice.
+fn exit(code: i32) -> ! {
+    // SAFETY: _exit ends the process at once; nothing of ours needs unwinding.
+    unsafe { libc::_exit(code) }
 }
 
 fn hint(e: &StepError) -> String {
@@ -144,7 +156,7 @@ fn run(spec: &SandboxSpec) -> Result<i32, StepError> {
                 125
             }
         };
-        std::process::exit(code);
+        exit(code);
     }
     // 5. Wait for init; its exit means the whole pid namespace is gone.
     let status = wait_for(pid);
