@@ -1026,8 +1026,8 @@ impl<'a> Extractor<'a> {
                         replace = Some(r.to_string());
                     } else if let Some(r) = a.strip_prefix("--replace=") {
                         replace = Some(r.to_string());
-                    } else if a.starts_with("-i") {
-                        replace = Some(a[2..].to_string());
+                    } else if let Some(r) = a.strip_prefix("-i") {
+                        replace = Some(r.to_string());
                     }
                 }
             }
@@ -1182,6 +1182,7 @@ fn find_scope(args: &[String]) -> &'static str {
         let a = args[k].as_str();
         if matches!(a, "-name" | "-iname" | "-path" | "-ipath" | "-wholename" | "-regex" | "-iregex" | "-inum" | "-samefile") {
             if let Some(p) = args.get(k + 1) {
+                let p = &p.trim_matches(|c| c == '\u{2018}' || c == '\u{2019}').to_string();
                 let generic = p == "*"
                     || p.strip_prefix("*.").is_some_and(|e| GENERIC_EXT.contains(&e.to_ascii_lowercase().as_str()))
                     || p == ".*";
