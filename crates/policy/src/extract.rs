@@ -722,7 +722,19 @@ impl<'a> Extractor<'a> {
             cmd.features.push("wrapper");
             let stdin_from = raw.stdin_from.clone();
             let inner_words: Vec<EWord> = match inner {
-                Inner::Words(k) => rest[k..].to_vec(),
+                Inner::Words(k) => {
+                    let end = (k + 2).min(raw.words.len());
+                    let mut a: Vec<String> = raw.words[..end].iter().map(|w| w.text.clone()).collect();
+                    a[0] = prog.clone();
+                    if let Some(last) = a.last_mut().filter(|_| end > 1) {
+                        *last = basename(last).to_string();
+                    }
+                    let mut d = vec![None; a.len()];
+                    canon_argv(&mut a, &mut d);
+                    cmd.argv = a;
+                    cmd.dyn_at = d;
+                    rest[k..].to_vec()
+                }
                 Inner::Shell(code) => {
                     self.push(cmd);
                     self.shell_code(code, Vec::new(), &stdin_from);
@@ -787,7 +799,7 @@ impl<'a> Extractor<'a> {
                 }
                 self.push(cmd);
             }
-            "xargs" => {
+            "xargs" | "parallel" => {
                 self.push(cmd);
                 self.xargs(rest, &raw);
             }
@@ -1004,7 +1016,7 @@ impl<'a> Extractor<'a> {
                 }
                 "-i" => replace = Some("{}".into()),
                 "-p" | "--interactive" => interactive = true,
-                "-n" | "-P" | "-d" | "-L" | "-s" | "-a" | "-E" | "-e" | "--max-args" | "--max-procs" | "--delimiter"
+                "-n" | "-P" | "-d" | "-L" | "-s" | "-a" | "-E" | "-e" | "-j" | "--jobs" | "--max-args" | "--max-procs" | "--delimiter"
                 | "--arg-file" | "--max-lines" => {
                     i += 2;
                     continue;
@@ -1014,8 +1026,8 @@ impl<'a> Extractor<'a> {
                         replace = Some(r.to_string());
                     } else if let Some(r) = a.strip_prefix("--replace=") {
                         replace = Some(r.to_string());
-                    } else if a.starts_with("-i") {
-                        replace = Some(a[2..].to_string());
+                    } else if let Some(r) = a.strip_prefix("-i") {
+                        replace = Some(r.to_string());
                     }
                 }
             }
@@ -1030,7 +1042,8 @@ impl<'a> Extractor<'a> {
             Some(t) if !raw.stdin_other => t.split_whitespace().take(16).map(EWord::lit).collect(),
             _ => vec![EWord { text: "{xargs}".into(), dyn_at: Some(0), sources: raw.stdin_from.clone() }],
         };
-        let items = if raw.input.is_none() && raw.stdin_from.iter().any(|p| p == "find" || p == "ls") {
+        const FILTERS: &[&str] = &["find", "ls", "tr", "grep", "egrep", "sort", "uniq", "head", "tail", "sed", "awk", "xargs", "cut", "cat"];
+        let items = if raw.input.is_none() && !raw.stdin_from.is_empty() && raw.stdin_from.iter().all(|p| FILTERS.contains(&p.as_str())) {
             // Items come from a `find`/`ls`: the finder's command tells where.
             self.finder_items().unwrap_or(items)
         } else {
@@ -1083,6 +1096,22 @@ impl<'a> Extractor<'a> {
                     let mut j = i + 1;
                     let mut inner = Vec::new();
                     while j < rest.len() && rest[j].text != ";" && rest[j].text != "+" {
+                        let glued = rest[j].text.len() > 1 && rest[j].text.ends_with(';');
+                        let text = if glued { rest[j].text[..rest[j].text.len() - 1].to_string() } else { rest[j].text.clone() };
+                        if text.contains("{}") {
+                            for m in &markers {
+                                inner.push(EWord { text: text.replace("{}", m), dyn_at: None, sources: Vec::new() });
+                            }
+                            if glued {
+                                break;
+                            }
+                            j += 1;
+                            continue;
+                        }
+                        if glued {
+                            inner.push(EWord::lit(&text));
+                            break;
+                        }
                         if rest[j].text.contains("{}") {
                             for m in &markers {
                                 inner.push(EWord { text: rest[j].text.replace("{}", m), dyn_at: None, sources: Vec::new() });
@@ -1144,8 +1173,8 @@ fn find_roots(args: &[String]) -> Vec<String> {
 /// Disposable or specific name patterns narrow a find; generic user-data types do not.
 fn find_scope(args: &[String]) -> &'static str {
     const GENERIC_EXT: &[&str] = &[
-        "txt", "mp3", "mp4", "mpg", "mpeg", "avi", "mkv", "jpg", "jpeg", "png", "gif", "pdf", "doc", "docx", "xls",
-        "xlsx", "wav", "flac", "mov", "sh", "py", "c", "h", "html", "conf", "*",
+        "txt", "mp3", "mp4", "mpg", "mpeg", "avi", "mkv", "jpg", "jpeg", "png", "gif",
+        "wav", "flac", "mov", "*",
     ];
     let mut selective = false;
     let mut k = 0;
@@ -1153,6 +1182,7 @@ fn find_scope(args: &[String]) -> &'static str {
         let a = args[k].as_str();
         if matches!(a, "-name" | "-iname" | "-path" | "-ipath" | "-wholename" | "-regex" | "-iregex" | "-inum" | "-samefile") {
             if let Some(p) = args.get(k + 1) {
+                let p = &p.trim_matches(|c| c == '\u{2018}' || c == '\u{2019}').to_string();
                 let generic = p == "*"
                     || p.strip_prefix("*.").is_some_and(|e| GENERIC_EXT.contains(&e.to_ascii_lowercase().as_str()))
                     || p == ".*";

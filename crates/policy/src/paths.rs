@@ -201,8 +201,8 @@ const SECRET_BASENAMES: &[&str] =
 const CRITICAL: &[&str] = &[
     "/etc/passwd", "/etc/shadow", "/etc/group", "/etc/gshadow", "/etc/sudoers", "/etc/sudoers.d",
     "/boot", "/etc/fstab", "/etc/ld.so.preload", "/etc/pam.d", "/etc/crypttab", "/etc/inittab",
-    "/etc/security", "/etc/ssh/sshd_config", "/etc/hosts", "/etc/resolv.conf.d", "/etc/shells",
-    "/etc/login.defs", "/etc/nsswitch.conf",
+    "/etc/security", "/etc/ssh/sshd_config", "/etc/shells",
+    "/etc/login.defs",
 ];
 
 const BENIGN_DEV: &[&str] = &[
@@ -414,7 +414,7 @@ pub fn classify_abs(p: &Path, children: bool, ctx: &Context) -> ClassSet {
     if first == Some("dev") {
         match comps.get(1).map(String::as_str) {
             Some("tcp") | Some("udp") => set.insert(PathClass::Network),
-            Some(d) if BENIGN_DEV.contains(&d) => {}
+            Some(d) if BENIGN_DEV.contains(&d) || d.starts_with("tty") || d.starts_with("pty") || d.starts_with("nul") || d == "kmsg" || d == "log" => {}
             Some(_) => set.insert(PathClass::Device),
             None => {
                 if children {
