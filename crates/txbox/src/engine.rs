@@ -261,12 +261,13 @@ impl Env {
         Ok(Env { workspace, state: StateDir { root }, exclude })
     }
 
-    /// Finish whatever a crash left behind in this workspace, before looking at it.
-    pub fn recover(&self) -> Result<(), EngineError> {
+    /// Finish whatever a crash left behind in this workspace, before looking at it. Returns
+    /// the workspace's commit generation: the base of a transaction that starts now.
+    pub fn recover(&self) -> Result<u64, EngineError> {
         self.state.check_same_fs(&self.workspace)?;
         let _lock = self.state.lock_workspace(&self.workspace)?;
         txbox_txn::recover(&self.state, Some(&self.workspace), &mut CrashHook::default())?;
-        Ok(())
+        Ok(self.state.generation(&self.workspace)?)
     }
 
     fn cwd_for(&self, cwd: &Path) -> PathBuf {
@@ -414,7 +415,7 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
     }
 
     // 2. Recover, 3. begin: the transaction's layers on the workspace's filesystem.
-    env.recover()?;
+    let base_generation = env.recover()?;
     timeline.mark("recover");
     let tx = TxDir::create(&env.state, &env.workspace, "run")?;
     timeline.mark("begin");
@@ -445,7 +446,7 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
 
     // 6. Classify and commit under the workspace lock.
     let target = Target { id: &tx.id, upper: &tx.upper, trash: &tx.trash };
-    let committed = commit_upper(&env, &target, None);
+    let committed = commit_upper(&env, &target, Base::Generation(base_generation));
     timeline.mark("commit");
     settle(&mut r, committed);
     drop_tx(&env.state, tx);
@@ -496,18 +497,41 @@ pub(crate) struct Target<'a> {
     pub trash: &'a Path,
 }
 
-/// Classify `upper` and commit it, under the workspace lock. With `base`, paths whose workspace
-/// object changed since the transaction first touched them make it a conflict.
-pub(crate) fn commit_upper(env: &Env, t: &Target<'_>, base: Option<&Fingerprints>) -> Result<ChangeSet, TxError> {
-    let _lock = env.state.lock_workspace(&env.workspace).map_err(|e| TxError::Other(e.to_string()))?;
-    let cs = txbox_txn::classify(t.upper, &env.workspace, &env.exclude).map_err(|e| TxError::Other(e.to_string()))?;
-    if let Some(base) = base {
-        let paths = base.conflicts(&cs, &env.workspace).map_err(|e| TxError::Other(e.to_string()))?;
-        if !paths.is_empty() {
-            let shown: Vec<String> = paths.iter().map(|p| display_rel(p)).collect();
-            let msg = format!("changed in the workspace since this transaction began: {}", shown.join(", "));
-            return Err(TxError::Conflict(shown, msg));
-        }
+/// What a transaction's commit is checked against.
+pub(crate) enum Base<'a> {
+    /// A `run`: the workspace's commit generation when it began; any txbox commit since then
+    /// that touched one of our paths (or an ancestor or descendant of one) is a conflict.
+    Generation(u64),
+    /// A session: what each path held when a step first touched it (also catches edits made
+    /// outside txbox).
+    Fingerprints(&'a Fingerprints),
+}
+
+fn overlapping(ours: &[PathBuf], theirs: &[PathBuf]) -> Vec<PathBuf> {
+    ours.iter().filter(|p| theirs.iter().any(|q| p.starts_with(q) || q.starts_with(p))).cloned().collect()
+}
+
+/// Classify `upper` and commit it, under the workspace lock, unless a path it changes was
+/// changed since the transaction's base (first committer wins).
+pub(crate) fn commit_upper(env: &Env, t: &Target<'_>, base: Base<'_>) -> Result<ChangeSet, TxError> {
+    let other = |e: &dyn std::fmt::Display| TxError::Other(e.to_string());
+    let _lock = env.state.lock_workspace(&env.workspace).map_err(|e| other(&e))?;
+    let cs = txbox_txn::classify(t.upper, &env.workspace, &env.exclude).map_err(|e| other(&e))?;
+    let ours: Vec<PathBuf> =
+        cs.changes.iter().filter(|c| !matches!(c.op, txbox_txn::changeset::ChangeOp::DirMeta { .. })).map(|c| c.path.clone()).collect();
+    let mut paths = match base {
+        Base::Generation(g) => overlapping(&ours, &env.state.commits_since(&env.workspace, g).map_err(|e| other(&e))?.1),
+        Base::Fingerprints(f) => f.conflicts(&cs, &env.workspace).map_err(|e| other(&e))?,
+    };
+    paths.sort();
+    paths.dedup();
+    if !paths.is_empty() {
+        let shown: Vec<String> = paths.iter().map(|p| display_rel(p)).collect();
+        let msg = format!("changed in the workspace since this transaction began: {}", shown.join(", "));
+        return Err(TxError::Conflict(shown, msg));
+    }
+    if !ours.is_empty() {
+        env.state.log_commit(&env.workspace, &ours).map_err(|e| other(&e))?;
     }
     let record = env.state.record_path(t.id);
     let target = CommitTarget { tx: t.id, workspace: &env.workspace, upper: t.upper, trash: t.trash, record: &record };

@@ -12,7 +12,7 @@ use txbox_txn::state::{remove_tree, TxMeta};
 use txbox_txn::{ChangeSet, StateDir};
 
 use crate::engine::{
-    audit, commit_upper, deny, evaluate, execute, policy_context, record, settle, setup_failed, Changes, Command,
+    audit, Base, commit_upper, deny, evaluate, execute, policy_context, record, settle, setup_failed, Changes, Command,
     EngineError, Env, Layers, Limits, Outcome, RollbackReason, RunRequest, RunResult, Target,
 };
 
@@ -149,7 +149,7 @@ pub fn commit(state: &StateDir, tx: &str) -> Result<RunResult, EngineError> {
         Some(upper) => {
             let fps = Fingerprints::load(&tx_dir.join("fingerprints"))?;
             let trash = tx_dir.join("trash");
-            settle(&mut r, commit_upper(&env, &Target { id: tx, upper: &upper, trash: &trash }, Some(&fps)));
+            settle(&mut r, commit_upper(&env, &Target { id: tx, upper: &upper, trash: &trash }, Base::Fingerprints(&fps)));
         }
     }
     let _ = state.remove_tx(tx);

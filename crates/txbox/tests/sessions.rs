@@ -193,3 +193,81 @@ proptest! {
         prop_assert!(got == want, "session result differs from the model:\n{}", diff(&got, &want));
     }
 }
+
+#[test]
+fn parallel_runs_disjoint_all_land_overlapping_lose_no_update() {
+    let s = Scratch::new("parallel");
+    std::fs::write(s.ws.join("shared.txt"), "").unwrap();
+    let ws = s.ws.to_str().unwrap().to_string();
+    // Disjoint: eight runs at once, each its own file; all must commit.
+    let children: Vec<_> = (0..8)
+        .map(|i| {
+            std::process::Command::new(binary())
+                .args(["--state-dir", s.state.to_str().unwrap(), "--json", "run", "-C", &ws, "-c"])
+                .arg(format!("sleep 0.2; echo {i} > own{i}.txt"))
+                .output()
+        })
+        .collect();
+    for c in children {
+        let out = c.unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    }
+    for i in 0..8 {
+        assert_eq!(std::fs::read_to_string(s.ws.join(format!("own{i}.txt"))).unwrap(), format!("{i}\n"));
+    }
+    // Overlapping: every run appends to one file at the same time. Each either commits or is
+    // refused with a conflict; the file holds exactly the lines of the committed ones.
+    let handles: Vec<_> = (0..6)
+        .map(|i| {
+            let (bin, state, ws) = (binary(), s.state.clone(), ws.clone());
+            std::thread::spawn(move || {
+                std::process::Command::new(bin)
+                    .args(["--state-dir", state.to_str().unwrap(), "--json", "run", "-C", &ws, "-c"])
+                    .arg(format!("echo line{i} >> shared.txt; sleep 0.3"))
+                    .output()
+                    .unwrap()
+            })
+        })
+        .collect();
+    let mut committed = Vec::new();
+    for (i, h) in handles.into_iter().enumerate() {
+        let out = h.join().unwrap();
+        match out.status.code() {
+            Some(0) => committed.push(format!("line{i}\n")),
+            Some(3) => {}
+            other => panic!("run {i}: unexpected status {other:?}: {}", describe(&out)),
+        }
+    }
+    assert!(!committed.is_empty(), "at least the first committer wins");
+    // Runs that began after another committed see its line and may commit too; what must never
+    // happen is a committed line going missing (a lost update) or a refused one showing up.
+    let content = std::fs::read_to_string(s.ws.join("shared.txt")).unwrap();
+    let mut lines: Vec<String> = content.lines().map(|l| format!("{l}\n")).collect();
+    lines.sort();
+    committed.sort();
+    assert_eq!(lines, committed, "a lost or mixed update");
+}
+
+#[test]
+fn a_directory_swapped_for_a_symlink_or_a_file_is_refused_never_followed() {
+    for swap in ["symlink", "file"] {
+        let s = Scratch::new("swap");
+        let outside = s.root.join("outside");
+        std::fs::create_dir_all(&outside).unwrap();
+        native(As::Me, &s.ws, "mkdir d; echo keep > d/keep");
+        let tx = begin(As::Me, &s);
+        assert_eq!(exec(As::Me, &s, &tx, "echo new > d/new; echo more >> d/keep"), 0);
+        // Between exec and commit, someone swaps the directory.
+        std::fs::rename(s.ws.join("d"), s.root.join("d-moved")).unwrap();
+        if swap == "symlink" {
+            std::os::unix::fs::symlink(&outside, s.ws.join("d")).unwrap();
+        } else {
+            std::fs::write(s.ws.join("d"), "a file now").unwrap();
+        }
+        let out = txbox(As::Me, &s, &["--json", "commit", &tx]);
+        assert!(matches!(out.status.code(), Some(3) | Some(125)), "{swap}: commit went through: {}", describe(&out));
+        assert!(std::fs::read_dir(&outside).unwrap().next().is_none(), "{swap}: a write was redirected outside the workspace");
+        let md = std::fs::symlink_metadata(s.ws.join("d")).unwrap();
+        assert_eq!(md.file_type().is_symlink(), swap == "symlink", "{swap}: the swapped object was replaced");
+    }
+}

@@ -113,6 +113,63 @@ impl StateDir {
         flock(&path, FlockOperation::LockExclusive)?.ok_or_else(|| io_at(&path, "lock")(io::ErrorKind::WouldBlock.into()))
     }
 
+    fn commit_log(&self, workspace: &Path) -> PathBuf {
+        let name = hex(&Sha256::digest(workspace.as_os_str().as_bytes())[..8]);
+        self.root.join("locks").join(format!("{name}.commits"))
+    }
+
+    /// The workspace's commit generation: how many transactions txbox has committed into it.
+    /// Read under the workspace lock.
+    pub fn generation(&self, workspace: &Path) -> Result<u64, StateError> {
+        Ok(self.commits_since(workspace, u64::MAX)?.0)
+    }
+
+    /// The current generation, and the paths changed by commits after generation `since`.
+    pub fn commits_since(&self, workspace: &Path, since: u64) -> Result<(u64, Vec<PathBuf>), StateError> {
+        let log = self.commit_log(workspace);
+        let text = match std::fs::read(&log) {
+            Ok(t) => t,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((0, Vec::new())),
+            Err(e) => return Err(io_at(&log, "read commit log")(e)),
+        };
+        let mut generation = 0;
+        let mut paths = Vec::new();
+        // Only complete lines count: a line cut by a crash was never followed by its commit.
+        for line in text.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
+            let line = String::from_utf8_lossy(line);
+            let mut words = line.split(' ');
+            let Some(g) = words.next().and_then(|g| g.parse::<u64>().ok()) else { continue };
+            generation = generation.max(g);
+            if g > since {
+                for w in words {
+                    let bytes: Option<Vec<u8>> =
+                        (0..w.len()).step_by(2).map(|i| w.get(i..i + 2).and_then(|x| u8::from_str_radix(x, 16).ok())).collect();
+                    if let Some(b) = bytes.filter(|b| !b.is_empty()) {
+                        paths.push(PathBuf::from(std::ffi::OsString::from_vec(b)));
+                    }
+                }
+            }
+        }
+        Ok((generation, paths))
+    }
+
+    /// Record that the next commit changes `paths` (before its commit point: a commit that then
+    /// fails leaves a harmless extra entry, never a missing one). Under the workspace lock.
+    pub fn log_commit(&self, workspace: &Path, paths: &[PathBuf]) -> Result<u64, StateError> {
+        use std::io::Write;
+        let generation = self.generation(workspace)? + 1;
+        let mut line = generation.to_string();
+        for p in paths {
+            line.push(' ');
+            line.push_str(&hex(p.as_os_str().as_bytes()));
+        }
+        line.push('\n');
+        let log = self.commit_log(workspace);
+        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&log).map_err(io_at(&log, "open commit log"))?;
+        f.write_all(line.as_bytes()).map_err(io_at(&log, "append commit log"))?;
+        Ok(generation)
+    }
+
     /// Commit records waiting to be applied (left by a crash).
     pub fn pending_records(&self) -> Result<Vec<PathBuf>, StateError> {
         let dir = self.root.join("journal");
