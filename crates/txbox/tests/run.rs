@@ -242,7 +242,13 @@ fn default_state_dir_is_invisible_and_never_committed() {
 #[test]
 fn setuid_bits_and_special_files_are_not_committed() {
     let s = Scratch::new("special");
-    let (out, j) = run_json(As::Me, &s, "echo x > tool; chmod 4755 tool; mkfifo pipe; mkdir d; chmod 1777 d");
+    // Through Python, so the policy (which refuses `chmod u+s`) does not see it: the commit
+    // itself must strip the bits.
+    let (out, j) = run_json(
+        As::Me,
+        &s,
+        "echo x > tool; mkfifo pipe; mkdir d; python3 -c \"import os; os.chmod('tool', 0o4755); os.chmod('d', 0o1777)\"",
+    );
     assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
     assert_eq!(std::fs::metadata(s.ws.join("tool")).unwrap().permissions().mode() & 0o7777, 0o755);
     assert_eq!(std::fs::metadata(s.ws.join("d")).unwrap().permissions().mode() & 0o7777, 0o777);
