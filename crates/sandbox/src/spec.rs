@@ -167,12 +167,15 @@ pub enum MountOp {
     ReadOnlyRoot,
     /// Undo `ReadOnlyRoot` for one mount of our own (the workspace view, `/tmp`, extras).
     Writable { target: PathBuf },
+    /// Make one mount read-only (`/dev` once it is populated).
+    ReadOnly { target: PathBuf },
     /// Bind a host object (opened before `/dev` was replaced) onto a path.
     Bind { source: PathBuf, target: PathBuf },
     /// A private devpts instance.
     Devpts { target: PathBuf },
     Symlink { target: PathBuf, points_to: PathBuf },
-    /// Make a path invisible: an empty read-only tmpfs over a directory, `/dev/null` over a file.
+    /// Make a path invisible: an empty read-only tmpfs over a directory, an empty read-only
+    /// file over a file.
     Hide { target: PathBuf },
     /// A procfs of the sandbox's own pid namespace; mounted by its init process.
     Proc { target: PathBuf },
@@ -226,6 +229,8 @@ impl MountPlan {
         }
         // Hidden paths last: one inside the workspace must cover the merged view.
         ops.extend(spec.hide.iter().map(|h| MountOp::Hide { target: h.clone() }));
+        // /dev is complete: nothing may be added to it (device nodes stay usable).
+        ops.push(MountOp::ReadOnly { target: p("/dev") });
         let mut init = vec![MountOp::Proc { target: p("/proc") }];
         // Writable kernel knobs in a fresh procfs (what Docker masks too).
         for knob in ["/proc/sys", "/proc/sysrq-trigger", "/proc/irq", "/proc/bus", "/proc/fs"] {
@@ -372,7 +377,8 @@ mod tests {
         let hide_state = pos(&MountOp::Hide { target: "/w/ws/.txbox".into() });
         assert_eq!(ops[0], MountOp::PrivateRoot);
         assert!(tmp < overlay && overlay < ro && ro < ws_rw && ws_rw < dev && dev < null && null < hide_state, "{ops:#?}");
-        assert_eq!(ops.last(), Some(&MountOp::Hide { target: "/home/u/.ssh".into() }));
+        assert_eq!(ops[ops.len() - 2], MountOp::Hide { target: "/home/u/.ssh".into() });
+        assert_eq!(ops.last(), Some(&MountOp::ReadOnly { target: "/dev".into() }));
         assert_eq!(plan.init[0], MountOp::Proc { target: "/proc".into() });
         assert!(plan.init.contains(&MountOp::ReadOnlyBind { target: "/proc/sysrq-trigger".into() }));
         // Everything a later mount may cover is opened first.

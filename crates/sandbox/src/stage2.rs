@@ -260,6 +260,10 @@ fn write_proc(path: &str, text: &str) -> Result<(), StepError> {
     })
 }
 
+/// The empty file bound over hidden files; lives in the sandbox's own /dev, read-only once
+/// /dev is complete.
+const EMPTY_FILE: &str = "/dev/.txbox-empty";
+
 fn mkdir_p(p: &std::path::Path) {
     let _ = std::fs::create_dir_all(p);
 }
@@ -295,6 +299,7 @@ fn mount(op: &MountOp, pins: &Pins) -> Result<(), StepError> {
             }
             mount_setattr(target, false, 0, MOUNT_ATTR_RDONLY)
         }
+        MountOp::ReadOnly { target } => mount_setattr(target, false, MOUNT_ATTR_RDONLY, 0),
         MountOp::Bind { source, target } => {
             let Some(src) = pins.name(source) else { return Ok(()) };
             let _ = std::fs::File::create(target);
@@ -325,8 +330,16 @@ fn mount(op: &MountOp, pins: &Pins) -> Result<(), StepError> {
                 )
                 .map_err(at(format!("hide {}", target.display())))
             } else {
-                // A file: /dev/null over it, read-only.
-                mnt("/dev/null", target.as_path(), "", MountFlags::BIND, None).map_err(at(format!("hide {}", target.display())))?;
+                // A file: an empty file over it, read-only. (Not /dev/null: a device node on a
+                // read-only mount still accepts writes, which would look like success.)
+                let empty = std::path::Path::new(EMPTY_FILE);
+                if std::fs::symlink_metadata(empty).is_err() {
+                    std::fs::write(empty, b"").map_err(|e| StepError {
+                        step: format!("create {EMPTY_FILE}"),
+                        errno: rustix::io::Errno::from_io_error(&e).unwrap_or(rustix::io::Errno::IO),
+                    })?;
+                }
+                mnt(empty, target.as_path(), "", MountFlags::BIND, None).map_err(at(format!("hide {}", target.display())))?;
                 mount_setattr(target, false, MOUNT_ATTR_RDONLY, 0)
             }
         }

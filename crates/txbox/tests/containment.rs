@@ -27,6 +27,8 @@ const ATTEMPTS: &[(&str, &str)] = &[
     ("ptrace_host", "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\nr = libc.ptrace(16, VICTIM, 0, 0)\nprint('ESCAPED' if r == 0 else 'blocked %d' % ctypes.get_errno())\n"),
     ("symlink_escape", "import os\ntry:\n    os.symlink(SENTINEL, 'out')\n    open('out/precious', 'w').write('pwned')\n    print('ESCAPED')\nexcept Exception as e:\n    print('blocked', e)\n"),
     ("proc_root_escape", "try:\n    open('/proc/1/root' + SENTINEL + '/precious', 'w').write('pwned')\n    print('ESCAPED')\nexcept Exception as e:\n    print('blocked', e)\n"),
+    ("dotdot_escape", "import os\ntry:\n    open(os.path.relpath(SENTINEL + '/dotdot', os.getcwd()), 'w').write('x')\n    print('ESCAPED')\nexcept Exception as e:\n    print('blocked', e)\n"),
+    ("tamper_policy", "try:\n    open(POLICY, 'w').write('version = 1\\n# everything allowed now\\n')\n    print('ESCAPED')\nexcept Exception as e:\n    print('blocked', e)\n"),
     ("tamper_state", "import os\ntry:\n    open(STATE + '/audit.log', 'a').write('forged\\n')\n    print('ESCAPED')\nexcept Exception as e:\n    print('blocked', e)\n"),
 ];
 
@@ -40,6 +42,7 @@ fn escape_attempts_fail_inside_the_sandbox() {
         let home = s.root.join("home");
         std::fs::create_dir_all(home.join(".ssh")).unwrap();
         std::fs::write(home.join(".ssh/id_test"), "SECRET KEY\n").unwrap();
+        std::fs::write(s.ws.join("policy.toml"), "version = 1\n").unwrap();
         if let As::User(uid) = who {
             s.chown(uid);
         }
@@ -49,9 +52,10 @@ fn escape_attempts_fail_inside_the_sandbox() {
         let before = digest(&s.root, &["state"]);
         for (name, body) in ATTEMPTS {
             let script = format!(
-                "SENTINEL = {:?}\nSTATE = {:?}\nPORT = {port}\nVICTIM = {}\n{body}",
+                "SENTINEL = {:?}\nSTATE = {:?}\nPOLICY = {:?}\nPORT = {port}\nVICTIM = {}\n{body}",
                 sentinel.to_str().unwrap(),
                 s.state.to_str().unwrap(),
+                s.ws.join("policy.toml").to_str().unwrap(),
                 victim.id()
             );
             std::fs::write(s.ws.join(format!("{name}.py")), script).unwrap();
@@ -68,7 +72,8 @@ fn escape_attempts_fail_inside_the_sandbox() {
                 }
             };
             let out = cmd
-                .args(["--state-dir", s.state.to_str().unwrap(), "--json", "run", "-C", &ws, "--timeout", "20", "--", "python3"])
+                .args(["--state-dir", s.state.to_str().unwrap(), "--json", "run", "-C", &ws, "--timeout", "20"])
+                .args(["--policy", s.ws.join("policy.toml").to_str().unwrap(), "--", "python3"])
                 .arg(format!("{name}.py"))
                 .env("HOME", &home)
                 .output()
@@ -83,6 +88,7 @@ fn escape_attempts_fail_inside_the_sandbox() {
         victim.kill().unwrap();
         let _ = victim.wait();
         assert!(!std::path::Path::new("/etc/txbox-escape").exists());
+        assert_eq!(std::fs::read_to_string(s.ws.join("policy.toml")).unwrap(), "version = 1\n", "the policy file was changed");
         let after = digest(&s.root, &["state"]);
         assert!(before == after, "{who:?}: something outside the sandbox changed:\n{}", diff(&before, &after));
         let audit = std::fs::read_to_string(s.state.join("audit.log")).unwrap();
