@@ -99,11 +99,43 @@ pub(crate) struct MatchSpec {
     pub features_none: Vec<String>,
 }
 
+/// A regex compiled on first use. Compiling every pattern of the built-in policy costs
+/// milliseconds, paid by every `txbox run`, while one command meets only the few rules of its
+/// programs. User policy files are validated eagerly at load (`validate`), so their errors
+/// still point to the file.
+#[derive(Debug, Clone)]
+pub(crate) struct LazyRe {
+    src: String,
+    re: std::sync::Arc<std::sync::OnceLock<Option<Regex>>>,
+}
+
+impl LazyRe {
+    pub fn new(src: String) -> LazyRe {
+        LazyRe { src, re: std::sync::Arc::new(std::sync::OnceLock::new()) }
+    }
+
+    /// An invalid pattern (possible only if `validate` was skipped) matches nothing.
+    pub fn is_match(&self, s: &str) -> bool {
+        self.re.get_or_init(|| Regex::new(&self.src).ok()).as_ref().is_some_and(|r| r.is_match(s))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.src
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        Regex::new(&self.src).map(|r| {
+            let _ = self.re.set(Some(r));
+        })
+        .map_err(|e| e.to_string())
+    }
+}
+
 /// A glob or literal.
 #[derive(Debug, Clone)]
 pub(crate) enum Pat {
     Lit(String),
-    Re(Regex),
+    Re(LazyRe),
 }
 
 impl Pat {
@@ -144,7 +176,7 @@ impl Pat {
             }
         }
         re.push('$');
-        Regex::new(&re).map(Pat::Re).map_err(|e| e.to_string())
+        Ok(Pat::Re(LazyRe::new(re)))
     }
 
     pub fn matches(&self, s: &str) -> bool {
@@ -181,8 +213,8 @@ pub(crate) struct Matcher {
     flags_none: Vec<Pat>,
     args_any: Vec<Pat>,
     args_none: Vec<Pat>,
-    args_regex: Option<Regex>,
-    regex: Option<Regex>,
+    args_regex: Option<LazyRe>,
+    regex: Option<LazyRe>,
     paths_any: Option<ClassSet>,
     paths_scope: Vec<Scope>,
     redirect_write_any: Option<ClassSet>,
@@ -194,6 +226,21 @@ pub(crate) struct Matcher {
 }
 
 impl Matcher {
+    fn validate(&self) -> Result<(), String> {
+        let pats = [&self.program, &self.flags_any, &self.flags_all, &self.flags_none, &self.args_any, &self.args_none, &self.code_from_any, &self.stdin_from_any];
+        for p in pats.into_iter().flatten().chain(self.subcommand.iter().flatten()) {
+            if let Pat::Re(r) = p {
+                r.validate().map_err(|e| format!("glob: {e}"))?;
+            }
+        }
+        for (r, f) in [(&self.args_regex, "args_regex"), (&self.regex, "regex")] {
+            if let Some(r) = r {
+                r.validate().map_err(|e| format!("`{f}`: {e}"))?;
+            }
+        }
+        Ok(())
+    }
+
     pub fn compile(s: &MatchSpec) -> Result<Matcher, String> {
         let opt_classes = |v: &[String], f: &str| -> Result<Option<ClassSet>, String> {
             if v.is_empty() {
@@ -202,12 +249,7 @@ impl Matcher {
                 classes(v, f).map(Some)
             }
         };
-        let re = |r: &Option<String>, f: &str| -> Result<Option<Regex>, String> {
-            match r {
-                Some(r) => Regex::new(r).map(Some).map_err(|e| format!("`{f}`: {e}")),
-                None => Ok(None),
-            }
-        };
+        let re = |r: &Option<String>, _f: &str| -> Result<Option<LazyRe>, String> { Ok(r.clone().map(LazyRe::new)) };
         let mut scopes = Vec::new();
         for s in &s.paths_scope {
             scopes.push(Scope::parse(s).ok_or_else(|| format!("`paths_scope`: unknown scope `{s}` (full, bulk, selective)"))?);
@@ -436,6 +478,14 @@ pub(crate) struct Rule {
 }
 
 impl Rule {
+    /// Compile every regex and glob now, reporting the first that is invalid.
+    pub fn validate(&self) -> Result<(), String> {
+        for m in &self.when {
+            m.validate()?;
+        }
+        Ok(())
+    }
+
     pub fn compile(spec: &RuleSpec) -> Result<Rule, String> {
         let action = match spec.action.as_deref() {
             Some("deny") => Action::Deny,
