@@ -497,6 +497,9 @@ pub(crate) struct Target<'a> {
     pub trash: &'a Path,
 }
 
+/// Commits with at least this many steps show progress on a terminal.
+const PROGRESS_FROM: usize = 2000;
+
 /// What a transaction's commit is checked against.
 pub(crate) enum Base<'a> {
     /// A `run`: the workspace's commit generation when it began; any txbox commit since then
@@ -535,7 +538,13 @@ pub(crate) fn commit_upper(env: &Env, t: &Target<'_>, base: Base<'_>) -> Result<
     }
     let record = env.state.record_path(t.id);
     let target = CommitTarget { tx: t.id, workspace: &env.workspace, upper: t.upper, trash: t.trash, record: &record };
-    match txbox_txn::commit::commit(&target, &cs, &mut CrashHook::from_env()) {
+    let mut hook = CrashHook::from_env();
+    if std::io::IsTerminal::is_terminal(&std::io::stderr()) && cs.changes.len() >= PROGRESS_FROM {
+        hook.progress = Some(crate::progress::commit_step);
+    }
+    let result = txbox_txn::commit::commit(&target, &cs, &mut hook);
+    crate::progress::finish();
+    match result {
         Ok(()) => Ok(cs),
         Err(CommitError::Conflict { path, what }) => {
             let p = display_rel(&path);

@@ -5,6 +5,7 @@
 
 pub mod engine;
 pub mod limits;
+pub mod progress;
 pub mod diff;
 pub mod render;
 pub mod session;

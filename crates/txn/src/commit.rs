@@ -46,17 +46,20 @@ fn io_err<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> C
 pub struct CrashHook {
     pub stop_after: Option<usize>,
     pub exit_process: bool,
+    /// Called with (steps applied, steps in all) while a record is applied; front ends use it
+    /// to draw progress for long commits.
+    pub progress: Option<fn(usize, usize)>,
     calls: usize,
 }
 
 impl CrashHook {
     pub fn from_env() -> CrashHook {
         let stop_after = std::env::var("TXBOX_CRASH_AFTER").ok().and_then(|v| v.parse().ok());
-        CrashHook { stop_after, exit_process: stop_after.is_some(), calls: 0 }
+        CrashHook { stop_after, exit_process: stop_after.is_some(), progress: None, calls: 0 }
     }
 
     pub fn after(n: usize) -> CrashHook {
-        CrashHook { stop_after: Some(n), exit_process: false, calls: 0 }
+        CrashHook { stop_after: Some(n), exit_process: false, progress: None, calls: 0 }
     }
 
     fn tick(&mut self) -> Result<(), CommitError> {
@@ -124,8 +127,12 @@ pub fn apply_record(record: &CommitRecord, hook: &mut CrashHook) -> Result<(), C
     let mut ws = Beneath::open(&record.workspace).map_err(io_err("open workspace", &record.workspace))?;
     let mut up = Beneath::open(&record.upper).map_err(io_err("open upper", &record.upper))?;
     let trash = Beneath::open(&record.trash).map_err(io_err("open trash", &record.trash))?;
-    for js in &record.steps {
+    let total = record.steps.len();
+    for (i, js) in record.steps.iter().enumerate() {
         apply_step(&mut ws, &mut up, &trash, record, js, hook)?;
+        if let Some(p) = hook.progress.filter(|_| i % 256 == 255 || i + 1 == total) {
+            p(i + 1, total);
+        }
     }
     syncfs(&record.workspace)
 }
