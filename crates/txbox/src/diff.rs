@@ -24,9 +24,11 @@ fn is_binary(b: &[u8]) -> bool {
     b.iter().take(8192).any(|c| *c == 0) || std::str::from_utf8(b).is_err()
 }
 
-/// Every file-level change as (path, old content, new content); directories expand to the
-/// files they add or remove.
-fn file_changes(cs: &ChangeSet, workspace: &Path, upper: &Path) -> Vec<(String, Option<Vec<u8>>, Option<Vec<u8>>)> {
+/// A file-level change: path, old content, new content.
+type FileChange = (String, Option<Vec<u8>>, Option<Vec<u8>>);
+
+/// Every file-level change; directories expand to the files they add or remove.
+fn file_changes(cs: &ChangeSet, workspace: &Path, upper: &Path) -> Vec<FileChange> {
     let mut out = Vec::new();
     for p in cs.added.iter().chain(&cs.modified) {
         let old = content(&join(workspace, p));

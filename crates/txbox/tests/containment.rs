@@ -63,14 +63,7 @@ fn escape_attempts_fail_inside_the_sandbox() {
                 s.chown(uid);
             }
             let ws = s.ws.to_str().unwrap().to_string();
-            let mut cmd = match who {
-                As::Me => std::process::Command::new(binary()),
-                As::User(uid) => {
-                    let mut c = std::process::Command::new("setpriv");
-                    c.args([format!("--reuid={uid}"), format!("--regid={uid}"), "--clear-groups".into(), "--".into()]).arg(binary());
-                    c
-                }
-            };
+            let mut cmd = txbox_command(who);
             let out = cmd
                 .args(["--state-dir", s.state.to_str().unwrap(), "--json", "run", "-C", &ws, "--timeout", "20"])
                 .args(["--policy", s.ws.join("policy.toml").to_str().unwrap(), "--", "python3"])

@@ -216,14 +216,7 @@ fn default_state_dir_is_invisible_and_never_committed() {
         }
         let ws = s.ws.to_str().unwrap().to_string();
         // No --state-dir: the state lives in <ws>/.txbox, which the command must not see.
-        let mut cmd = match who {
-            As::Me => std::process::Command::new(binary()),
-            As::User(uid) => {
-                let mut c = std::process::Command::new("setpriv");
-                c.args([format!("--reuid={uid}"), format!("--regid={uid}"), "--clear-groups".into(), "--".into()]).arg(binary());
-                c
-            }
-        };
+        let mut cmd = txbox_command(who);
         let out = cmd
             .args(["--json", "run", "-C", &ws, "-c", "ls -A .txbox; echo x > .txbox/evil || echo refused; echo ok > f"])
             .current_dir(&s.ws)

@@ -45,19 +45,19 @@ pub enum JournalError {
     Damaged { path: PathBuf, what: String },
 }
 
-fn hex(bytes: &[u8]) -> String {
-    let mut s = String::with_capacity(bytes.len() * 2);
-    for b in bytes {
-        s.push_str(&format!("{b:02x}"));
-    }
-    s
-}
+use crate::state::hex;
 
-fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+/// Bytes back from `hex`; None for anything that is not an even run of hex digits.
+pub(crate) fn unhex(s: &str) -> Option<Vec<u8>> {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
+}
+
+/// A path stored as hex (names may hold any byte, newlines included).
+pub(crate) fn path_from_hex(s: &str) -> Option<PathBuf> {
+    unhex(s).map(|b| PathBuf::from(std::ffi::OsString::from_vec(b)))
 }
 
 fn hex_path(p: &Path) -> String {
@@ -73,7 +73,7 @@ fn unhex_path(s: &str) -> Option<PathBuf> {
     if s == "-" {
         return Some(PathBuf::new());
     }
-    Some(PathBuf::from(std::ffi::OsString::from_vec(unhex(s)?)))
+    path_from_hex(s)
 }
 
 impl CommitRecord {

@@ -9,7 +9,7 @@
 
 use std::collections::BTreeMap;
 use std::io;
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
@@ -238,10 +238,8 @@ impl Fingerprints {
         let mut map = BTreeMap::new();
         for line in String::from_utf8_lossy(&text).lines() {
             let Some((h, rest)) = line.split_once(' ') else { continue };
-            let bytes: Option<Vec<u8>> =
-                (0..h.len()).step_by(2).map(|i| h.get(i..i + 2).and_then(|x| u8::from_str_radix(x, 16).ok())).collect();
-            if let (Some(b), Some(fp)) = (bytes, Fingerprint::parse(rest)) {
-                map.insert(PathBuf::from(std::ffi::OsString::from_vec(b)), fp);
+            if let (Some(p), Some(fp)) = (crate::journal::path_from_hex(h), Fingerprint::parse(rest)) {
+                map.insert(p, fp);
             }
         }
         Ok(Fingerprints(map))

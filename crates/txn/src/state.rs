@@ -13,7 +13,7 @@
 
 use std::fs::File;
 use std::io;
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
@@ -141,13 +141,7 @@ impl StateDir {
             let Some(g) = words.next().and_then(|g| g.parse::<u64>().ok()) else { continue };
             generation = generation.max(g);
             if g > since {
-                for w in words {
-                    let bytes: Option<Vec<u8>> =
-                        (0..w.len()).step_by(2).map(|i| w.get(i..i + 2).and_then(|x| u8::from_str_radix(x, 16).ok())).collect();
-                    if let Some(b) = bytes.filter(|b| !b.is_empty()) {
-                        paths.push(PathBuf::from(std::ffi::OsString::from_vec(b)));
-                    }
-                }
+                paths.extend(words.filter(|w| !w.is_empty()).filter_map(crate::journal::path_from_hex));
             }
         }
         Ok((generation, paths))
@@ -373,9 +367,7 @@ impl TxMeta {
         let mut kind = None;
         for line in text.lines() {
             if let Some(h) = line.strip_prefix("workspace ") {
-                let bytes: Option<Vec<u8>> =
-                    (0..h.len()).step_by(2).map(|i| h.get(i..i + 2).and_then(|x| u8::from_str_radix(x, 16).ok())).collect();
-                ws = bytes.map(|b| PathBuf::from(std::ffi::OsString::from_vec(b)));
+                ws = crate::journal::path_from_hex(h);
             } else if let Some(k) = line.strip_prefix("kind ") {
                 kind = Some(k.to_string());
             }

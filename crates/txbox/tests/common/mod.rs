@@ -105,16 +105,23 @@ pub fn txbox(who: As, s: &Scratch, args: &[&str]) -> Output {
     txbox_os(who, s, &args.iter().map(OsString::from).collect::<Vec<_>>())
 }
 
-pub fn txbox_os(who: As, s: &Scratch, args: &[OsString]) -> Output {
-    let mut cmd = match who {
+/// A `Command` for the binary under test, run as `who` (through setpriv for the test user).
+pub fn txbox_command(who: As) -> Command {
+    match who {
         As::Me => Command::new(binary()),
         As::User(uid) => {
             let mut c = Command::new("setpriv");
             c.arg(format!("--reuid={uid}")).arg(format!("--regid={uid}")).arg("--clear-groups").arg("--").arg(binary());
-            c.env("HOME", &s.root);
             c
         }
-    };
+    }
+}
+
+pub fn txbox_os(who: As, s: &Scratch, args: &[OsString]) -> Output {
+    let mut cmd = txbox_command(who);
+    if who != As::Me {
+        cmd.env("HOME", &s.root);
+    }
     cmd.arg("--state-dir").arg(&s.state).args(args).current_dir(&s.ws);
     cmd.output().unwrap()
 }
