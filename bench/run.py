@@ -5,7 +5,8 @@ usage: bench/run.py [--txbox target/release/txbox] [--quick] [--out FILE]
 
 Measures (medians, interleaved A B A B so drift hits both sides alike):
   1. added latency of `txbox run -- true` over bare `true`
-  2. the same on a 100,000-file workspace vs a 100-file one (ratio)
+  2. the same on a 100,000-file workspace vs a 100-file one (ratio), and a one-file commit in
+     each (ratio)
   3. commit of 10,000 new small files vs writing them natively (ratio)
   4. rollback of a transaction that wrote 10,000 files (time to return)
   5. sequential `txbox run` throughput
@@ -82,6 +83,15 @@ def main():
         for _ in range(n):
             subprocess.run(run, cwd=small, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         res["sequential_tx_per_s"] = n / (time.perf_counter() - t0)
+        # A one-file change committed in each: cost must follow the change, not the workspace.
+        one = [txbox, "run", "-c", "echo $RANDOM > d0/f1"]
+        c_small, c_big = [], []
+        for _ in range(max(n // 4, 3)):
+            c_small.append(timed(one, small))
+            c_big.append(timed(one, big))
+        res["one_file_commit_small_ms"] = median_ms(c_small)
+        res["one_file_commit_big_ms"] = median_ms(c_big)
+        res["one_file_commit_big_vs_small_ratio"] = median_ms(c_big) / median_ms(c_small)
 
         script = f"mkdir -p gen; cd gen; for i in $(seq {commit_files}); do echo $i > f$i; done"
         native, txc, rb = [], [], []
