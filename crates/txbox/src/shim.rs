@@ -1,7 +1,7 @@
 //! `txbox sh`: a drop-in for `sh -c STRING` (and `bash -lc STRING name args…`). The caller sees
 //! what the shell would give — the command's own stdout, stderr and exit status — and the
 //! command runs as a transaction: committed on success, rolled back otherwise. txbox speaks on
-//! stderr only when it refuses (126), fails (125) or hits a conflict (3).
+//! stderr only when it refuses (126), fails (125), hits a conflict (3) or a limit kills the command.
 //!
 //! A shell drop-in gets no txbox flags, so configuration comes from the environment:
 //! `TXBOX_WORKSPACE` (default: the current directory), `TXBOX_STATE_DIR`, `TXBOX_TIMEOUT`.
@@ -42,15 +42,64 @@ pub fn parse(args: &[OsString]) -> Option<(String, Vec<OsString>)> {
     None
 }
 
+/// The shim's configuration file (all keys optional).
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub workspace: Option<PathBuf>,
+    pub state_dir: Option<PathBuf>,
+    pub policy: Option<PathBuf>,
+    pub timeout: Option<f64>,
+    pub memory: Option<String>,
+    pub pids: Option<u64>,
+    pub max_write: Option<String>,
+    pub network: Option<String>,
+}
+
+impl Config {
+    /// `$TXBOX_CONFIG`, else `~/.config/txbox/config.toml`; a missing default file is no
+    /// configuration, a missing or malformed named one is an error.
+    pub fn load() -> Result<Config> {
+        let (path, required) = match std::env::var_os("TXBOX_CONFIG") {
+            Some(p) => (PathBuf::from(p), true),
+            None => match std::env::var_os("HOME") {
+                Some(h) => (PathBuf::from(h).join(".config/txbox/config.toml"), false),
+                None => return Ok(Config::default()),
+            },
+        };
+        let text = match std::fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => return Ok(Config::default()),
+            Err(e) => anyhow::bail!("reading {}: {e}", path.display()),
+        };
+        toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+    }
+
+    fn limits(&self, timeout: Option<f64>) -> Result<engine::Limits> {
+        let size = |s: &Option<String>| s.as_deref().map(txbox::size::parse_size).transpose().map_err(|e| anyhow::anyhow!(e));
+        Ok(engine::Limits {
+            timeout: timeout.or(self.timeout).filter(|t| *t > 0.0).map(Duration::from_secs_f64),
+            memory: size(&self.memory)?,
+            pids: self.pids,
+            max_write: size(&self.max_write)?,
+            host_network: self.network.as_deref() == Some("host"),
+            ..engine::Limits::default()
+        })
+    }
+}
+
 pub fn main(state_dir: Option<PathBuf>, args: Vec<OsString>) -> Result<i32> {
     let Some((script, argv)) = parse(&args) else {
         eprintln!("txbox sh: usage: txbox sh [-FLAGS] -c 'STRING' [NAME [ARG...]] (a shell reading a script file or stdin is not supported)");
         return Ok(2);
     };
+    let config = Config::load()?;
     let cwd = std::env::current_dir()?;
-    let workspace = std::env::var_os("TXBOX_WORKSPACE").map(PathBuf::from).unwrap_or_else(|| cwd.clone());
-    let policy_file = std::env::var_os("TXBOX_POLICY").map(PathBuf::from);
-    let timeout = std::env::var("TXBOX_TIMEOUT").ok().and_then(|t| t.parse::<f64>().ok()).filter(|t| *t > 0.0);
+    let env_path = |k: &str| std::env::var_os(k).map(PathBuf::from);
+    let workspace = env_path("TXBOX_WORKSPACE").or(config.workspace.clone()).unwrap_or_else(|| cwd.clone());
+    let policy_file = env_path("TXBOX_POLICY").or(config.policy.clone());
+    let state_dir = state_dir.or(config.state_dir.clone());
+    let timeout = std::env::var("TXBOX_TIMEOUT").ok().and_then(|t| t.parse::<f64>().ok());
     // Plain `-c STRING` runs exactly like `run -c`; extra flags or arguments keep their argv.
     let command = if argv.len() == 3 { Command::Shell(script) } else { Command::Script { script, argv } };
     let req = RunRequest {
@@ -64,13 +113,16 @@ pub fn main(state_dir: Option<PathBuf>, args: Vec<OsString>) -> Result<i32> {
         },
         policy_file: policy_file.clone(),
         capture: false,
-        limits: engine::Limits { timeout: timeout.map(Duration::from_secs_f64), ..engine::Limits::default() },
+        limits: config.limits(timeout)?,
         validate: None,
         no_commit: false,
         keep_on_failure: false,
     };
     let r = engine::run(&req)?;
-    if matches!(r.outcome, Outcome::Denied | Outcome::Error | Outcome::Conflict) || std::env::var_os("TXBOX_VERBOSE").is_some() {
+    // Speak only when the shell itself would not explain the result: a refusal, a failure of
+    // txbox, a conflict, or a limit/timeout that killed the command.
+    let killed = r.timed_out || r.limit_exceeded.is_some();
+    if killed || matches!(r.outcome, Outcome::Denied | Outcome::Error | Outcome::Conflict) || std::env::var_os("TXBOX_VERBOSE").is_some() {
         eprintln!("{}", render::summary(&r));
     }
     Ok(r.exit_code)
@@ -82,6 +134,16 @@ mod tests {
 
     fn os(v: &[&str]) -> Vec<OsString> {
         v.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn config_file_keys_and_unknown_keys() {
+        let c: Config = toml::from_str("workspace = \"/w\"\ntimeout = 30\nmemory = \"2G\"\nnetwork = \"host\"\n").unwrap_or_default();
+        assert_eq!(c.workspace, Some(PathBuf::from("/w")));
+        let l = c.limits(None).unwrap_or_default();
+        assert_eq!((l.memory, l.host_network, l.timeout), (Some(2 << 30), true, Some(Duration::from_secs(30))));
+        assert_eq!(c.limits(Some(5.0)).map(|l| l.timeout).ok().flatten(), Some(Duration::from_secs(5)));
+        assert!(toml::from_str::<Config>("workspaces = 1").is_err(), "a misspelt key must be an error");
     }
 
     #[test]
