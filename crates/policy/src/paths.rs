@@ -349,14 +349,17 @@ pub fn classify_abs(p: &Path, children: bool, ctx: &Context) -> ClassSet {
     let scratch = matches!(first, Some("tmp"))
         || (first == Some("var") && comps.get(1).map(String::as_str) == Some("tmp"))
         || (first == Some("dev") && comps.get(1).map(String::as_str) == Some("shm"));
+    // An ancestor of the workspace is one whatever else it is: deleting /var/tmp/proj while
+    // working in /var/tmp/proj/ws destroys the workspace itself.
+    if ws.starts_with(p) {
+        set.insert(PathClass::Outside);
+        set.insert(PathClass::WorkspaceAncestor);
+    }
     if scratch {
         set.insert(PathClass::Scratch);
         return set;
     }
     set.insert(PathClass::Outside);
-    if ws.starts_with(p) {
-        set.insert(PathClass::WorkspaceAncestor);
-    }
     if comps.is_empty() {
         set.insert(PathClass::Root);
         set.insert(PathClass::System);

@@ -217,3 +217,20 @@ proptest! {
         prop_assert_eq!(p.evaluate_str(&s, &ctx()).decision.action, Action::Deny, "{}", s);
     }
 }
+
+/// A workspace below a scratch directory: its ancestors there are still its ancestors.
+#[test]
+fn ancestors_of_a_workspace_below_tmp_are_protected() {
+    let ctx = Context {
+        workspace: PathBuf::from("/var/tmp/proj/ws"),
+        cwd: PathBuf::from("/var/tmp/proj/ws"),
+        home: Some(PathBuf::from("/var/tmp/proj")),
+    };
+    let p = Policy::builtin();
+    for s in ["rm -rf /var/tmp/proj", "rm -rf ~", "rm -rf ..", "rm -rf /var/tmp"] {
+        assert_eq!(p.evaluate_str(s, &ctx).decision.action, Action::Deny, "{s}");
+    }
+    for s in ["rm -rf /var/tmp/other-build", "rm -rf build", "rm -rf /tmp/x"] {
+        assert_eq!(p.evaluate_str(s, &ctx).decision.action, Action::Transact, "{s}");
+    }
+}
