@@ -49,7 +49,9 @@ fn open(state: &StateDir, tx: &str) -> Result<(Env, TxMeta), EngineError> {
 pub fn begin(workspace: &Path, state_dir: Option<&Path>, name: Option<&str>) -> Result<String, EngineError> {
     let env = Env::open(workspace, state_dir)?;
     env.recover()?;
-    Ok(env.state.create_session(&env.workspace, name)?)
+    let id = env.state.create_session(&env.workspace, name)?;
+    session::choose_steps_root(&env.state.tx_dir(&id), &id, &env.workspace, &env.state.root)?;
+    Ok(id)
 }
 
 /// What an `exec` runs and how.

@@ -271,3 +271,32 @@ fn a_directory_swapped_for_a_symlink_or_a_file_is_refused_never_followed() {
         assert_eq!(md.file_type().is_symlink(), swap == "symlink", "{swap}: the swapped object was replaced");
     }
 }
+
+#[test]
+fn sessions_work_with_the_default_state_dir_inside_the_workspace() {
+    // overlayfs refuses a lower layer nested in another (ELOOP): with `.txbox` inside the
+    // workspace, a second step used to fail. Layers now live next to the workspace.
+    for who in identities() {
+        let s = Scratch::new("default-state");
+        if let As::User(uid) = who {
+            s.chown(uid);
+        }
+        let run = |args: &[&str]| {
+            let mut c = txbox_command(who);
+            c.args(args).current_dir(&s.ws).env_remove("TXBOX_STATE_DIR");
+            c.output().unwrap()
+        };
+        let out = run(&["begin"]);
+        let tx = String::from_utf8_lossy(&out.stdout).trim().to_string();
+        assert_eq!(out.status.code(), Some(0), "{who:?}: {}", describe(&out));
+        for (i, script) in ["echo 1 > one", "echo 2 > two", "cat one two > three"].iter().enumerate() {
+            let out = run(&["exec", &tx, "-c", script]);
+            assert_eq!(out.status.code(), Some(0), "{who:?} step {}: {}", i + 1, describe(&out));
+        }
+        let out = run(&["commit", &tx]);
+        assert_eq!(out.status.code(), Some(0), "{who:?}: {}", describe(&out));
+        assert_eq!(std::fs::read_to_string(s.ws.join("three")).unwrap(), "1\n2\n");
+        let leftovers: Vec<_> = std::fs::read_dir(&s.root).unwrap().map(|e| e.unwrap().file_name()).filter(|n| n.to_string_lossy().contains("txbox-layers")).collect();
+        assert!(leftovers.is_empty(), "{who:?}: session layers left next to the workspace: {leftovers:?}");
+    }
+}

@@ -30,9 +30,46 @@ fn at<'a>(path: &'a Path, what: &'static str) -> impl FnOnce(io::Error) -> Layer
     move |source| LayerError { path: path.to_path_buf(), what, source }
 }
 
+/// Where a session's step layers live. Normally `<tx>/steps`; but overlayfs refuses a lower
+/// layer nested inside another lower layer (ELOOP), so when the state directory sits inside the
+/// workspace (the default `.txbox`), the layers of a session go next to the workspace, in
+/// `<workspace>/../.<name>.txbox-layers/<id>` (same filesystem, so commits stay renames). The
+/// choice is recorded in `<tx>/steps_root`.
+pub fn steps_root(tx_dir: &Path) -> PathBuf {
+    std::fs::read(tx_dir.join("steps_root"))
+        .ok()
+        .and_then(|b| crate::journal::path_from_hex(String::from_utf8_lossy(&b).trim()))
+        .unwrap_or_else(|| tx_dir.join("steps"))
+}
+
+/// Decide (at `begin`) where the session's layers live; see [`steps_root`].
+pub fn choose_steps_root(tx_dir: &Path, id: &str, workspace: &Path, state_root: &Path) -> Result<PathBuf, LayerError> {
+    if !state_root.starts_with(workspace) {
+        return Ok(tx_dir.join("steps"));
+    }
+    let (Some(parent), Some(name)) = (workspace.parent(), workspace.file_name()) else {
+        return Err(LayerError {
+            path: workspace.to_path_buf(),
+            what: "place session layers (the workspace is /; give --state-dir outside it)",
+            source: io::ErrorKind::InvalidInput.into(),
+        });
+    };
+    let mut dir_name = std::ffi::OsString::from(".");
+    dir_name.push(name);
+    dir_name.push(".txbox-layers");
+    let root = parent.join(dir_name).join(id);
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&root).map_err(at(
+        &root,
+        "create session layers next to the workspace (overlayfs refuses layers nested in it; give --state-dir outside the workspace)",
+    ))?;
+    let file = tx_dir.join("steps_root");
+    std::fs::write(&file, hex(root.as_os_str().as_bytes())).map_err(at(&file, "record layer location"))?;
+    Ok(root)
+}
+
 /// The kept steps of a session, bottom (oldest) first: (step number, upper layer).
 pub fn layers(tx_dir: &Path) -> Result<Vec<(u32, PathBuf)>, LayerError> {
-    let dir = tx_dir.join("steps");
+    let dir = steps_root(tx_dir);
     let mut out = Vec::new();
     let rd = match std::fs::read_dir(&dir) {
         Ok(rd) => rd,
@@ -51,7 +88,7 @@ pub fn layers(tx_dir: &Path) -> Result<Vec<(u32, PathBuf)>, LayerError> {
 
 /// Create the directories of step `n`; the upper root mirrors the workspace root's attributes.
 pub fn create_step(tx_dir: &Path, n: u32, workspace: &Path) -> Result<(PathBuf, PathBuf), LayerError> {
-    let step = tx_dir.join("steps").join(n.to_string());
+    let step = steps_root(tx_dir).join(n.to_string());
     std::fs::create_dir_all(&step).map_err(at(&step, "create step"))?;
     let upper = step.join("upper");
     let work = step.join("work");
@@ -74,7 +111,7 @@ pub fn mirror_root(upper: &Path, ws_md: &std::fs::Metadata) -> io::Result<()> {
 
 /// Drop step `n` (a failed step, or one rolled back to an earlier savepoint).
 pub fn drop_step(tx_dir: &Path, n: u32) -> Result<(), LayerError> {
-    let step = tx_dir.join("steps").join(n.to_string());
+    let step = steps_root(tx_dir).join(n.to_string());
     remove_tree(&step).map_err(|e| LayerError { path: step.clone(), what: "remove step", source: io::Error::other(e.to_string()) })
 }
 

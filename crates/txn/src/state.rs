@@ -265,6 +265,15 @@ impl StateDir {
     /// directory is never mistaken for a live transaction.
     pub fn remove_tx(&self, id: &str) -> Result<(), StateError> {
         let dir = self.tx_dir(id);
+        // A session whose layers live next to the workspace: remove them first (the record of
+        // where they are is in the directory removed below).
+        if dir.join("steps_root").exists() {
+            let layers = crate::session::steps_root(&dir);
+            remove_tree(&layers)?;
+            if let Some(parent) = layers.parent() {
+                let _ = std::fs::remove_dir(parent);
+            }
+        }
         let aside = self.root.join("tx").join(format!(".gone-{id}"));
         match std::fs::rename(&dir, &aside) {
             Ok(()) => {}
