@@ -33,6 +33,10 @@ fn free_port() -> u16 {
 }
 
 fn serve(s: &Scratch, workspaces: &[&Path]) -> Server {
+    serve_with(s, workspaces, None)
+}
+
+fn serve_with(s: &Scratch, workspaces: &[&Path], state_dir: Option<&Path>) -> Server {
     let token_file = s.root.join("token");
     std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
     for _ in 0..5 {
@@ -41,6 +45,9 @@ fn serve(s: &Scratch, workspaces: &[&Path]) -> Server {
         cmd.arg("serve").arg("--listen").arg(format!("127.0.0.1:{port}")).arg("--token-file").arg(&token_file);
         for w in workspaces {
             cmd.arg("-C").arg(w);
+        }
+        if let Some(d) = state_dir {
+            cmd.arg("--state-dir").arg(d);
         }
         let child = cmd.env_remove("TXBOX_TOKEN").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
         let mut server = Server { child, port };
@@ -171,7 +178,10 @@ fn http_run_commits_rolls_back_and_denies() {
 fn http_session_flow_and_conflict() {
     let s = Scratch::new("http-tx");
     std::fs::write(s.ws.join("main.rs"), "base\n").unwrap();
-    let srv = serve(&s, &[&s.ws]);
+    // A state directory outside the workspace: with the default `<ws>/.txbox`, a step over an
+    // earlier successful step fails to mount its stacked overlay (ELOOP) — an engine issue
+    // outside the front ends, reported separately.
+    let srv = serve_with(&s, &[&s.ws], Some(&s.state));
     let begin = || {
         let (st, v) = http(srv.port, "POST", "/v1/tx", auth(), Some(&json!({})));
         assert!(st == 200 || st == 201, "{st} {v}");
@@ -181,7 +191,12 @@ fn http_session_flow_and_conflict() {
     };
     let (a, b) = (begin(), begin());
     let exec = |tx: &str, cmd: &str| http(srv.port, "POST", &format!("/v1/tx/{tx}/exec"), auth(), Some(&json!({"command": cmd})));
-    let (st, v) = exec(&a, "echo a > main.rs; echo new > new.txt");
+    let (st, v) = exec(&a, "echo a > main.rs");
+    assert_eq!((st, v["outcome"].as_str()), (200, Some("pending")), "{v}");
+    let (st, v) = exec(&a, "echo broken > junk; exit 1");
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["outcome"], "rolled_back", "{v}");
+    let (st, v) = exec(&a, "test ! -e junk && echo new > new.txt");
     assert_eq!((st, v["outcome"].as_str()), (200, Some("pending")), "{v}");
     let (st, v) = exec(&b, "echo b > main.rs");
     assert_eq!(st, 200, "{v}");
@@ -202,9 +217,7 @@ fn http_session_flow_and_conflict() {
     // Committed and refused transactions are gone; rollback of a fresh one works.
     let (st, _) = http(srv.port, "POST", &format!("/v1/tx/{a}/commit"), auth(), None);
     assert_eq!(st, 404);
-    // A failed step is undone alone. (Only one successful step per transaction here: on this
-    // host a step over an earlier successful step fails to mount its stacked overlay — an engine
-    // issue outside the front ends.)
+    // A failed first step, then a good one; rollback discards the transaction.
     let c = begin();
     let (st, v) = exec(&c, "echo broken > junk; exit 1");
     assert_eq!(st, 200, "{v}");
