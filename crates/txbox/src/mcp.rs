@@ -1,21 +1,21 @@
-//! `txbox mcp`: a Model Context Protocol server on stdio, the adapter between MCP tool calls and
-//! [`crate::serve::Api`]. It speaks the small subset of MCP a tool server needs — `initialize`,
-//! `notifications/initialized`, `ping`, `tools/list`, `tools/call` — as newline-delimited
-//! JSON-RPC 2.0, by hand with serde_json (the official `rmcp` SDK needs a newer toolchain floor
-//! and an async runtime for what is a synchronous loop here). Requests are served one at a time:
-//! the process stays single-threaded, so the sandbox launcher forks directly.
+//! `txbox mcp`: a Model Context Protocol server on stdio built on the official Rust SDK
+//! (`rmcp`, pinned), and the small adapter between its tool calls and [`crate::serve::Api`].
+//! The tool list and results are plain JSON here and converted to rmcp's model types at the
+//! edge, so an SDK upgrade touches only [`Server`]. Engine calls run on blocking threads; the
+//! process is multi-threaded, so the sandbox launcher re-executes `/proc/self/exe __stage2`.
 
-use std::io::{BufRead, Write};
 use std::path::PathBuf;
+use std::sync::Arc;
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
+use rmcp::model::{CallToolRequestParams, CallToolResponse, CallToolResult, ErrorData, ListToolsResult, PaginatedRequestParams, ServerConfig};
+use rmcp::service::{RequestContext, RoleServer};
+use rmcp::{ServerHandler, ServiceExt};
 use serde_json::{json, Value};
 use txbox::engine::RunResult;
 use txbox::render;
 
 use crate::serve::{Api, ApiError, RunBody};
-
-const PROTOCOL_VERSIONS: &[&str] = &["2025-06-18", "2025-03-26", "2024-11-05"];
 
 const LIMIT_PROPS: &str = r#"{
   "timeout": {"type": "number", "description": "Wall-clock limit in seconds. On expiry the whole process tree is killed and every change is rolled back (outcome rolled_back, rollback_reason timeout, exit_code 124)."},
@@ -185,60 +185,64 @@ pub fn call(api: &Api, name: &str, args: &Value) -> Result<Value, String> {
     Ok(r.unwrap_or_else(|e| tool_error(&e)))
 }
 
-/// Answer one JSON-RPC message; `None` for notifications.
-pub fn handle(api: &Api, msg: &Value) -> Option<Value> {
-    let id = msg.get("id").cloned();
-    let method = msg.get("method").and_then(Value::as_str).unwrap_or("");
-    let params = msg.get("params").cloned().unwrap_or(Value::Null);
-    let id = id?; // notifications (no id) get no answer
-    let reply = |result: Result<Value, (i64, String)>| match result {
-        Ok(r) => json!({"jsonrpc": "2.0", "id": id, "result": r}),
-        Err((code, message)) => json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message}}),
-    };
-    Some(match method {
-        "initialize" => {
-            let asked = params.get("protocolVersion").and_then(Value::as_str).unwrap_or("");
-            let version = PROTOCOL_VERSIONS.iter().find(|v| **v == asked).copied().unwrap_or(PROTOCOL_VERSIONS[0]);
-            reply(Ok(json!({
-                "protocolVersion": version,
-                "capabilities": {"tools": {"listChanged": false}},
-                "serverInfo": {"name": "txbox", "version": env!("CARGO_PKG_VERSION")},
-                "instructions": "txbox runs shell commands as transactions: a command that fails is rolled back completely, one that succeeds is committed, and irreversible commands are denied. Use `run` for single commands; use begin/exec/diff then commit or rollback to review multi-step work before it reaches the workspace."
-            })))
-        }
-        "ping" => reply(Ok(json!({}))),
-        "tools/list" => reply(Ok(json!({ "tools": tools() }))),
-        "tools/call" => {
-            let name = params.get("name").and_then(Value::as_str).unwrap_or("");
-            let args = params.get("arguments").cloned().unwrap_or(Value::Null);
-            reply(call(api, name, &args).map_err(|m| (-32602, m)))
-        }
-        other => reply(Err((-32601, format!("method not found: {other}")))),
-    })
+const INSTRUCTIONS: &str = "txbox runs shell commands as transactions: a command that fails is rolled back completely, \
+one that succeeds is committed, and irreversible commands are denied. Use `run` for single commands; use begin/exec/diff \
+then commit or rollback to review multi-step work before it reaches the workspace.";
+
+/// The rmcp handler: tools from [`tools`], calls through [`call`] on a blocking thread.
+#[derive(Clone)]
+struct Server {
+    api: Arc<Api>,
 }
 
-/// Serve MCP on stdin/stdout until stdin closes.
-pub fn main(workspaces: &[PathBuf], state_dir: Option<PathBuf>, policy_file: Option<PathBuf>) -> Result<i32> {
-    let api = Api::new(workspaces, state_dir, policy_file)?;
-    let stdin = std::io::stdin();
-    let mut out = std::io::stdout();
-    for line in stdin.lock().lines() {
-        let line = line?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let answer = match serde_json::from_str::<Value>(&line) {
-            Ok(Value::Array(batch)) => {
-                let v: Vec<Value> = batch.iter().filter_map(|m| handle(&api, m)).collect();
-                (!v.is_empty()).then_some(Value::Array(v))
-            }
-            Ok(msg) => handle(&api, &msg),
-            Err(e) => Some(json!({"jsonrpc": "2.0", "id": null, "error": {"code": -32700, "message": format!("parse error: {e}")}})),
-        };
-        if let Some(a) = answer {
-            writeln!(out, "{a}")?;
-            out.flush()?;
-        }
+fn convert<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, ErrorData> {
+    serde_json::from_value(v).map_err(|e| ErrorData::internal_error(format!("txbox: building the MCP reply: {e}"), None))
+}
+
+impl ServerHandler for Server {
+    fn get_info(&self) -> ServerConfig {
+        let mut info = ServerConfig::default();
+        info.capabilities = rmcp::model::ServerCapabilities::builder().enable_tools().build();
+        info.server_info = rmcp::model::Implementation::new("txbox", env!("CARGO_PKG_VERSION"));
+        info.instructions = Some(INSTRUCTIONS.into());
+        info
     }
-    Ok(0)
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        convert(json!({ "tools": tools() }))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let api = self.api.clone();
+        let name = request.name.to_string();
+        let args = request.arguments.map(Value::Object).unwrap_or(Value::Null);
+        let out = tokio::task::spawn_blocking(move || call(&api, &name, &args))
+            .await
+            .map_err(|e| ErrorData::internal_error(format!("txbox: worker failed: {e}"), None))?
+            .map_err(|m| ErrorData::invalid_params(m, None))?;
+        Ok(convert::<CallToolResult>(out)?.into())
+    }
+}
+
+/// Serve MCP on stdin/stdout until the client closes stdin.
+pub fn main(workspaces: &[PathBuf], state_dir: Option<PathBuf>, policy_file: Option<PathBuf>) -> Result<i32> {
+    let api = Arc::new(Api::new(workspaces, state_dir, policy_file)?);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all() // rmcp uses timers (request timeouts)
+        .build()
+        .context("starting the async runtime")?;
+    rt.block_on(async move {
+        let running = Server { api }.serve(rmcp::transport::stdio()).await.context("MCP initialization")?;
+        running.waiting().await.context("MCP service")?;
+        Ok::<i32, anyhow::Error>(0)
+    })
 }

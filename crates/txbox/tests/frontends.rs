@@ -269,7 +269,7 @@ fn serve_refuses_to_start_without_a_token() {
 /// A running `txbox mcp`, killed on drop.
 struct Mcp {
     child: Child,
-    stdin: ChildStdin,
+    stdin: Option<ChildStdin>,
     stdout: BufReader<ChildStdout>,
     next: u64,
 }
@@ -287,12 +287,13 @@ impl Mcp {
             .unwrap();
         let stdin = child.stdin.take().unwrap();
         let stdout = BufReader::new(child.stdout.take().unwrap());
-        Mcp { child, stdin, stdout, next: 1 }
+        Mcp { child, stdin: Some(stdin), stdout, next: 1 }
     }
 
     fn send(&mut self, msg: &Value) {
-        writeln!(self.stdin, "{msg}").unwrap();
-        self.stdin.flush().unwrap();
+        let stdin = self.stdin.as_mut().unwrap();
+        writeln!(stdin, "{msg}").unwrap();
+        stdin.flush().unwrap();
     }
 
     fn request(&mut self, method: &str, params: Value) -> Value {
@@ -307,6 +308,20 @@ impl Mcp {
     }
 
     /// Call a tool; returns (isError, summary line, parsed JSON payload).
+    /// Close stdin: the server must exit cleanly.
+    fn finish(&mut self) {
+        drop(self.stdin.take());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                assert!(st.success(), "txbox mcp exited with {st} after stdin closed");
+                return;
+            }
+            assert!(Instant::now() < deadline, "txbox mcp did not exit after stdin closed");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     fn call(&mut self, name: &str, args: Value) -> (bool, String, Value) {
         let v = self.request("tools/call", json!({"name": name, "arguments": args}));
         let r = &v["result"];
@@ -384,4 +399,5 @@ fn mcp_lists_tools_and_runs_transactions() {
     assert!(bad["error"].is_object(), "{bad}");
     let (_, _, log) = m.call("log", json!({}));
     assert!(log.as_array().map(Vec::len).unwrap_or(0) >= 4, "{log}");
+    m.finish();
 }
