@@ -86,6 +86,28 @@ enum Sub {
     /// Inspect the policy.
     #[command(subcommand)]
     Policy(PolicyCmd),
+    /// HTTP API (DESIGN §7) for the workspaces named here; bearer-token auth.
+    Serve {
+        /// Address to listen on, e.g. 127.0.0.1:8731.
+        #[arg(long, value_name = "ADDR")]
+        listen: String,
+        /// A workspace requests may use (repeatable; default: the current directory).
+        #[arg(short = 'C', long = "workspace", value_name = "DIR")]
+        workspaces: Vec<PathBuf>,
+        /// File whose first line is the bearer token (else env TXBOX_TOKEN).
+        #[arg(long, value_name = "FILE")]
+        token_file: Option<PathBuf>,
+        #[command(flatten)]
+        policy: PolicyArg,
+    },
+    /// Model Context Protocol server on stdio (tools run, begin, exec, diff, commit, rollback, log).
+    Mcp {
+        /// A workspace the tools may use (repeatable; default: the current directory).
+        #[arg(short = 'C', long = "workspace", value_name = "DIR")]
+        workspaces: Vec<PathBuf>,
+        #[command(flatten)]
+        policy: PolicyArg,
+    },
 }
 
 #[derive(Args, Debug)]
@@ -316,6 +338,10 @@ pub fn main(args: Vec<OsString>) -> Result<i32> {
                 Ok(1)
             }
         },
+        Sub::Serve { listen, workspaces, token_file, policy } => {
+            crate::serve::main(&listen, &workspaces, state_dir, token_file.as_deref(), policy.file)
+        }
+        Sub::Mcp { workspaces, policy } => crate::mcp::main(&workspaces, state_dir, policy.file),
         Sub::Policy(PolicyCmd::Show { policy }) => {
             print!("{}", policy.load()?.to_toml());
             Ok(0)

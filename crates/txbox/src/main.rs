@@ -3,6 +3,8 @@
 mod cli;
 mod demo;
 mod doctor;
+mod mcp;
+mod serve;
 mod shim;
 
 fn main() {

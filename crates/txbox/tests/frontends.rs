@@ -1,0 +1,403 @@
+//! The agent-facing front ends through the real binary: `txbox serve` (HTTP, driven with
+//! hand-written HTTP/1.1 over std::net) and `txbox mcp` (newline-delimited JSON-RPC on stdio).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::Path;
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::{json, Value};
+
+const TOKEN: &str = "s3cret-test-token";
+
+/// A running `txbox serve`, killed on drop.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn serve(s: &Scratch, workspaces: &[&Path]) -> Server {
+    serve_with(s, workspaces, None)
+}
+
+fn serve_with(s: &Scratch, workspaces: &[&Path], state_dir: Option<&Path>) -> Server {
+    let token_file = s.root.join("token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    for _ in 0..5 {
+        let port = free_port();
+        let mut cmd = Command::new(binary());
+        cmd.arg("serve").arg("--listen").arg(format!("127.0.0.1:{port}")).arg("--token-file").arg(&token_file);
+        for w in workspaces {
+            cmd.arg("-C").arg(w);
+        }
+        if let Some(d) = state_dir {
+            cmd.arg("--state-dir").arg(d);
+        }
+        let child = cmd.env_remove("TXBOX_TOKEN").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+        let mut server = Server { child, port };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Some(_status) = server.child.try_wait().unwrap() {
+                break; // port taken by someone else meanwhile: try another
+            }
+            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return server;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = server.child.kill();
+    }
+    panic!("txbox serve did not start");
+}
+
+/// One HTTP/1.1 request; returns (status, parsed JSON body or Null).
+fn http(port: u16, method: &str, path: &str, token: Option<&str>, body: Option<&Value>) -> (u16, Value) {
+    let mut conn = TcpStream::connect(("127.0.0.1", port)).unwrap();
+    conn.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let body = body.map(Value::to_string).unwrap_or_default();
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    if !body.is_empty() {
+        req.push_str("Content-Type: application/json\r\n");
+    }
+    if let Some(t) = token {
+        req.push_str(&format!("Authorization: Bearer {t}\r\n"));
+    }
+    req.push_str("\r\n");
+    req.push_str(&body);
+    conn.write_all(req.as_bytes()).unwrap();
+    let mut raw = Vec::new();
+    conn.read_to_end(&mut raw).unwrap();
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, rest) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status: u16 = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    let chunked = head.to_ascii_lowercase().contains("transfer-encoding: chunked");
+    let payload = if chunked { dechunk(rest) } else { rest.to_string() };
+    (status, serde_json::from_str(&payload).unwrap_or(Value::Null))
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+fn auth() -> Option<&'static str> {
+    Some(TOKEN)
+}
+
+#[test]
+fn http_auth_health_and_workspace_confinement() {
+    let s = Scratch::new("http-auth");
+    let other = s.root.join("other");
+    std::fs::create_dir_all(&other).unwrap();
+    let srv = serve(&s, &[&s.ws]);
+    let (st, v) = http(srv.port, "GET", "/v1/health", None, None);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["ok"], true);
+    let body = json!({"command": "echo hi > f"});
+    for token in [None, Some("wrong"), Some("s3cret-test-toke")] {
+        let (st, v) = http(srv.port, "POST", "/v1/run", token, Some(&body));
+        assert_eq!(st, 401, "{token:?}: {v}");
+        assert!(v["error"].is_string(), "{v}");
+    }
+    assert!(!s.ws.join("f").exists(), "an unauthorized request ran");
+    // Another path, and a path that climbs out of the served one, are refused.
+    for ws in [other.to_str().unwrap().to_string(), format!("{}/..", s.ws.display()), "/".into()] {
+        let (st, v) = http(srv.port, "POST", "/v1/run", auth(), Some(&json!({"command": "touch x", "workspace": ws})));
+        assert!(st == 403 || st == 400, "{ws}: {st} {v}");
+        assert!(v["error"].is_string(), "{v}");
+        let (st, _) = http(srv.port, "POST", "/v1/tx", auth(), Some(&json!({"workspace": ws})));
+        assert!(st == 403 || st == 400, "{ws}: {st}");
+    }
+    assert!(!other.join("x").exists() && !s.root.join("x").exists());
+    // Bad input is a JSON 400; unknown routes and transactions are 404.
+    let (st, v) = http(srv.port, "POST", "/v1/run", auth(), Some(&json!({"cmd": "true"})));
+    assert_eq!(st, 400, "{v}");
+    assert!(v["error"].is_string());
+    for id in ["0123456789abcdef", "nothex", "../../etc"] {
+        let (st, v) = http(srv.port, "GET", &format!("/v1/tx/{id}/diff"), auth(), None);
+        assert_eq!(st, 404, "{id}: {v}");
+        let (st, _) = http(srv.port, "POST", &format!("/v1/tx/{id}/commit"), auth(), None);
+        assert_eq!(st, 404, "{id}");
+    }
+    let (st, _) = http(srv.port, "GET", "/v1/nope", auth(), None);
+    assert_eq!(st, 404);
+}
+
+#[test]
+fn http_run_commits_rolls_back_and_denies() {
+    let s = Scratch::new("http-run");
+    let srv = serve(&s, &[&s.ws]);
+    let ws = s.ws.to_str().unwrap();
+    let (st, v) = http(srv.port, "POST", "/v1/run", auth(), Some(&json!({"command": "echo hi > a.txt; echo out", "workspace": ws})));
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["outcome"], "committed", "{v}");
+    assert_eq!(v["stdout"], "out\n");
+    assert_eq!(v["changes"]["added"], json!(["a.txt"]));
+    assert_eq!(std::fs::read_to_string(s.ws.join("a.txt")).unwrap(), "hi\n");
+    let (st, v) = http(srv.port, "POST", "/v1/run", auth(), Some(&json!({"command": "echo x > b.txt; rm a.txt; exit 3"})));
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["outcome"], "rolled_back", "{v}");
+    assert_eq!(v["exit_code"], 3);
+    assert!(!s.ws.join("b.txt").exists() && s.ws.join("a.txt").exists());
+    let (st, v) = http(srv.port, "POST", "/v1/run", auth(), Some(&json!({"command": "rm -rf /"})));
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["outcome"], "denied", "{v}");
+    let (st, v) = http(srv.port, "POST", "/v1/run", auth(), Some(&json!({"command": "sleep 5", "timeout": 0.3})));
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["timed_out"], true, "{v}");
+    let (st, v) = http(srv.port, "GET", "/v1/log?n=2", auth(), None);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v.as_array().map(Vec::len), Some(2), "{v}");
+}
+
+#[test]
+fn http_session_flow_and_conflict() {
+    let s = Scratch::new("http-tx");
+    std::fs::write(s.ws.join("main.rs"), "base\n").unwrap();
+    // A state directory outside the workspace: with the default `<ws>/.txbox`, a step over an
+    // earlier successful step fails to mount its stacked overlay (ELOOP) — an engine issue
+    // outside the front ends, reported separately.
+    let srv = serve_with(&s, &[&s.ws], Some(&s.state));
+    let begin = || {
+        let (st, v) = http(srv.port, "POST", "/v1/tx", auth(), Some(&json!({})));
+        assert!(st == 200 || st == 201, "{st} {v}");
+        let tx = v["tx"].as_str().unwrap().to_string();
+        assert_eq!(tx.len(), 16);
+        tx
+    };
+    let (a, b) = (begin(), begin());
+    let exec = |tx: &str, cmd: &str| http(srv.port, "POST", &format!("/v1/tx/{tx}/exec"), auth(), Some(&json!({"command": cmd})));
+    let (st, v) = exec(&a, "echo a > main.rs");
+    assert_eq!((st, v["outcome"].as_str()), (200, Some("pending")), "{v}");
+    let (st, v) = exec(&a, "echo broken > junk; exit 1");
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["outcome"], "rolled_back", "{v}");
+    let (st, v) = exec(&a, "test ! -e junk && echo new > new.txt");
+    assert_eq!((st, v["outcome"].as_str()), (200, Some("pending")), "{v}");
+    let (st, v) = exec(&b, "echo b > main.rs");
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(std::fs::read_to_string(s.ws.join("main.rs")).unwrap(), "base\n", "an open tx touched the workspace");
+    let (st, v) = http(srv.port, "GET", &format!("/v1/tx/{a}/diff"), auth(), None);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v, json!({"tx": a, "added": ["new.txt"], "modified": ["main.rs"], "deleted": []}));
+    let (st, v) = http(srv.port, "POST", &format!("/v1/tx/{a}/commit"), auth(), None);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["outcome"], "committed", "{v}");
+    assert_eq!(std::fs::read_to_string(s.ws.join("main.rs")).unwrap(), "a\n");
+    assert!(!s.ws.join("junk").exists());
+    // b changed the same file from the same base: first committer wins, b gets 409.
+    let (st, v) = http(srv.port, "POST", &format!("/v1/tx/{b}/commit"), auth(), None);
+    assert_eq!(st, 409, "{v}");
+    assert_eq!(v["outcome"], "conflict", "{v}");
+    assert_eq!(std::fs::read_to_string(s.ws.join("main.rs")).unwrap(), "a\n");
+    // Committed and refused transactions are gone; rollback of a fresh one works.
+    let (st, _) = http(srv.port, "POST", &format!("/v1/tx/{a}/commit"), auth(), None);
+    assert_eq!(st, 404);
+    // A failed first step, then a good one; rollback discards the transaction.
+    let c = begin();
+    let (st, v) = exec(&c, "echo broken > junk; exit 1");
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["outcome"], "rolled_back", "{v}");
+    let (st, v) = exec(&c, "echo c > c.txt");
+    assert_eq!((st, v["outcome"].as_str()), (200, Some("pending")), "{v}");
+    let (st, v) = http(srv.port, "POST", &format!("/v1/tx/{c}/rollback"), auth(), None);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["outcome"], "rolled_back", "{v}");
+    assert!(!s.ws.join("c.txt").exists());
+}
+
+#[test]
+fn http_concurrent_requests() {
+    let s = Scratch::new("http-conc");
+    let srv = serve(&s, &[&s.ws]);
+    let port = srv.port;
+    let handles: Vec<_> = (0..4)
+        .map(|i| {
+            std::thread::spawn(move || {
+                http(port, "POST", "/v1/run", auth(), Some(&json!({"command": format!("echo {i} > f{i}.txt; sleep 0.2")})))
+            })
+        })
+        .collect();
+    // Health answers while runs are in flight.
+    let (st, _) = http(port, "GET", "/v1/health", None, None);
+    assert_eq!(st, 200);
+    for (i, h) in handles.into_iter().enumerate() {
+        let (st, v) = h.join().unwrap();
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(v["outcome"], "committed", "{v}");
+        assert_eq!(std::fs::read_to_string(s.ws.join(format!("f{i}.txt"))).unwrap(), format!("{i}\n"));
+    }
+}
+
+#[test]
+fn serve_refuses_to_start_without_a_token() {
+    let s = Scratch::new("http-notoken");
+    let out = Command::new(binary())
+        .args(["serve", "--listen", "127.0.0.1:0", "-C"])
+        .arg(&s.ws)
+        .env_remove("TXBOX_TOKEN")
+        .output()
+        .unwrap();
+    assert_ne!(out.status.code(), Some(0), "{}", describe(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("token"), "{}", describe(&out));
+}
+
+/// A running `txbox mcp`, killed on drop.
+struct Mcp {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: BufReader<ChildStdout>,
+    next: u64,
+}
+
+impl Mcp {
+    fn start(s: &Scratch) -> Mcp {
+        let mut child = Command::new(binary())
+            .arg("mcp")
+            .arg("-C")
+            .arg(&s.ws)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Mcp { child, stdin: Some(stdin), stdout, next: 1 }
+    }
+
+    fn send(&mut self, msg: &Value) {
+        let stdin = self.stdin.as_mut().unwrap();
+        writeln!(stdin, "{msg}").unwrap();
+        stdin.flush().unwrap();
+    }
+
+    fn request(&mut self, method: &str, params: Value) -> Value {
+        let id = self.next;
+        self.next += 1;
+        self.send(&json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}));
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line:?}"));
+        assert_eq!(v["id"], id, "{v}");
+        v
+    }
+
+    /// Call a tool; returns (isError, summary line, parsed JSON payload).
+    /// Close stdin: the server must exit cleanly.
+    fn finish(&mut self) {
+        drop(self.stdin.take());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                assert!(st.success(), "txbox mcp exited with {st} after stdin closed");
+                return;
+            }
+            assert!(Instant::now() < deadline, "txbox mcp did not exit after stdin closed");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn call(&mut self, name: &str, args: Value) -> (bool, String, Value) {
+        let v = self.request("tools/call", json!({"name": name, "arguments": args}));
+        let r = &v["result"];
+        let content = r["content"].as_array().unwrap_or_else(|| panic!("{v}"));
+        let summary = content[0]["text"].as_str().unwrap().to_string();
+        let payload = content.get(1).and_then(|c| c["text"].as_str()).and_then(|t| serde_json::from_str(t).ok()).unwrap_or(Value::Null);
+        (r["isError"] == true, summary, payload)
+    }
+}
+
+impl Drop for Mcp {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn mcp_lists_tools_and_runs_transactions() {
+    let s = Scratch::new("mcp");
+    let mut m = Mcp::start(&s);
+    let init = m.request(
+        "initialize",
+        json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}}),
+    );
+    assert_eq!(init["result"]["protocolVersion"], "2025-06-18", "{init}");
+    assert!(init["result"]["capabilities"]["tools"].is_object(), "{init}");
+    m.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    let list = m.request("tools/list", json!({}));
+    let tools = list["result"]["tools"].as_array().unwrap();
+    let names: Vec<&str> = tools.iter().filter_map(|t| t["name"].as_str()).collect();
+    assert_eq!(names, ["run", "begin", "exec", "diff", "commit", "rollback", "log"]);
+    for t in tools {
+        assert_eq!(t["inputSchema"]["type"], "object", "{t}");
+        assert!(t["description"].as_str().unwrap().len() > 40, "{t}");
+    }
+
+    let (err, summary, r) = m.call("run", json!({"command": "echo hi > a.txt"}));
+    assert!(!err);
+    assert!(summary.starts_with("txbox: committed"), "{summary}");
+    assert_eq!(r["outcome"], "committed", "{r}");
+    assert!(s.ws.join("a.txt").exists());
+
+    let (err, summary, r) = m.call("run", json!({"command": "echo x > b.txt; exit 2"}));
+    assert!(!err);
+    assert!(summary.contains("rolled back"), "{summary}");
+    assert_eq!(r["outcome"], "rolled_back");
+    assert_eq!(r["exit_code"], 2);
+    assert!(!s.ws.join("b.txt").exists());
+
+    let (err, summary, r) = m.call("run", json!({"command": "rm -rf /"}));
+    assert!(!err);
+    assert!(summary.contains("denied"), "{summary}");
+    assert_eq!(r["outcome"], "denied", "{r}");
+
+    // Multi-step: begin, exec, diff, commit.
+    let (_, _, b) = m.call("begin", json!({}));
+    let tx = b["tx"].as_str().unwrap().to_string();
+    let (err, _, r) = m.call("exec", json!({"tx": tx, "command": "echo step > step.txt"}));
+    assert!(!err, "{r}");
+    assert_eq!(r["outcome"], "pending", "{r}");
+    let (_, _, d) = m.call("diff", json!({"tx": tx}));
+    assert_eq!(d["added"], json!(["step.txt"]), "{d}");
+    assert!(!s.ws.join("step.txt").exists());
+    let (_, _, r) = m.call("commit", json!({"tx": tx}));
+    assert_eq!(r["outcome"], "committed", "{r}");
+    assert!(s.ws.join("step.txt").exists());
+
+    // Errors are tool errors, not protocol errors; unknown tools are protocol errors.
+    let (err, summary, _) = m.call("diff", json!({"tx": "0123456789abcdef"}));
+    assert!(err, "{summary}");
+    let (err, _, _) = m.call("run", json!({"command": "true", "workspace": "/"}));
+    assert!(err);
+    let bad = m.request("tools/call", json!({"name": "nope", "arguments": {}}));
+    assert!(bad["error"].is_object(), "{bad}");
+    let (_, _, log) = m.call("log", json!({}));
+    assert!(log.as_array().map(Vec::len).unwrap_or(0) >= 4, "{log}");
+    m.finish();
+}
