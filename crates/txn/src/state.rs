@@ -294,6 +294,18 @@ impl StateDir {
             }
             let dir = self.tx_dir(&id);
             let meta = TxMeta::read(&dir).ok();
+            // No meta yet: another process is creating this transaction right now (its lock
+            // and meta follow the mkdir). Only a long-stale one is a crash leftover.
+            if meta.is_none() {
+                let young = std::fs::metadata(&dir)
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .is_none_or(|age| age < std::time::Duration::from_secs(600));
+                if young {
+                    continue;
+                }
+            }
             // An open session outlives its processes; only one whose commit was cut short
             // before its commit record (status `committing`) is abandoned.
             if meta.as_ref().is_some_and(|m| m.kind == "session") && self.status(&id).as_deref() != Some("committing") {
