@@ -441,22 +441,9 @@ impl TxDir {
         let work = dir.join("work");
         std::fs::DirBuilder::new().mode(ws_md.mode() & 0o7777).create(&upper).map_err(io_at(&upper, "create upper"))?;
         std::fs::DirBuilder::new().mode(0o700).create(&work).map_err(io_at(&work, "create work"))?;
-        // DirBuilder's mode is filtered by the umask; set it exactly.
-        {
-            use std::os::unix::fs::PermissionsExt;
-            std::fs::set_permissions(&upper, std::fs::Permissions::from_mode(ws_md.mode() & 0o7777))
-                .map_err(io_at(&upper, "chmod upper"))?;
-        }
-        // Same mtime as the workspace root, so an untouched root is not a change.
-        let times = rustix::fs::Timestamps {
-            last_access: rustix::fs::Timespec { tv_sec: ws_md.atime(), tv_nsec: ws_md.atime_nsec() as _ },
-            last_modification: rustix::fs::Timespec { tv_sec: ws_md.mtime(), tv_nsec: ws_md.mtime_nsec() as _ },
-        };
-        rustix::fs::utimensat(rustix::fs::CWD, &upper, &times, rustix::fs::AtFlags::empty())
-            .map_err(|e| io_at(&upper, "set upper times")(e.into()))?;
-        if rustix::process::geteuid().is_root() && ws_md.uid() != 0 {
-            std::os::unix::fs::lchown(&upper, Some(ws_md.uid()), Some(ws_md.gid())).map_err(io_at(&upper, "chown upper"))?;
-        }
+        // Mode (exactly: DirBuilder's is filtered by the umask), times and owner of the
+        // workspace root, so an untouched root is not a change.
+        crate::session::mirror_root(&upper, &ws_md).map_err(io_at(&upper, "mirror workspace root"))?;
         let trash = dir.join("trash");
         Ok(TxDir { id, dir, upper, work, trash, _owner: owner })
     }
