@@ -56,9 +56,6 @@ pub trait Watch {
     }
 }
 
-/// No hooks.
-pub struct NoWatch;
-impl Watch for NoWatch {}
 
 #[derive(Debug, Clone)]
 pub struct Finished {

@@ -12,5 +12,5 @@ pub mod seccomp;
 pub mod spec;
 pub mod stage2;
 
-pub use launch::{launch, shell_argv, Exit, Finished, LaunchOptions, NoWatch, SandboxError, Watch};
+pub use launch::{launch, shell_argv, Exit, Finished, LaunchOptions, SandboxError, Watch};
 pub use spec::{MountOp, MountPlan, SandboxSpec};

@@ -61,14 +61,10 @@ pub fn recover(state: &StateDir, workspace: Option<&Path>, hook: &mut CrashHook)
         out.push(Recovered::RolledForward { tx: record.tx, workspace: record.workspace });
     }
     for tx in state.abandoned()? {
-        if tx.starts_with(".gone-") {
-            // Retired layers: a background collector may be deleting them right now, so this
-            // is best effort; whatever is left, the next pass takes.
-            let _ = state::remove_tree(&state.tx_dir(&tx));
-        } else {
-            state.remove_tx(&tx)?;
-            out.push(Recovered::Discarded { tx });
-        }
+        state.remove_tx(&tx)?;
+        out.push(Recovered::Discarded { tx });
     }
+    // Retired layers (best effort: a background collector may be on them right now).
+    state.collect_garbage()?;
     Ok(out)
 }

@@ -125,23 +125,21 @@ impl StateDir {
     }
 
     /// The current generation, and the paths changed by commits after generation `since`.
+    /// Every `run` asks this, so only the log's tail is read: generations grow line by line,
+    /// and reading stops at the first complete line at or before `since`.
     pub fn commits_since(&self, workspace: &Path, since: u64) -> Result<(u64, Vec<PathBuf>), StateError> {
         let log = self.commit_log(workspace);
-        let text = match std::fs::read(&log) {
-            Ok(t) => t,
+        let text = match std::fs::File::open(&log) {
+            Ok(mut f) => tail_after(&mut f, since).map_err(io_at(&log, "read commit log"))?,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((0, Vec::new())),
             Err(e) => return Err(io_at(&log, "read commit log")(e)),
         };
         let mut generation = 0;
         let mut paths = Vec::new();
-        // Only complete lines count: a line cut by a crash was never followed by its commit.
-        for line in text.split(|b| *b == b'\n').filter(|l| !l.is_empty()) {
-            let line = String::from_utf8_lossy(line);
-            let mut words = line.split(' ');
-            let Some(g) = words.next().and_then(|g| g.parse::<u64>().ok()) else { continue };
+        for (g, words) in complete_lines(&text) {
             generation = generation.max(g);
             if g > since {
-                paths.extend(words.filter(|w| !w.is_empty()).filter_map(crate::journal::path_from_hex));
+                paths.extend(words.split(' ').filter(|w| !w.is_empty()).filter_map(crate::journal::path_from_hex));
             }
         }
         Ok((generation, paths))
@@ -284,12 +282,11 @@ impl StateDir {
     }
 
     /// Transactions whose owning process is gone and which hold no open session: leftovers of a
-    /// killed `run`. Hidden `.gone-*` directories are half-finished removals.
+    /// killed `run` (retired `.gone-*` directories are `collect_garbage`'s).
     pub fn abandoned(&self) -> Result<Vec<String>, StateError> {
         let mut out = Vec::new();
         for id in self.tx_ids()? {
-            if let Some(rest) = id.strip_prefix(".gone-") {
-                out.push(format!(".gone-{rest}"));
+            if id.starts_with(".gone-") {
                 continue;
             }
             let dir = self.tx_dir(&id);
@@ -319,6 +316,47 @@ impl StateDir {
             }
         }
         Ok(out)
+    }
+}
+
+/// The complete lines of a commit-log excerpt as (generation, rest). A last line without its
+/// newline was cut by a crash: it was never followed by its commit, so it does not count.
+fn complete_lines(text: &[u8]) -> Vec<(u64, String)> {
+    let whole = match text.iter().rposition(|b| *b == b'\n') {
+        Some(i) => &text[..i],
+        None => return Vec::new(),
+    };
+    whole
+        .split(|b| *b == b'\n')
+        .filter_map(|l| {
+            let line = String::from_utf8_lossy(l);
+            let (g, rest) = line.split_once(' ').unwrap_or((&line, ""));
+            g.parse::<u64>().ok().map(|g| (g, rest.to_string()))
+        })
+        .collect()
+}
+
+/// The end of the log, from the first complete line whose generation is at or before `since`
+/// (or the whole file). Lines before the excerpt's first newline may be cut and are dropped.
+fn tail_after(f: &mut File, since: u64) -> io::Result<Vec<u8>> {
+    use std::io::{Read, Seek, SeekFrom};
+    let len = f.seek(SeekFrom::End(0))?;
+    let mut chunk = 4096u64;
+    loop {
+        let start = len.saturating_sub(chunk);
+        f.seek(SeekFrom::Start(start))?;
+        let mut buf = Vec::new();
+        f.read_to_end(&mut buf)?;
+        if start == 0 {
+            return Ok(buf);
+        }
+        if let Some(nl) = buf.iter().position(|b| *b == b'\n') {
+            let rest = buf.split_off(nl + 1);
+            if complete_lines(&rest).first().is_some_and(|(g, _)| *g <= since) {
+                return Ok(rest);
+            }
+        }
+        chunk = chunk.saturating_mul(4);
     }
 }
 
@@ -446,5 +484,42 @@ impl TxDir {
         crate::session::mirror_root(&upper, &ws_md).map_err(io_at(&upper, "mirror workspace root"))?;
         let trash = dir.join("trash");
         Ok(TxDir { id, dir, upper, work, trash, _owner: owner })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn commit_log_is_read_from_its_tail_with_the_same_answers() -> Result<(), StateError> {
+        let root = std::env::temp_dir().join(format!("txbox-commitlog-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let state = StateDir { root: root.clone() };
+        state.ensure()?;
+        let ws = Path::new("/w");
+        assert_eq!(state.commits_since(ws, 0)?, (0, Vec::new()));
+        // Enough entries, with long paths, that the tail reader must widen its window.
+        for g in 1..=3000u64 {
+            let paths = vec![PathBuf::from(format!("dir{g}/{}", "x".repeat(40))), PathBuf::from(format!("f{g}"))];
+            assert_eq!(state.log_commit(ws, &paths)?, g);
+        }
+        assert_eq!(state.generation(ws)?, 3000);
+        for since in [0u64, 1, 1234, 2999, 3000] {
+            let (g, paths) = state.commits_since(ws, since)?;
+            assert_eq!(g, 3000);
+            let want: Vec<PathBuf> = (since + 1..=3000).map(|g| PathBuf::from(format!("f{g}"))).collect();
+            // The `f<g>` path of each entry (Path::starts_with compares whole components).
+            let got: Vec<PathBuf> = paths.into_iter().filter(|p| p.to_str().is_some_and(|s| s.starts_with('f'))).collect();
+            assert!(got == want, "since {since}: {} paths, first {:?}, want {} from {:?}", got.len(), got.first(), want.len(), want.first());
+        }
+        // A line cut by a crash (no newline) is no commit.
+        let log = state.commit_log(ws);
+        let mut f = std::fs::OpenOptions::new().append(true).open(&log).map_err(io_at(&log, "open"))?;
+        std::io::Write::write_all(&mut f, b"3001 6631").map_err(io_at(&log, "append"))?;
+        assert_eq!(state.generation(ws)?, 3000);
+        assert!(state.commits_since(ws, 3000)?.1.is_empty());
+        let _ = std::fs::remove_dir_all(&root);
+        Ok(())
     }
 }
