@@ -2,7 +2,7 @@
 //! wall-clock timeout, and collect the command's fate from the report pipe.
 
 use std::ffi::OsString;
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use rustix::event::{PollFd, PollFlags};
 
 use crate::stage2::{REPORT_FD, SYNC_FD};
+use crate::warm::{Conn, NotWarm};
 
 /// How often limits that need watching are checked.
 const CHECK_EVERY: Duration = Duration::from_millis(100);
@@ -41,6 +42,18 @@ pub struct LaunchOptions {
     /// Exceeding the capture size kills the command (`--max-output`) instead of truncating.
     pub output_limit_kills: bool,
     pub timeout: Option<Duration>,
+    /// The socket of a warm server to try first ([`crate::warm`]); without one, or when it
+    /// cannot take the command, the launcher builds a sandbox of its own.
+    pub warm: Option<std::path::PathBuf>,
+}
+
+/// Where the command ran.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WarmUse {
+    /// In a warm server's sandbox.
+    Served,
+    /// In a sandbox built for it, and why.
+    Cold(NotWarm),
 }
 
 /// Hooks the launcher calls while the sandbox runs: put it into its cgroups before it starts
@@ -67,6 +80,7 @@ pub struct Finished {
     pub stderr_truncated: bool,
     /// The limit that made txbox kill the command, if any (`output`, or one from `Watch`).
     pub limit: Option<&'static str>,
+    pub warm: WarmUse,
 }
 
 struct Sink {
@@ -113,7 +127,7 @@ impl Sink {
 ///
 /// # Safety
 /// To be called in a freshly forked child, with fds that are open.
-unsafe fn install_fds(pairs: &[(i32, i32)]) -> bool {
+pub(crate) unsafe fn install_fds(pairs: &[(i32, i32)]) -> bool {
     let mut moved = [-1i32; 4];
     for (i, (fd, _)) in pairs.iter().enumerate().take(4) {
         if *fd >= 0 {
@@ -148,6 +162,8 @@ fn single_threaded() -> bool {
 enum Helper {
     Forked(libc::pid_t),
     Spawned(std::process::Child),
+    /// A warm server runs the command; it reports on the connection.
+    Warm(Conn),
 }
 
 impl Helper {
@@ -155,6 +171,7 @@ impl Helper {
         match self {
             Helper::Forked(p) => *p as u32,
             Helper::Spawned(c) => c.id(),
+            Helper::Warm(_) => 0,
         }
     }
 
@@ -167,6 +184,8 @@ impl Helper {
             Helper::Spawned(c) => {
                 let _ = c.kill();
             }
+            // The server kills every process of the command, reports, and closes.
+            Helper::Warm(conn) => conn.stop(),
         }
     }
 
@@ -190,20 +209,56 @@ impl Helper {
                 let st = c.wait().map_err(SandboxError::Wait)?;
                 Ok(st.code().or(st.signal().map(|s| 128 + s)).unwrap_or(-1))
             }
+            // Nothing to reap: the server's init reaped everything before it reported.
+            Helper::Warm(_) => Ok(0),
         }
     }
+}
+
+/// Hand the command to the warm server on `socket`, with this process's stdin and either its
+/// stdout/stderr or capture pipes. Returns the connection and the pipes' read ends.
+fn try_warm(socket: &Path, spec: &SandboxSpec, opts: &LaunchOptions) -> Result<(Conn, Option<OwnedFd>, Option<OwnedFd>), NotWarm> {
+    use std::io::IsTerminal;
+    // A terminal needs the caller's session (job control, /dev/tty), which only a sandbox
+    // forked from the caller has; cgroup limits need stage 2 stopped before it starts.
+    let tty = std::io::stdin().is_terminal()
+        || (opts.capture.is_none() && (std::io::stdout().is_terminal() || std::io::stderr().is_terminal()));
+    if tty || spec.sync {
+        return Err(NotWarm::Unsuitable);
+    }
+    let pipe = || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|_| NotWarm::Unsuitable);
+    let (out, err) = match opts.capture {
+        Some(_) => (Some(pipe()?), Some(pipe()?)),
+        None => (None, None),
+    };
+    let stdio = [
+        rustix::stdio::stdin(),
+        out.as_ref().map_or(rustix::stdio::stdout(), |p| p.1.as_fd()),
+        err.as_ref().map_or(rustix::stdio::stderr(), |p| p.1.as_fd()),
+    ];
+    let conn = crate::warm::claim(socket, spec, stdio)?;
+    // The write ends now belong to the command; ours would hold its output open.
+    Ok((conn, out.map(|(r, _)| r), err.map(|(r, _)| r)))
 }
 
 /// Run `spec` in a sandbox through the stage-2 helper at `exe` (normally `/proc/self/exe`).
 pub fn launch(exe: &Path, spec: &SandboxSpec, opts: &LaunchOptions, watch: &mut dyn Watch) -> Result<Finished, SandboxError> {
     let spawn_err = |source| SandboxError::Spawn { exe: exe.display().to_string(), source };
     let pipe = || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| spawn_err(e.into()));
+    // The command gets the terminal's SIGINT/SIGQUIT itself; txbox stays to roll back.
+    let _guard = IgnoreInterrupts::new();
+    let why_cold = match opts.warm.as_deref().map(|socket| try_warm(socket, spec, opts)) {
+        None => NotWarm::Off,
+        Some(Err(why)) => why,
+        Some(Ok((conn, out_r, err_r))) => {
+            let report = conn.stream.try_clone().map_err(&spawn_err)?;
+            return supervise(Helper::Warm(conn), report, out_r, err_r, opts, watch, WarmUse::Served);
+        }
+    };
     let (report_r, report_w) = pipe()?;
     let (sync_r, sync_w) = pipe()?;
     let sr = if spec.sync { sync_r.as_raw_fd() } else { -1 };
     let w = report_w.as_raw_fd();
-    // The command gets the terminal's SIGINT/SIGQUIT itself; txbox stays to roll back.
-    let _guard = IgnoreInterrupts::new();
     let (mut child, out_r, err_r) = if single_threaded() && std::env::var_os("TXBOX_REEXEC").is_none() {
         let (out, err) = match opts.capture {
             Some(_) => (Some(pipe()?), Some(pipe()?)),
@@ -258,6 +313,20 @@ pub fn launch(exe: &Path, spec: &SandboxSpec, opts: &LaunchOptions, watch: &mut 
         let _ = rustix::io::write(&sync_w, b"g");
     }
     drop(sync_w);
+    supervise(child, report_r, out_r, err_r, opts, watch, WarmUse::Cold(why_cold))
+}
+
+/// Stream or capture the command's output, enforce the timeout and the watched limits, and
+/// read its fate from `report`.
+fn supervise(
+    mut child: Helper,
+    report_r: OwnedFd,
+    out_r: Option<OwnedFd>,
+    err_r: Option<OwnedFd>,
+    opts: &LaunchOptions,
+    watch: &mut dyn Watch,
+    warm: WarmUse,
+) -> Result<Finished, SandboxError> {
     let mut limit: Option<&'static str> = None;
     let mut next_check = Instant::now();
     let cap = opts.capture.unwrap_or(0);
@@ -350,6 +419,7 @@ pub fn launch(exe: &Path, spec: &SandboxSpec, opts: &LaunchOptions, watch: &mut 
         stdout_truncated: out.truncated,
         stderr_truncated: err.truncated,
         limit,
+        warm,
     })
 }
 

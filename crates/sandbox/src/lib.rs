@@ -3,7 +3,8 @@
 //!
 //! - [`spec`]: the sandbox spec and the mount plan, as data (pure, unit-tested);
 //! - [`stage2`]: the re-exec'd helper that builds the sandbox in one ordered function;
-//! - [`launch`]: the host side that starts it, captures output and enforces the timeout.
+//! - [`launch`]: the host side that starts it, captures output and enforces the timeout;
+//! - [`warm`]: sandboxes built ahead of time by a server and reused, one transaction at a time.
 
 pub mod cgroup;
 pub mod landlock;
@@ -11,6 +12,7 @@ pub mod launch;
 pub mod seccomp;
 pub mod spec;
 pub mod stage2;
+pub mod warm;
 
-pub use launch::{launch, shell_argv, Exit, Finished, LaunchOptions, SandboxError, Watch};
+pub use launch::{launch, shell_argv, Exit, Finished, LaunchOptions, SandboxError, Watch, WarmUse};
 pub use spec::{MountOp, MountPlan, SandboxSpec};

@@ -152,6 +152,61 @@ impl SandboxSpec {
     }
 }
 
+impl SandboxSpec {
+    /// The fields a sandbox built ahead of time depends on (namespaces, base mounts), encoded
+    /// losslessly: two specs with equal encodings can run in the same warm sandbox.
+    fn sandbox_fields(&self) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut put = |b: &[u8]| {
+            out.extend_from_slice(&(b.len() as u64).to_le_bytes());
+            out.extend_from_slice(b);
+        };
+        put(self.workspace.as_os_str().as_bytes());
+        for list in [&self.hide, &self.writable] {
+            put(&(list.len() as u64).to_le_bytes());
+            for p in list {
+                put(p.as_os_str().as_bytes());
+            }
+        }
+        put(&[u8::from(self.userns), u8::from(self.host_network)]);
+        put(&self.uid.to_le_bytes());
+        put(&self.gid.to_le_bytes());
+        out
+    }
+
+    /// The same sandbox without anything of one run (its layers, directory, limits, command):
+    /// what a warm server is started with, and shows in its command line.
+    pub fn sandbox_only(&self) -> SandboxSpec {
+        let ws = self.workspace.clone();
+        let mut s = SandboxSpec::new(ws.clone(), ws.clone(), ws, vec![OsString::from("-")]);
+        s.hide = self.hide.clone();
+        s.writable = self.writable.clone();
+        s.userns = self.userns;
+        s.uid = self.uid;
+        s.gid = self.gid;
+        s.host_network = self.host_network;
+        s
+    }
+
+    /// Whether a warm sandbox built for `self` may run `other`'s command: same workspace,
+    /// hidden and writable paths, identities and network.
+    pub fn same_sandbox(&self, other: &SandboxSpec) -> bool {
+        self.sandbox_fields() == other.sandbox_fields()
+    }
+
+    /// A short name for what [`same_sandbox`](Self::same_sandbox) compares (16 hex digits,
+    /// FNV-1a): names the warm server's socket. Not a security boundary: the server compares
+    /// the full fields of every request.
+    pub fn sandbox_key(&self) -> String {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in self.sandbox_fields() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        format!("{h:016x}")
+    }
+}
+
 /// One mount operation of the sandbox, in the order it must happen.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MountOp {
@@ -184,7 +239,15 @@ pub enum MountOp {
     /// A read-only sysfs of the sandbox's own network namespace (so /sys/class/net shows
     /// only its loopback).
     Sysfs { target: PathBuf },
+    /// Detach a mount and everything below it (a warm sandbox between two transactions).
+    Detach { target: PathBuf },
+    /// The empty file that `Hide` binds over files ([`EMPTY_FILE`], in the sandbox's `/dev`).
+    EmptyFile { target: PathBuf },
 }
+
+/// The empty file bound over hidden files; lives in the sandbox's own /dev, read-only once
+/// /dev is complete.
+pub const EMPTY_FILE: &str = "/dev/.txbox-empty";
 
 /// The mount plan: ops run right after `unshare`, then ops run by the pid namespace's init.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -218,6 +281,7 @@ impl MountPlan {
             ops.push(MountOp::Sysfs { target: p("/sys") });
         }
         ops.push(MountOp::Tmpfs { target: p("/dev"), mode: 0o755 });
+        ops.push(MountOp::EmptyFile { target: p(EMPTY_FILE) });
         for d in DEVICES {
             ops.push(MountOp::Bind { source: Path::new("/dev").join(d), target: Path::new("/dev").join(d) });
         }
@@ -241,20 +305,75 @@ impl MountPlan {
 
     /// Host paths the executor must open before its first mount (they may be covered later).
     pub fn sources(&self) -> Vec<PathBuf> {
-        let mut out = Vec::new();
-        for op in &self.namespace {
-            match op {
-                MountOp::Overlay { lowers, upper, work, .. } => {
-                    out.extend(lowers.iter().cloned());
-                    out.push(upper.clone());
-                    out.push(work.clone());
-                }
-                MountOp::Bind { source, .. } => out.push(source.clone()),
-                _ => {}
-            }
-        }
-        out
+        sources(&self.namespace)
     }
+
+    /// The same sandbox split for a warm server (`crate::warm`): what can be built before the
+    /// transaction is known, what each transaction mounts, and what undoes it afterwards.
+    pub fn for_warm(spec: &SandboxSpec) -> WarmPlan {
+        let cold = MountPlan::for_spec(spec);
+        let ws = &spec.workspace;
+        // Per transaction: its overlay, and hidden paths inside the workspace, which must cover
+        // the overlay. The overlay is a new mount, so it is writable without `Writable`.
+        let per_run: Vec<MountOp> = cold
+            .namespace
+            .iter()
+            .filter(|op| match op {
+                MountOp::Overlay { .. } => true,
+                MountOp::Hide { target } => target.starts_with(ws),
+                _ => false,
+            })
+            .cloned()
+            .collect();
+        let base: Vec<MountOp> = cold
+            .namespace
+            .into_iter()
+            .filter(|op| !per_run.contains(op) && *op != MountOp::Writable { target: ws.clone() })
+            .collect();
+        // Afterwards, when no process of the transaction is left: the workspace view goes (with
+        // whatever covers it), then the scratch filesystems are replaced by empty ones, so
+        // nothing one transaction leaves in /tmp or /dev/shm is seen by the next.
+        let p = |s: &str| PathBuf::from(s);
+        let release = vec![MountOp::Detach { target: ws.clone() }];
+        let reset = vec![
+            MountOp::Detach { target: p("/tmp") },
+            MountOp::Tmpfs { target: p("/tmp"), mode: 0o1777 },
+            MountOp::Detach { target: p("/dev/shm") },
+            MountOp::Tmpfs { target: p("/dev/shm"), mode: 0o1777 },
+        ];
+        WarmPlan { base: MountPlan { namespace: base, init: cold.init }, per_run, release, reset }
+    }
+}
+
+/// A [`MountPlan`] for a sandbox built ahead of its transactions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WarmPlan {
+    /// Built once, when the warm server starts.
+    pub base: MountPlan,
+    /// Mounted by the server's init for each transaction, before the command starts.
+    pub per_run: Vec<MountOp>,
+    /// Run by the server's init after each transaction, when no process of it is left: what
+    /// undoes `per_run`.
+    pub release: Vec<MountOp>,
+    /// Run after `release`, to make the sandbox as new for the next transaction.
+    pub reset: Vec<MountOp>,
+}
+
+/// Host paths `ops` mount from, which must be opened before the first mount covers them.
+pub fn sources(ops: &[MountOp]) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for op in ops {
+        match op {
+            MountOp::Overlay { lowers, upper, work, .. } => {
+                out.extend(lowers.iter().cloned());
+                out.push(upper.clone());
+                out.push(work.clone());
+            }
+            MountOp::Bind { source, .. } => out.push(source.clone()),
+            _ => {}
+        }
+    }
+    out
 }
 
 /// Escape a path for overlayfs's option string (`\`, `,` and `:` are separators there).
@@ -349,6 +468,43 @@ mod tests {
     }
 
     #[test]
+    fn sandbox_key_follows_what_the_sandbox_is_built_from() {
+        let a = spec();
+        let mut per_run = a.clone();
+        per_run.upper = "/elsewhere/upper".into();
+        per_run.argv = vec![OsString::from("true")];
+        per_run.cwd = "/w/ws".into();
+        per_run.cpu_seconds = None;
+        per_run.layers.clear();
+        assert!(a.same_sandbox(&per_run));
+        assert_eq!(a.sandbox_key(), per_run.sandbox_key());
+        // What a server is started with keeps the sandbox and drops the run.
+        let only = a.sandbox_only();
+        assert!(a.same_sandbox(&only));
+        assert!(only.layers.is_empty() && only.argv == [OsString::from("-")] && only.cpu_seconds.is_none() && !only.sync);
+        assert!(!only.to_args().iter().any(|x| x.as_bytes().windows(4).any(|w| w == b"echo")));
+        let changes: [fn(&mut SandboxSpec); 6] = [
+            |s| s.workspace = "/w/other".into(),
+            |s| s.hide.push("/home/u/.aws".into()),
+            |s| s.writable.push("/cache".into()),
+            |s| s.host_network = true,
+            |s| s.uid = 1001,
+            |s| s.userns = false,
+        ];
+        for change in changes {
+            let mut b = a.clone();
+            change(&mut b);
+            assert!(!a.same_sandbox(&b), "{b:?}");
+            assert_ne!(a.sandbox_key(), b.sandbox_key());
+        }
+        // Moving a path from one list to the other is a different sandbox too.
+        let mut c = a.clone();
+        let h = c.hide.pop().unwrap_or_default();
+        c.writable.push(h);
+        assert!(!a.same_sandbox(&c));
+    }
+
+    #[test]
     fn malformed_arguments_are_refused() {
         assert!(SandboxSpec::from_args(&[OsString::from("--workspace")]).is_err());
         assert!(SandboxSpec::from_args(&[OsString::from("--bogus"), OsString::from("x")]).is_err());
@@ -384,6 +540,36 @@ mod tests {
         // Everything a later mount may cover is opened first.
         let sources = plan.sources();
         assert!(sources.contains(&"/w/ws".into()) && sources.contains(&"/dev/null".into()));
+    }
+
+    #[test]
+    fn warm_plan_is_the_cold_plan_split_in_time() {
+        let s = spec();
+        let cold = MountPlan::for_spec(&s);
+        let warm = MountPlan::for_warm(&s);
+        // Each transaction: its overlay first, then the state directory hidden inside it.
+        assert!(matches!(warm.per_run[0], MountOp::Overlay { .. }), "{:#?}", warm.per_run);
+        assert_eq!(warm.per_run[1..], [MountOp::Hide { target: "/w/ws/.txbox".into() }]);
+        // The base holds everything else of the cold plan, in the cold order, except making
+        // the (not yet mounted) workspace writable; the secret outside the workspace is in it.
+        let expected: Vec<MountOp> = cold
+            .namespace
+            .iter()
+            .filter(|op| !warm.per_run.contains(op) && **op != MountOp::Writable { target: "/w/ws".into() })
+            .cloned()
+            .collect();
+        assert_eq!(warm.base.namespace, expected);
+        assert!(warm.base.namespace.contains(&MountOp::Hide { target: "/home/u/.ssh".into() }));
+        assert_eq!(warm.base.init, cold.init);
+        // Nothing of the overlay's layers is opened when the base is built: they come with
+        // each transaction.
+        assert!(!warm.base.sources().iter().any(|p| p.starts_with("/w/ws")), "{:?}", warm.base.sources());
+        // Afterwards the view is detached, then the scratch filesystems are replaced.
+        assert_eq!(warm.release, [MountOp::Detach { target: "/w/ws".into() }]);
+        let tmp_gone = warm.reset.iter().position(|o| *o == MountOp::Detach { target: "/tmp".into() });
+        let tmp_new = warm.reset.iter().position(|o| *o == MountOp::Tmpfs { target: "/tmp".into(), mode: 0o1777 });
+        assert!(tmp_gone < tmp_new && tmp_new.is_some());
+        assert!(warm.reset.contains(&MountOp::Tmpfs { target: "/dev/shm".into(), mode: 0o1777 }));
     }
 
     #[test]

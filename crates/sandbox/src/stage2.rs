@@ -17,20 +17,21 @@ use std::os::unix::ffi::OsStrExt;
 use rustix::mount::{MountFlags, MountPropagationFlags, UnmountFlags};
 use rustix::thread::UnshareFlags;
 
-use crate::spec::{overlay_options, MountOp, MountPlan, SandboxSpec};
+use crate::spec::{overlay_options, MountOp, MountPlan, SandboxSpec, EMPTY_FILE};
 
 /// The fd on which stage 2 reports to its parent (set up by the launcher).
 pub const REPORT_FD: i32 = 3;
 /// The fd on which stage 2 waits for the launcher's go (when `spec.sync`).
 pub const SYNC_FD: i32 = 4;
 
+/// A step of building the sandbox failed: which step, and the errno it got.
 #[derive(Debug)]
-struct StepError {
-    step: String,
-    errno: rustix::io::Errno,
+pub(crate) struct StepError {
+    pub(crate) step: String,
+    pub(crate) errno: rustix::io::Errno,
 }
 
-fn at(step: impl Into<String>) -> impl FnOnce(rustix::io::Errno) -> StepError {
+pub(crate) fn at(step: impl Into<String>) -> impl FnOnce(rustix::io::Errno) -> StepError {
     let step = step.into();
     move |errno| StepError { step, errno }
 }
@@ -75,12 +76,12 @@ pub fn run_spec(spec: &SandboxSpec) -> ! {
 
 /// Leave without running exit handlers or flushing stdio buffers: after the launcher's fork
 /// those buffers are the parent's, and flushing them here would print its output twice.
-fn exit(code: i32) -> ! {
+pub(crate) fn exit(code: i32) -> ! {
     // SAFETY: _exit ends the process at once; nothing of ours needs unwinding.
     unsafe { libc::_exit(code) }
 }
 
-fn hint(e: &StepError) -> String {
+pub(crate) fn hint(e: &StepError) -> String {
     let base = format!("{} (errno {})", e.errno, e.errno.raw_os_error());
     if e.step.starts_with("unshare") && matches!(e.errno, rustix::io::Errno::PERM | rustix::io::Errno::NOSPC) {
         return format!(
@@ -108,29 +109,8 @@ fn run(spec: &SandboxSpec) -> Result<i32, StepError> {
         // SAFETY: closing our own copy of the sync fd; nothing else refers to it.
         unsafe { libc::close(SYNC_FD) };
     }
-    // 1. New namespaces: mounts, pids, network (loopback only), IPC, hostname, cgroup view.
-    //    Without root, a user namespace gives us the right to do the rest.
-    let mut flags = UnshareFlags::NEWNS | UnshareFlags::NEWPID | UnshareFlags::NEWIPC | UnshareFlags::NEWUTS | UnshareFlags::NEWCGROUP;
-    if !spec.host_network {
-        flags |= UnshareFlags::NEWNET;
-    }
-    if spec.userns {
-        flags |= UnshareFlags::NEWUSER;
-    }
-    // SAFETY: none of these flags (no CLONE_FILES, CLONE_FS, CLONE_SYSVSEM) changes state that
-    // Rust's standard library caches in this single-threaded process.
-    unsafe { rustix::thread::unshare_unsafe(flags) }.map_err(at("unshare"))?;
-    // 2. Map the invoking user and group to themselves: files the command creates belong to
-    //    the caller, and the command sees its own uid.
-    if spec.userns {
-        write_proc("/proc/self/setgroups", "deny")?;
-        write_proc("/proc/self/uid_map", &format!("{0} {0} 1", spec.uid))?;
-        write_proc("/proc/self/gid_map", &format!("{0} {0} 1", spec.gid))?;
-    }
-    let _ = rustix::system::sethostname(b"txbox");
-    if !spec.host_network {
-        loopback_up()?;
-    }
+    // 1-2. New namespaces, the caller's ids mapped to themselves, loopback up.
+    enter_namespaces(spec)?;
     // 3. Open every host object a later mount may cover (a workspace below /tmp, /dev/null),
     //    then run the mount plan.
     let mut pins = Pins::default();
@@ -169,12 +149,45 @@ fn run(spec: &SandboxSpec) -> Result<i32, StepError> {
     })
 }
 
+/// Steps 1 and 2 of every sandbox (cold or warm): new namespaces, ids, hostname, loopback.
+pub(crate) fn enter_namespaces(spec: &SandboxSpec) -> Result<(), StepError> {
+    // 1. New namespaces: mounts, pids, network (loopback only), IPC, hostname, cgroup view.
+    //    Without root, a user namespace gives us the right to do the rest.
+    let mut flags = UnshareFlags::NEWNS | UnshareFlags::NEWPID | UnshareFlags::NEWIPC | UnshareFlags::NEWUTS | UnshareFlags::NEWCGROUP;
+    if !spec.host_network {
+        flags |= UnshareFlags::NEWNET;
+    }
+    if spec.userns {
+        flags |= UnshareFlags::NEWUSER;
+    }
+    // SAFETY: none of these flags (no CLONE_FILES, CLONE_FS, CLONE_SYSVSEM) changes state that
+    // Rust's standard library caches in this single-threaded process.
+    unsafe { rustix::thread::unshare_unsafe(flags) }.map_err(at("unshare"))?;
+    // 2. Map the invoking user and group to themselves: files the command creates belong to
+    //    the caller, and the command sees its own uid.
+    if spec.userns {
+        write_proc("/proc/self/setgroups", "deny")?;
+        write_proc("/proc/self/uid_map", &format!("{0} {0} 1", spec.uid))?;
+        write_proc("/proc/self/gid_map", &format!("{0} {0} 1", spec.gid))?;
+    }
+    let _ = rustix::system::sethostname(b"txbox");
+    if !spec.host_network {
+        loopback_up()?;
+    }
+    Ok(())
+}
+
 /// Host objects opened before the first mount, named through `/proc/self/fd` afterwards.
 #[derive(Default)]
-struct Pins(std::collections::HashMap<std::path::PathBuf, rustix::fd::OwnedFd>);
+pub(crate) struct Pins(std::collections::HashMap<std::path::PathBuf, rustix::fd::OwnedFd>);
 
 impl Pins {
-    fn open(&mut self, p: &std::path::Path) -> Result<(), StepError> {
+    /// An object opened elsewhere (a warm server gets the layers from its client).
+    pub(crate) fn insert(&mut self, p: std::path::PathBuf, fd: rustix::fd::OwnedFd) {
+        self.0.insert(p, fd);
+    }
+
+    pub(crate) fn open(&mut self, p: &std::path::Path) -> Result<(), StepError> {
         if self.0.contains_key(p) {
             return Ok(());
         }
@@ -249,7 +262,7 @@ fn mount_setattr(target: &std::path::Path, recursive: bool, set: u64, clr: u64) 
     Ok(())
 }
 
-fn errno() -> i32 {
+pub(crate) fn errno() -> i32 {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
 
@@ -260,15 +273,11 @@ fn write_proc(path: &str, text: &str) -> Result<(), StepError> {
     })
 }
 
-/// The empty file bound over hidden files; lives in the sandbox's own /dev, read-only once
-/// /dev is complete.
-const EMPTY_FILE: &str = "/dev/.txbox-empty";
-
 fn mkdir_p(p: &std::path::Path) {
     let _ = std::fs::create_dir_all(p);
 }
 
-fn mount(op: &MountOp, pins: &Pins) -> Result<(), StepError> {
+pub(crate) fn mount(op: &MountOp, pins: &Pins) -> Result<(), StepError> {
     use rustix::mount::mount as mnt;
     match op {
         MountOp::PrivateRoot => {
@@ -333,12 +342,6 @@ fn mount(op: &MountOp, pins: &Pins) -> Result<(), StepError> {
                 // A file: an empty file over it, read-only. (Not /dev/null: a device node on a
                 // read-only mount still accepts writes, which would look like success.)
                 let empty = std::path::Path::new(EMPTY_FILE);
-                if std::fs::symlink_metadata(empty).is_err() {
-                    std::fs::write(empty, b"").map_err(|e| StepError {
-                        step: format!("create {EMPTY_FILE}"),
-                        errno: rustix::io::Errno::from_io_error(&e).unwrap_or(rustix::io::Errno::IO),
-                    })?;
-                }
                 mnt(empty, target.as_path(), "", MountFlags::BIND, None).map_err(at(format!("hide {}", target.display())))?;
                 mount_setattr(target, false, MOUNT_ATTR_RDONLY, 0)
             }
@@ -359,6 +362,14 @@ fn mount(op: &MountOp, pins: &Pins) -> Result<(), StepError> {
                 .map_err(at(format!("bind {}", target.display())))?;
             mount_setattr(target, true, MOUNT_ATTR_RDONLY, 0)
         }
+        MountOp::EmptyFile { target } => std::fs::write(target, b"").map_err(|e| StepError {
+            step: format!("create {}", target.display()),
+            errno: rustix::io::Errno::from_io_error(&e).unwrap_or(rustix::io::Errno::IO),
+        }),
+        MountOp::Detach { target } => match rustix::mount::unmount(target.as_path(), UnmountFlags::DETACH) {
+            Ok(()) | Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOENT) => Ok(()),
+            Err(e) => Err(at(format!("detach {}", target.display()))(e)),
+        },
         MountOp::Proc { target } => mnt(
             "proc",
             target.as_path(),
@@ -370,12 +381,12 @@ fn mount(op: &MountOp, pins: &Pins) -> Result<(), StepError> {
     }
 }
 
-enum Status {
+pub(crate) enum Status {
     Exited(i32),
     Signaled,
 }
 
-fn wait_for(pid: i32) -> Status {
+pub(crate) fn wait_for(pid: i32) -> Status {
     loop {
         let mut st = 0;
         // SAFETY: plain waitpid on our own child with a valid out-pointer.
@@ -412,12 +423,12 @@ fn init(spec: &SandboxSpec, plan: &MountPlan) -> Result<i32, StepError> {
         return Err(StepError { step: "fork command".into(), errno: rustix::io::Errno::from_raw_os_error(errno()) });
     }
     if child == 0 {
-        if let Err(e) = confine(spec) {
+        if let Err(e) = confine(spec, None) {
             report(&format!("error sandbox setup failed at `{}`: {}\n", e.step, hint(&e)));
             // SAFETY: leaving the forked child without running the parent's destructors.
             unsafe { libc::_exit(125) };
         }
-        exec_command(&argv, &cwd);
+        exec_command(&argv, &cwd, None);
     }
     // Reap every process until the command itself is gone; orphans reparent to us.
     let status = loop {
@@ -446,8 +457,9 @@ fn init(spec: &SandboxSpec, plan: &MountPlan) -> Result<i32, StepError> {
 const DROPPED_CAPS: [u32; 26] = [9, 12, 14, 15, 16, 17, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 30, 32, 33, 34, 35, 36, 37, 38, 39, 40];
 
 /// In the command's process, last steps before exec: resource limits, then the kernel
-/// confinement that must come after every mount.
-fn confine(spec: &SandboxSpec) -> Result<(), StepError> {
+/// confinement that must come after every mount. `seccomp` is the filter if already built
+/// (a warm server builds it once), else it is built here.
+pub(crate) fn confine(spec: &SandboxSpec, seccomp: Option<&seccompiler::BpfProgram>) -> Result<(), StepError> {
     let set = |res: rustix::process::Resource, v: Option<u64>| -> Result<(), StepError> {
         if let Some(v) = v {
             rustix::process::setrlimit(res, rustix::process::Rlimit { current: Some(v), maximum: Some(v) })
@@ -475,12 +487,19 @@ fn confine(spec: &SandboxSpec) -> Result<(), StepError> {
     let plan = crate::landlock::LandlockPlan::new(&spec.workspace, &spec.writable);
     crate::landlock::apply(&plan).map_err(|e| StepError { step: format!("landlock: {e}"), errno: rustix::io::Errno::PERM })?;
     // seccomp last: it refuses mount and friends, which everything above needed.
-    crate::seccomp::apply().map_err(|e| StepError { step: format!("seccomp: {e}"), errno: rustix::io::Errno::PERM })?;
+    let seccomp_failed = |e| StepError { step: format!("seccomp: {e}"), errno: rustix::io::Errno::PERM };
+    match seccomp {
+        Some(program) => crate::seccomp::install(program).map_err(seccomp_failed)?,
+        None => crate::seccomp::apply().map_err(seccomp_failed)?,
+    }
     Ok(())
 }
 
-/// In the command's process: reset what txbox changed, enter the working directory, exec.
-fn exec_command(argv: &[CString], cwd: &CString) -> ! {
+/// In the command's process: reset what txbox changed, enter the working directory, exec
+/// with this process's environment or `env`.
+pub(crate) fn exec_command(argv: &[CString], cwd: &CString, env: Option<&[CString]>) -> ! {
+    let envp: Option<Vec<*const libc::c_char>> =
+        env.map(|e| e.iter().map(|v| v.as_ptr()).chain(std::iter::once(std::ptr::null())).collect());
     let mut ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
     ptrs.push(std::ptr::null());
     // SAFETY: async-signal-safe calls on valid, NUL-terminated buffers that outlive them.
@@ -494,7 +513,10 @@ fn exec_command(argv: &[CString], cwd: &CString) -> ! {
         if libc::chdir(cwd.as_ptr()) != 0 {
             libc::chdir(c"/".as_ptr());
         }
-        libc::execvp(ptrs[0], ptrs.as_ptr());
+        match &envp {
+            Some(envp) => libc::execvpe(ptrs[0], ptrs.as_ptr(), envp.as_ptr()),
+            None => libc::execvp(ptrs[0], ptrs.as_ptr()),
+        };
     }
     let e = errno();
     let code = if e == libc::ENOENT { 127 } else { 126 };

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use txbox_policy::{Action, Context, Decision, Policy};
-use txbox_sandbox::{Exit, Finished, LaunchOptions, SandboxSpec};
+use txbox_sandbox::warm::NotWarm;
+use txbox_sandbox::{Exit, Finished, LaunchOptions, SandboxSpec, WarmUse};
 use txbox_txn::audit::{self, Counts};
 use txbox_txn::commit::{CommitError, CommitTarget};
 use txbox_txn::meta::display_rel;
@@ -217,11 +218,13 @@ struct Timeline {
     enabled: bool,
     last: Instant,
     marks: Vec<(&'static str, Duration)>,
+    /// Why the sandbox was built for this run rather than taken from a warm server.
+    cold_because: Option<String>,
 }
 
 impl Timeline {
     fn new(started: Instant) -> Timeline {
-        Timeline { enabled: std::env::var_os("TXBOX_TIMING").is_some(), last: started, marks: Vec::new() }
+        Timeline { enabled: std::env::var_os("TXBOX_TIMING").is_some(), last: started, marks: Vec::new(), cold_because: None }
     }
 
     fn mark(&mut self, phase: &'static str) {
@@ -237,7 +240,8 @@ impl Drop for Timeline {
     fn drop(&mut self) {
         if self.enabled {
             let parts: Vec<String> = self.marks.iter().map(|(p, d)| format!("{p} {:.3}", d.as_secs_f64() * 1e3)).collect();
-            eprintln!("txbox timing (ms): {}", parts.join(", "));
+            let cold = self.cold_because.as_ref().map(|w| format!(" (cold: {w})")).unwrap_or_default();
+            eprintln!("txbox timing (ms): {}{cold}", parts.join(", "));
         }
     }
 }
@@ -310,6 +314,24 @@ pub struct Limits {
 /// Captured output per stream when no `--max-output` is given: truncated, not killed.
 pub const DEFAULT_CAPTURE: usize = 16 << 20;
 
+/// How long a warm server waits for its next transaction before it exits, unless
+/// `TXBOX_WARM_IDLE` (seconds) says otherwise.
+const WARM_IDLE: Duration = Duration::from_secs(60);
+
+fn warm_idle() -> Duration {
+    std::env::var("TXBOX_WARM_IDLE").ok().and_then(|v| v.parse::<u64>().ok()).map_or(WARM_IDLE, Duration::from_secs)
+}
+
+/// The socket of the warm server for sandboxes like `spec` (`STATE/warm/KEY.sock`), unless warm
+/// servers are off (`TXBOX_WARM=0`) or the path is too long for a socket address.
+fn warm_socket(state: &StateDir, spec: &SandboxSpec) -> Option<PathBuf> {
+    if std::env::var_os("TXBOX_WARM").is_some_and(|v| v == "0") {
+        return None;
+    }
+    let p = state.root.join("warm").join(format!("{}.sock", spec.sandbox_key()));
+    txbox_sandbox::warm::fits(&p).then_some(p)
+}
+
 pub(crate) fn execute(
     env: &Env,
     cwd: &Path,
@@ -343,8 +365,15 @@ pub(crate) fn execute(
         capture: capture.then(|| limits.max_output.map_or(DEFAULT_CAPTURE, |m| usize::try_from(m).unwrap_or(usize::MAX))),
         output_limit_kills: limits.max_output.is_some(),
         timeout: limits.timeout,
+        warm: warm_socket(&env.state, &spec),
     };
-    let mut finished = txbox_sandbox::launch(Path::new("/proc/self/exe"), &spec, &opts, &mut watch)?;
+    let exe = Path::new("/proc/self/exe");
+    let mut finished = txbox_sandbox::launch(exe, &spec, &opts, &mut watch)?;
+    if let (WarmUse::Cold(NotWarm::Absent), Some(socket)) = (&finished.warm, &opts.warm) {
+        // No server for sandboxes like this one yet: start one for the next runs. Failing to
+        // is only a missed speed-up.
+        let _ = txbox_sandbox::warm::spawn(exe, socket, &env.state.root, warm_idle(), &spec);
+    }
     if finished.limit.is_none() {
         finished.limit = watch.after(&finished);
     }
@@ -427,17 +456,21 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
         Ok(f) => f,
         Err(e) => {
             setup_failed(&mut r, e);
-            drop_tx(&env.state, tx);
+            drop_tx(&env.state, tx, false);
             audit(&env, &req.command, &mut r, started, false)?;
             return Ok(r);
         }
     };
-    timeline.mark("sandbox");
+    let served_warm = finished.warm == WarmUse::Served;
+    timeline.mark(if served_warm { "sandbox(warm)" } else { "sandbox(cold)" });
+    if let WarmUse::Cold(why) = &finished.warm {
+        timeline.cold_because = Some(format!("{why:?}"));
+    }
 
     // 5. Decide: commit only a command that ran to completion with status 0.
     if !record(&mut r, finished) {
         r.outcome = Outcome::RolledBack;
-        drop_tx(&env.state, tx);
+        drop_tx(&env.state, tx, served_warm);
         timeline.mark("rollback");
         audit(&env, &req.command, &mut r, started, false)?;
         timeline.mark("audit");
@@ -449,7 +482,7 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
     let committed = commit_upper(&env, &target, Base::Generation(base_generation));
     timeline.mark("commit");
     settle(&mut r, committed);
-    drop_tx(&env.state, tx);
+    drop_tx(&env.state, tx, served_warm);
     timeline.mark("cleanup");
     let durable = r.outcome == Outcome::Committed && r.changes.counts() != Counts::default();
     audit(&env, &req.command, &mut r, started, durable)?;
@@ -556,8 +589,13 @@ pub(crate) fn commit_upper(env: &Env, t: &Target<'_>, base: Base<'_>) -> Result<
 
 /// Discard a transaction's directory. Failure to clean up leaves garbage for `recover`, never
 /// a wrong workspace, so it is not an error of the run.
-pub(crate) fn drop_tx(state: &StateDir, tx: TxDir) {
+/// `collected`: a warm server ran the transaction, and deletes retired directories itself
+/// when idle, so retiring it is all there is to do here.
+pub(crate) fn drop_tx(state: &StateDir, tx: TxDir, collected: bool) {
     let id = tx.id.clone();
+    if collected && state.retire_tx(&id).is_ok() {
+        return;
+    }
     let wrote_something = std::fs::read_dir(&tx.upper).map(|mut d| d.next().is_some()).unwrap_or(true);
     drop(tx);
     if !wrote_something {

@@ -41,6 +41,10 @@ pub enum RecoverError {
     Journal(#[from] journal::JournalError),
 }
 
+/// How long a retired transaction directory is left to the collector that was to delete it
+/// (the `txbox __gc` helper, a warm server) before recovery deletes it itself.
+pub const RETIRED_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Finish or undo interrupted commits. With `workspace`, only records of that workspace are
 /// touched and the caller must already hold its lock; without, each record's workspace is
 /// locked in turn.
@@ -64,7 +68,8 @@ pub fn recover(state: &StateDir, workspace: Option<&Path>, hook: &mut CrashHook)
         state.remove_tx(&tx)?;
         out.push(Recovered::Discarded { tx });
     }
-    // Retired layers (best effort: a background collector may be on them right now).
-    state.collect_garbage()?;
+    // Retired layers (best effort: a background collector may be on them right now, and
+    // those retired in the last minute are left to it).
+    state.collect_garbage(RETIRED_GRACE)?;
     Ok(out)
 }

@@ -249,9 +249,18 @@ impl StateDir {
     }
 
     /// Delete every retired transaction directory.
-    pub fn collect_garbage(&self) -> Result<(), StateError> {
+    pub fn collect_garbage(&self, older_than: std::time::Duration) -> Result<(), StateError> {
+        let now = std::time::SystemTime::now();
         for id in self.tx_ids()? {
             if id.starts_with(".gone-") {
+                // A young one is its collector's (a warm server deletes what the runs it served
+                // retired, when idle); recovery takes over only if that collector is gone.
+                let retired = std::fs::symlink_metadata(self.tx_dir(&id))
+                    .ok()
+                    .map(|m| std::time::UNIX_EPOCH + std::time::Duration::from_secs(m.ctime().max(0) as u64));
+                if retired.and_then(|t| now.duration_since(t).ok()).is_some_and(|age| age < older_than) {
+                    continue;
+                }
                 // Best effort: several collectors may race on the same directory.
                 let _ = remove_tree(&self.tx_dir(&id));
             }

@@ -1,0 +1,202 @@
+//! The caller's side: claim a warm server for one command, or say why not (then the launcher
+//! builds a sandbox of its own), and start a server for next time.
+
+use std::ffi::OsString;
+use std::io::IoSlice;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStringExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rustix::fs::{FlockOperation, Mode, OFlags};
+use rustix::net::{AddressFamily, SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType};
+
+use super::server::{ServerArgs, RESOURCES};
+use super::wire::{Answer, Request, FIXED_FDS, MAX_LAYERS};
+use crate::SandboxSpec;
+
+/// How long a server may take to say whether it runs a command (it mounts the overlay first).
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Why a command did not run in a warm server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NotWarm {
+    /// Warm servers are off for this run.
+    Off,
+    /// The run needs what only a sandbox of its own gives: a terminal (job control, the
+    /// controlling tty), cgroup limits set up before the command starts, many layers.
+    Unsuitable,
+    /// No server listens on the socket: start one for next time.
+    Absent,
+    /// The server is serving another transaction.
+    Busy,
+    /// The server answered but did not take the command (its reason).
+    Refused(String),
+}
+
+/// A claimed server: the connection on which it reports, and the busy lock held while it works.
+pub struct Conn {
+    pub(crate) stream: OwnedFd,
+    _busy: OwnedFd,
+}
+
+impl AsFd for Conn {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.stream.as_fd()
+    }
+}
+
+impl Conn {
+    /// Ask the server to kill the command (it reports `signal 9` and closes).
+    pub fn stop(&self) {
+        let _ = rustix::net::shutdown(&self.stream, rustix::net::Shutdown::Write);
+    }
+}
+
+pub(crate) fn with_suffix(p: &Path, suffix: &str) -> PathBuf {
+    let mut s = p.as_os_str().to_os_string();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+/// Hand `spec`'s command to the server on `socket`, with `stdio` as its stdin, stdout, stderr.
+pub fn claim(socket: &Path, spec: &SandboxSpec, stdio: [BorrowedFd<'_>; 3]) -> Result<Conn, NotWarm> {
+    if spec.layers.len() > MAX_LAYERS {
+        return Err(NotWarm::Unsuitable);
+    }
+    // Only one client at a time; the others build their own sandboxes rather than wait.
+    let busy = match rustix::fs::open(with_suffix(socket, ".busy"), OFlags::CREATE | OFlags::RDWR | OFlags::CLOEXEC, Mode::from_raw_mode(0o600)) {
+        Ok(fd) => fd,
+        Err(_) => return Err(NotWarm::Absent),
+    };
+    if rustix::fs::flock(&busy, FlockOperation::NonBlockingLockExclusive).is_err() {
+        return Err(NotWarm::Busy);
+    }
+    let stream = rustix::net::socket_with(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC, None).map_err(|_| NotWarm::Absent)?;
+    let addr = SocketAddrUnix::new(socket).map_err(|_| NotWarm::Unsuitable)?;
+    if rustix::net::connect(&stream, &addr).is_err() {
+        return Err(NotWarm::Absent);
+    }
+    // The server must be our own user's (the state directory is, but be sure).
+    match super::peer_uid(stream.as_fd()) {
+        Ok(uid) if uid == rustix::process::geteuid().as_raw() => {}
+        _ => return Err(NotWarm::Refused("the server belongs to another user".into())),
+    }
+    let refused = |what: &str, e: rustix::io::Errno| NotWarm::Refused(format!("{what}: {e}"));
+    let open_dir = |p: &Path| rustix::fs::open(p, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty());
+    let mut dirs: Vec<OwnedFd> = Vec::with_capacity(3 + spec.layers.len());
+    for p in [&spec.workspace, &spec.upper, &spec.work].into_iter().chain(spec.layers.iter()) {
+        dirs.push(open_dir(p).map_err(|e| refused(&format!("open {}", p.display()), e))?);
+    }
+    let req = Request { spec: spec.clone(), env: environment(), umask: umask(), rlimits: rlimits() };
+    let frame = req.encode();
+    let mut fds: Vec<BorrowedFd<'_>> = stdio.to_vec();
+    fds.extend(dirs.iter().map(|d| d.as_fd()));
+    debug_assert_eq!(fds.len(), FIXED_FDS + spec.layers.len());
+    let mut space = vec![std::mem::MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(fds.len()))];
+    let mut control = SendAncillaryBuffer::new(&mut space);
+    if !control.push(SendAncillaryMessage::ScmRights(&fds)) {
+        return Err(NotWarm::Unsuitable);
+    }
+    let sent = rustix::net::sendmsg(&stream, &[IoSlice::new(&frame)], &mut control, SendFlags::NOSIGNAL)
+        .map_err(|e| refused("sending the request", e))?;
+    write_all(&stream, &frame[sent..]).map_err(|e| refused("sending the request", e))?;
+    drop(dirs);
+    let _ = rustix::net::sockopt::set_socket_timeout(&stream, rustix::net::sockopt::Timeout::Recv, Some(ANSWER_TIMEOUT));
+    let line = read_line(&stream).map_err(|e| refused("reading the answer", e))?;
+    let _ = rustix::net::sockopt::set_socket_timeout(&stream, rustix::net::sockopt::Timeout::Recv, None);
+    match Answer::parse(&line) {
+        Some(Answer::Ok) => Ok(Conn { stream, _busy: busy }),
+        Some(Answer::Refuse(why)) => Err(NotWarm::Refused(why)),
+        None => Err(NotWarm::Refused(format!("unexpected answer {line:?}"))),
+    }
+}
+
+fn write_all(fd: &OwnedFd, mut rest: &[u8]) -> Result<(), rustix::io::Errno> {
+    while !rest.is_empty() {
+        match rustix::net::send(fd, rest, SendFlags::NOSIGNAL) {
+            Ok(n) => rest = &rest[n..],
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// One line, byte by byte: nothing after it may be consumed (the report follows).
+fn read_line(fd: &OwnedFd) -> Result<String, rustix::io::Errno> {
+    let mut line = Vec::new();
+    let mut b = [0u8; 1];
+    while line.len() < 4096 {
+        match rustix::io::read(fd, &mut b) {
+            Ok(0) => break,
+            Ok(_) => {
+                line.push(b[0]);
+                if b[0] == b'\n' {
+                    break;
+                }
+            }
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(String::from_utf8_lossy(&line).into_owned())
+}
+
+fn environment() -> Vec<OsString> {
+    std::env::vars_os()
+        .map(|(k, v)| {
+            let mut e = k.into_vec();
+            e.push(b'=');
+            e.extend(v.into_vec());
+            OsString::from_vec(e)
+        })
+        .collect()
+}
+
+/// The process's umask, read without changing it (another thread may be creating files).
+fn umask() -> u32 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Umask:").and_then(|v| u32::from_str_radix(v.trim(), 8).ok())))
+        .unwrap_or(0o022)
+}
+
+fn rlimits() -> Vec<(u32, Option<u64>, Option<u64>)> {
+    RESOURCES
+        .iter()
+        .map(|r| {
+            let l = rustix::process::getrlimit(*r);
+            (*r as u32, l.current, l.maximum)
+        })
+        .collect()
+}
+
+/// Start a server on `socket` for sandboxes like `spec`'s, to serve the next runs. Returns
+/// once it is on its way (the server detaches itself); failing to start one is not an error
+/// of the run, only a missed speed-up.
+pub fn spawn(exe: &Path, socket: &Path, state: &Path, idle: Duration, spec: &SandboxSpec) -> std::io::Result<()> {
+    if let Some(dir) = socket.parent() {
+        std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700).create(dir)?;
+    }
+    // Only what the sandbox is built from: the run's command must not linger in `ps`.
+    let args = ServerArgs { socket: socket.to_path_buf(), state: state.to_path_buf(), idle, spec: spec.sandbox_only() };
+    let mut child = std::process::Command::new(exe)
+        .arg0("txbox-warm")
+        .arg("__warm")
+        .args(args.to_args())
+        .current_dir("/")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    // The first process forks the server and leaves at once.
+    child.wait()?;
+    Ok(())
+}
+
+/// Whether `socket` fits a unix socket address (108 bytes with its NUL).
+pub fn fits(socket: &Path) -> bool {
+    SocketAddrUnix::new(socket).is_ok()
+}

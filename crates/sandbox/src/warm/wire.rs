@@ -1,0 +1,212 @@
+//! What a client and a warm server say to each other, as bytes. Pure: unit-tested without a
+//! socket.
+//!
+//! ```text
+//! client → server   u32 length (LE) + body, with SCM_RIGHTS fds on the first bytes:
+//!                   stdin, stdout, stderr, workspace, upper, work, layers… (O_PATH for the dirs)
+//!                   body = items, each u32 length (LE) + bytes:
+//!                   "txbox-warm/1", umask (octal), rlimits ("RES:CUR:MAX;…", "-" = infinity),
+//!                   N, N spec arguments (SandboxSpec::to_args), the environment ("K=V"…),
+//!                   "end" (so a cut anywhere is noticed)
+//! server → client   "ok\n" (the command starts) or "refuse REASON\n" (nothing was done:
+//!                   run it elsewhere), then, as stage 2 reports: "exit N\n" | "signal N\n" |
+//!                   "error MESSAGE\n", then end of stream
+//! client → server   end of stream (shutdown) at any time: kill the command
+//! ```
+
+use std::ffi::OsString;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+
+use crate::SandboxSpec;
+
+const VERSION: &[u8] = b"txbox-warm/1";
+const END: &[u8] = b"end";
+
+/// The largest request a server reads (a long script and a large environment fit easily).
+pub const MAX_REQUEST: usize = 64 << 20;
+
+/// fds beside the body: stdin, stdout, stderr, workspace, upper, work, then one per layer.
+pub const FIXED_FDS: usize = 6;
+
+/// Layers a request may carry (SCM_RIGHTS passes at most 253 fds); deeper sessions run cold.
+pub const MAX_LAYERS: usize = 200;
+
+/// One command for a warm sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    pub spec: SandboxSpec,
+    /// The caller's environment, `KEY=VALUE`, which the command gets instead of the server's.
+    pub env: Vec<OsString>,
+    pub umask: u32,
+    /// The caller's resource limits: (resource number, soft, hard), `None` = unlimited.
+    pub rlimits: Vec<(u32, Option<u64>, Option<u64>)>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("malformed warm-sandbox request: {0}")]
+pub struct WireError(pub String);
+
+fn bad(what: &str) -> WireError {
+    WireError(what.to_string())
+}
+
+impl Request {
+    /// The fds that travel with this request.
+    pub fn fd_count(&self) -> usize {
+        FIXED_FDS + self.spec.layers.len()
+    }
+
+    /// The whole frame: length prefix and body.
+    pub fn encode(&self) -> Vec<u8> {
+        let num = |v: Option<u64>| v.map_or_else(|| "-".to_string(), |n| n.to_string());
+        let rlimits: Vec<String> = self.rlimits.iter().map(|(r, c, m)| format!("{r}:{}:{}", num(*c), num(*m))).collect();
+        let spec = self.spec.to_args();
+        let mut items: Vec<Vec<u8>> = vec![
+            VERSION.to_vec(),
+            format!("{:o}", self.umask).into_bytes(),
+            rlimits.join(";").into_bytes(),
+            spec.len().to_string().into_bytes(),
+        ];
+        items.extend(spec.iter().map(|a| a.as_bytes().to_vec()));
+        items.extend(self.env.iter().map(|e| e.as_bytes().to_vec()));
+        items.push(END.to_vec());
+        let mut body = Vec::new();
+        for item in &items {
+            body.extend_from_slice(&(item.len() as u32).to_le_bytes());
+            body.extend_from_slice(item);
+        }
+        let mut frame = (body.len() as u32).to_le_bytes().to_vec();
+        frame.extend(body);
+        frame
+    }
+
+    /// Parse a body (the frame without its length prefix).
+    pub fn decode(body: &[u8]) -> Result<Request, WireError> {
+        let mut items = Vec::new();
+        let mut rest = body;
+        while !rest.is_empty() {
+            let (len, tail) = rest.split_first_chunk::<4>().ok_or_else(|| bad("truncated item length"))?;
+            let len = u32::from_le_bytes(*len) as usize;
+            if tail.len() < len {
+                return Err(bad("truncated item"));
+            }
+            items.push(&tail[..len]);
+            rest = &tail[len..];
+        }
+        if items.last() != Some(&END) {
+            return Err(bad("no end marker"));
+        }
+        items.pop();
+        let mut it = items.into_iter();
+        if it.next() != Some(VERSION) {
+            return Err(bad("not a txbox-warm/1 request"));
+        }
+        let text = |b: Option<&[u8]>, what: &str| -> Result<String, WireError> {
+            String::from_utf8(b.ok_or_else(|| bad(what))?.to_vec()).map_err(|_| bad(what))
+        };
+        let umask = u32::from_str_radix(&text(it.next(), "umask")?, 8).map_err(|_| bad("umask"))?;
+        let mut rlimits = Vec::new();
+        for part in text(it.next(), "rlimits")?.split(';').filter(|p| !p.is_empty()) {
+            let f: Vec<&str> = part.split(':').collect();
+            let opt = |s: &str| if s == "-" { Ok(None) } else { s.parse::<u64>().map(Some).map_err(|_| bad("rlimit value")) };
+            match f.as_slice() {
+                [r, c, m] => rlimits.push((r.parse::<u32>().map_err(|_| bad("rlimit resource"))?, opt(c)?, opt(m)?)),
+                _ => return Err(bad("rlimit")),
+            }
+        }
+        let n: usize = text(it.next(), "spec length")?.parse().map_err(|_| bad("spec length"))?;
+        let mut spec_args = Vec::with_capacity(n.min(1024));
+        for _ in 0..n {
+            spec_args.push(OsString::from_vec(it.next().ok_or_else(|| bad("truncated spec"))?.to_vec()));
+        }
+        let spec = SandboxSpec::from_args(&spec_args).map_err(|e| WireError(e.to_string()))?;
+        let env = it.map(|e| OsString::from_vec(e.to_vec())).collect();
+        Ok(Request { spec, env, umask, rlimits })
+    }
+}
+
+/// The server's first answer to a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// The command is starting; its fate follows.
+    Ok,
+    /// Nothing was done; the caller should build a sandbox of its own.
+    Refuse(String),
+}
+
+impl Answer {
+    pub fn line(&self) -> String {
+        match self {
+            Answer::Ok => "ok\n".to_string(),
+            // One line: a reason never carries a newline into the protocol.
+            Answer::Refuse(why) => format!("refuse {}\n", why.replace('\n', " ")),
+        }
+    }
+
+    pub fn parse(line: &str) -> Option<Answer> {
+        let line = line.strip_suffix('\n').unwrap_or(line);
+        if line == "ok" {
+            return Some(Answer::Ok);
+        }
+        line.strip_prefix("refuse ").map(|w| Answer::Refuse(w.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn request() -> Request {
+        let mut spec = SandboxSpec::new(
+            "/w/ws".into(),
+            "/s/tx/1/upper".into(),
+            "/s/tx/1/work".into(),
+            vec![OsString::from("bash"), OsString::from("-c"), OsString::from_vec(b"printf '\xff\n' > f".to_vec())],
+        );
+        spec.layers = vec![PathBuf::from("/s/tx/1/steps/1/upper")];
+        spec.hide = vec!["/s".into()];
+        Request {
+            spec,
+            env: vec![OsString::from("PATH=/usr/bin:/bin"), OsString::from_vec(b"ODD=\xfe=x".to_vec()), OsString::from("EMPTY=")],
+            umask: 0o027,
+            rlimits: vec![(7, Some(1024), Some(4096)), (3, Some(8 << 20), None)],
+        }
+    }
+
+    #[test]
+    fn requests_round_trip_with_any_bytes() {
+        let r = request();
+        let frame = r.encode();
+        let len = u32::from_le_bytes([frame[0], frame[1], frame[2], frame[3]]) as usize;
+        assert_eq!(len, frame.len() - 4);
+        assert_eq!(Request::decode(&frame[4..]), Ok(r.clone()));
+        assert_eq!(r.fd_count(), 7);
+        let mut no_env = r;
+        no_env.env.clear();
+        no_env.rlimits.clear();
+        assert_eq!(Request::decode(&no_env.encode()[4..]), Ok(no_env));
+    }
+
+    #[test]
+    fn damaged_requests_are_refused_not_guessed() {
+        let frame = request().encode();
+        let body = &frame[4..];
+        for cut in [0, 3, 10, body.len() / 2, body.len() - 1] {
+            let r = Request::decode(&body[..cut]);
+            assert!(r.is_err(), "a body cut at {cut} of {} was accepted: {r:?}", body.len());
+        }
+        let mut other = body.to_vec();
+        other[4..16].copy_from_slice(b"txbox-warm/2");
+        assert_eq!(Request::decode(&other), Err(bad("not a txbox-warm/1 request")));
+    }
+
+    #[test]
+    fn answers_are_single_lines() {
+        assert_eq!(Answer::parse(&Answer::Ok.line()), Some(Answer::Ok));
+        let refuse = Answer::Refuse("busy\nnow".into());
+        assert_eq!(refuse.line(), "refuse busy now\n");
+        assert_eq!(Answer::parse(&refuse.line()), Some(Answer::Refuse("busy now".into())));
+        assert_eq!(Answer::parse("exit 0\n"), None);
+    }
+}

@@ -1,0 +1,260 @@
+//! Warm sandboxes (`txbox_sandbox::warm`) through the real binary: a run after the first is
+//! served by the server the first one started, and behaves exactly like a cold run — same
+//! results, the caller's environment, nothing carried from one transaction to the next, no
+//! process left behind, secrets that appear later still hidden — as root and unprivileged.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// `txbox run -c SCRIPT` with phase timings on, stdin from /dev/null (as an agent runs it).
+fn run_timed(who: As, s: &Scratch, script: &str, extra_env: &[(&str, &str)]) -> Output {
+    let mut cmd = txbox_command(who);
+    if who != As::Me {
+        cmd.env("HOME", &s.root);
+    }
+    cmd.env_remove("TXBOX_WARM");
+    for (k, v) in extra_env {
+        cmd.env(k, v);
+    }
+    cmd.env("TXBOX_TIMING", "1").arg("--state-dir").arg(&s.state).args(["run", "-c", script]);
+    cmd.current_dir(&s.ws).stdin(Stdio::null()).output().unwrap()
+}
+
+fn served_warm(o: &Output) -> bool {
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("txbox timing"), "no timing line: {}", describe(o));
+    err.contains("sandbox(warm)")
+}
+
+/// Run until a run is served warm (the first one starts the server; it may take a moment).
+fn warm_up(who: As, s: &Scratch) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let o = run_timed(who, s, "true", &[]);
+        assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+        if served_warm(&o) {
+            return;
+        }
+        assert!(Instant::now() < deadline, "never served warm: {}", describe(&o));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn servers_of(s: &Scratch) -> Vec<u32> {
+    let out = Command::new("pgrep").arg("-f").arg(format!("__warm --socket {}", s.state.display())).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).split_whitespace().filter_map(|p| p.parse().ok()).collect()
+}
+
+#[test]
+fn a_warm_run_commits_and_rolls_back_like_a_cold_one() {
+    for who in identities() {
+        let s = Scratch::new("warm-commit");
+        std::fs::write(s.ws.join("keep.txt"), "old\n").unwrap();
+        if let As::User(uid) = who {
+            s.chown(uid);
+        }
+        warm_up(who, &s);
+        let o = run_timed(who, &s, "echo new > keep.txt && mkdir -p d && echo x > d/f && echo out && echo err >&2", &[]);
+        assert!(served_warm(&o), "{}", describe(&o));
+        assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "out\n");
+        assert!(String::from_utf8_lossy(&o.stderr).starts_with("err\n"), "{}", describe(&o));
+        assert_eq!(std::fs::read_to_string(s.ws.join("keep.txt")).unwrap(), "new\n");
+        assert_eq!(std::fs::read_to_string(s.ws.join("d/f")).unwrap(), "x\n");
+        let o = run_timed(who, &s, "echo lost > keep.txt; rm -r d; exit 7", &[]);
+        assert!(served_warm(&o), "{}", describe(&o));
+        assert_eq!(o.status.code(), Some(7), "{}", describe(&o));
+        assert_eq!(std::fs::read_to_string(s.ws.join("keep.txt")).unwrap(), "new\n", "{who:?}");
+        assert!(s.ws.join("d/f").exists(), "{who:?}");
+    }
+}
+
+#[test]
+fn a_warm_run_gets_the_callers_environment_directory_umask_and_limits() {
+    for who in identities() {
+        let s = Scratch::new("warm-env");
+        std::fs::create_dir(s.ws.join("sub")).unwrap();
+        if let As::User(uid) = who {
+            s.chown(uid);
+        }
+        warm_up(who, &s);
+        let script = "echo \"$TXBOX_TEST_VAR|$(pwd)|$(umask)|$(ulimit -n)|$(ulimit -s)\"";
+        // The caller sets its umask and limits with shell builtins, then becomes txbox.
+        let line = format!(
+            "umask 027; ulimit -n 200; ulimit -s 4096; exec {} --state-dir {} run -C {} -c '{}'",
+            binary().display(),
+            s.state.display(),
+            s.ws.display(),
+            script.replace('\'', "'\\''")
+        );
+        let mut cmd = match who {
+            As::Me => Command::new("bash"),
+            As::User(uid) => {
+                let mut c = Command::new("setpriv");
+                c.args([format!("--reuid={uid}"), format!("--regid={uid}"), "--clear-groups".into(), "--".into(), "bash".into()]);
+                c.env("HOME", &s.root);
+                c
+            }
+        };
+        let o = cmd
+            .arg("-c")
+            .arg(&line)
+            .env("TXBOX_TIMING", "1")
+            .env("TXBOX_TEST_VAR", "a b ☃")
+            .current_dir(s.ws.join("sub"))
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(served_warm(&o), "{}", describe(&o));
+        let want = format!("a b ☃|{}|0027|200|4096\n", s.ws.join("sub").display());
+        assert_eq!(String::from_utf8_lossy(&o.stdout), want, "{who:?}: {}", describe(&o));
+        // stdin is the caller's.
+        let o = Command::new(binary())
+            .args(["--state-dir", s.state.to_str().unwrap(), "run", "--", "cat"])
+            .env("TXBOX_TIMING", "1")
+            .current_dir(&s.ws)
+            .stdin(std::fs::File::open("/etc/hostname").unwrap())
+            .output()
+            .unwrap();
+        if who == As::Me {
+            assert!(served_warm(&o), "{}", describe(&o));
+            assert_eq!(o.stdout, std::fs::read("/etc/hostname").unwrap());
+        }
+    }
+}
+
+#[test]
+fn nothing_of_one_warm_transaction_reaches_the_next() {
+    for who in identities() {
+        let s = Scratch::new("warm-clean");
+        if let As::User(uid) = who {
+            s.chown(uid);
+        }
+        warm_up(who, &s);
+        let marker = format!("txbox-warm-leftover-{}-{}", std::process::id(), s.root.display().to_string().len());
+        // Scratch files, shared memory, SysV shared memory, and a background process in a
+        // session of its own (so it is not the command's child).
+        let dirty = format!(
+            "echo t > /tmp/left; echo s > /dev/shm/left; ipcmk -M 4096 >/dev/null; \
+             setsid sh -c 'sleep 300; :' {marker} >/dev/null 2>&1 < /dev/null & true"
+        );
+        let o = run_timed(who, &s, &dirty, &[]);
+        assert!(served_warm(&o), "{}", describe(&o));
+        assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+        // The background process died with the transaction.
+        let left = Command::new("pgrep").arg("-f").arg(&marker).output().unwrap();
+        assert!(left.stdout.is_empty(), "{who:?}: process left behind: {}", String::from_utf8_lossy(&left.stdout));
+        let o = run_timed(who, &s, "ls -A /tmp /dev/shm; ipcs -m | grep -c '^0x'; ps -e -o pid=,comm= | wc -l", &[]);
+        assert!(served_warm(&o), "{}", describe(&o));
+        let out = String::from_utf8_lossy(&o.stdout).to_string();
+        assert!(!out.contains("left"), "{who:?}: scratch files carried over: {out}");
+        let lines: Vec<&str> = out.lines().collect();
+        assert_eq!(lines.get(lines.len().wrapping_sub(2)).map(|l| l.trim()), Some("0"), "{who:?}: SysV memory carried over: {out}");
+        // Only the shell pipeline itself (ps, wc, bash) and init remain.
+        let procs: usize = out.lines().last().and_then(|l| l.trim().parse().ok()).unwrap_or(99);
+        assert!(procs <= 5, "{who:?}: processes visible in the next transaction: {out}");
+        // Nothing was committed by either.
+        assert!(std::fs::read_dir(&s.ws).unwrap().next().is_none(), "{who:?}");
+    }
+}
+
+#[test]
+fn a_timeout_in_a_warm_sandbox_kills_every_process_and_rolls_back() {
+    let s = Scratch::new("warm-timeout");
+    warm_up(As::Me, &s);
+    let marker = format!("txbox-warm-timeout-{}", std::process::id());
+    let t0 = Instant::now();
+    let o = Command::new(binary())
+        .args(["--state-dir", s.state.to_str().unwrap(), "run", "--timeout", "0.5", "-c"])
+        .arg(format!("echo partial > f; sh -c 'sleep 300; :' {marker} & sh -c 'sleep 300; :' {marker}"))
+        .env("TXBOX_TIMING", "1")
+        .current_dir(&s.ws)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(served_warm(&o), "{}", describe(&o));
+    assert_eq!(o.status.code(), Some(124), "{}", describe(&o));
+    assert!(t0.elapsed() < Duration::from_secs(5), "took {:?}", t0.elapsed());
+    assert!(!s.ws.join("f").exists());
+    let left = Command::new("pgrep").arg("-f").arg(&marker).output().unwrap();
+    assert!(left.stdout.is_empty(), "process left behind: {}", String::from_utf8_lossy(&left.stdout));
+    // The server is still fit for the next one.
+    let o = run_timed(As::Me, &s, "echo ok > g", &[]);
+    assert!(served_warm(&o), "{}", describe(&o));
+    assert_eq!(std::fs::read_to_string(s.ws.join("g")).unwrap(), "ok\n");
+}
+
+#[test]
+fn a_secret_that_appears_after_the_server_started_is_still_hidden() {
+    let s = Scratch::new("warm-secret");
+    let home = s.root.join("home");
+    std::fs::create_dir(&home).unwrap();
+    let h = home.to_str().unwrap();
+    let o = run_timed(As::Me, &s, "true", &[("HOME", h)]);
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !served_warm(&run_timed(As::Me, &s, "true", &[("HOME", h)])) {
+        assert!(Instant::now() < deadline, "never served warm");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::fs::create_dir(home.join(".ssh")).unwrap();
+    std::fs::write(home.join(".ssh/id_ed25519"), "PRIVATE KEY").unwrap();
+    let o = run_timed(As::Me, &s, "cat ~/.ssh/id_ed25519", &[("HOME", h)]);
+    assert_ne!(o.status.code(), Some(0), "{}", describe(&o));
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("PRIVATE"), "{}", describe(&o));
+}
+
+#[test]
+fn concurrent_runs_share_one_server_or_build_their_own() {
+    let s = Scratch::new("warm-busy");
+    warm_up(As::Me, &s);
+    let runs: Vec<_> = (0..4)
+        .map(|i| {
+            let st = s.state.clone();
+            let ws = s.ws.clone();
+            std::thread::spawn(move || {
+                Command::new(binary())
+                    .args(["--state-dir", st.to_str().unwrap(), "run", "-c"])
+                    .arg(format!("sleep 0.3; echo {i} > f{i}"))
+                    .current_dir(&ws)
+                    .stdin(Stdio::null())
+                    .output()
+                    .unwrap()
+            })
+        })
+        .collect();
+    for (i, r) in runs.into_iter().enumerate() {
+        let o = r.join().unwrap();
+        assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+        assert_eq!(std::fs::read_to_string(s.ws.join(format!("f{i}"))).unwrap(), format!("{i}\n"));
+    }
+}
+
+#[test]
+fn a_server_goes_when_its_state_directory_goes() {
+    let s = Scratch::new("warm-gone");
+    warm_up(As::Me, &s);
+    assert!(!servers_of(&s).is_empty(), "no server runs for {}", s.state.display());
+    std::fs::remove_dir_all(&s.state).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !servers_of(&s).is_empty() {
+        assert!(Instant::now() < deadline, "the server outlived its state directory: {:?}", servers_of(&s));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn warm_servers_can_be_turned_off() {
+    let s = Scratch::new("warm-off");
+    for _ in 0..3 {
+        let o = run_timed(As::Me, &s, "true", &[("TXBOX_WARM", "0")]);
+        assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+        assert!(!served_warm(&o), "{}", describe(&o));
+    }
+    assert!(servers_of(&s).is_empty());
+}
