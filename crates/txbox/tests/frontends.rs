@@ -1,5 +1,7 @@
 //! The agent-facing front ends through the real binary: `txbox serve` (HTTP, driven with
-//! hand-written HTTP/1.1 over std::net) and `txbox mcp` (newline-delimited JSON-RPC on stdio).
+//! hand-written HTTP/1.1 over std::net, and MCP over streamable HTTP at `/mcp`) and `txbox mcp`
+//! (newline-delimited JSON-RPC on stdio). `tests/mcp_client.rs` drives `txbox mcp` with rmcp's
+//! own client.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -68,6 +70,10 @@ fn serve_with(s: &Scratch, workspaces: &[&Path], state_dir: Option<&Path>) -> Se
 
 /// One HTTP/1.1 request; returns (status, parsed JSON body or Null).
 fn http(port: u16, method: &str, path: &str, token: Option<&str>, body: Option<&Value>) -> (u16, Value) {
+    http_with(port, method, path, token, body, &[])
+}
+
+fn http_with(port: u16, method: &str, path: &str, token: Option<&str>, body: Option<&Value>, headers: &[(&str, &str)]) -> (u16, Value) {
     let mut conn = TcpStream::connect(("127.0.0.1", port)).unwrap();
     conn.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     let body = body.map(Value::to_string).unwrap_or_default();
@@ -77,6 +83,9 @@ fn http(port: u16, method: &str, path: &str, token: Option<&str>, body: Option<&
     }
     if let Some(t) = token {
         req.push_str(&format!("Authorization: Bearer {t}\r\n"));
+    }
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
     }
     req.push_str("\r\n");
     req.push_str(&body);
@@ -251,6 +260,58 @@ fn http_concurrent_requests() {
         assert_eq!(v["outcome"], "committed", "{v}");
         assert_eq!(std::fs::read_to_string(s.ws.join(format!("f{i}.txt"))).unwrap(), format!("{i}\n"));
     }
+}
+
+/// One JSON-RPC message to `/mcp` as a streamable-HTTP MCP client sends it.
+fn mcp_http(port: u16, token: Option<&str>, msg: &Value) -> (u16, Value) {
+    let headers = [("Accept", "application/json, text/event-stream"), ("MCP-Protocol-Version", "2025-06-18")];
+    http_with(port, "POST", "/mcp", token, Some(msg), &headers)
+}
+
+#[test]
+fn http_mcp_behind_the_token() {
+    let s = Scratch::new("http-mcp");
+    let srv = serve_with(&s, &[&s.ws], Some(&s.state));
+    let call = |id: u64, name: &str, args: Value| json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": name, "arguments": args}});
+    // Without the token (or with a wrong one) nothing is answered and nothing runs.
+    for token in [None, Some("wrong")] {
+        let (st, v) = mcp_http(srv.port, token, &call(1, "run", json!({"command": "echo x > unauth.txt"})));
+        assert_eq!(st, 401, "{token:?}: {v}");
+    }
+    assert!(!s.ws.join("unauth.txt").exists(), "an unauthorized MCP call ran");
+
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}}});
+    let (st, v) = mcp_http(srv.port, auth(), &init);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["result"]["serverInfo"]["name"], "txbox", "{v}");
+    assert!(v["result"]["capabilities"]["tools"].is_object(), "{v}");
+    let (st, _) = mcp_http(srv.port, auth(), &json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    assert_eq!(st, 202);
+    let (st, v) = mcp_http(srv.port, auth(), &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}));
+    assert_eq!(st, 200, "{v}");
+    let names: Vec<&str> = v["result"]["tools"].as_array().unwrap().iter().filter_map(|t| t["name"].as_str()).collect();
+    assert_eq!(names, ["run", "begin", "exec", "diff", "commit", "rollback", "log"]);
+
+    let payload = |v: &Value| -> Value { serde_json::from_str(v["result"]["content"][1]["text"].as_str().unwrap_or("null")).unwrap() };
+    let (st, v) = mcp_http(srv.port, auth(), &call(3, "run", json!({"command": "echo hi > a.txt"})));
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(payload(&v)["outcome"], "committed", "{v}");
+    assert_eq!(std::fs::read_to_string(s.ws.join("a.txt")).unwrap(), "hi\n");
+    let (_, v) = mcp_http(srv.port, auth(), &call(4, "run", json!({"command": "rm a.txt; exit 4"})));
+    assert_eq!((payload(&v)["outcome"].as_str(), payload(&v)["exit_code"].as_i64()), (Some("rolled_back"), Some(4)), "{v}");
+    assert!(s.ws.join("a.txt").exists());
+    // Stateless: a transaction begun in one request is used by later ones.
+    let (_, v) = mcp_http(srv.port, auth(), &call(5, "begin", json!({})));
+    let tx = payload(&v)["tx"].as_str().unwrap().to_string();
+    let (_, v) = mcp_http(srv.port, auth(), &call(6, "exec", json!({"tx": tx, "command": "echo s > s.txt"})));
+    assert_eq!(payload(&v)["outcome"], "pending", "{v}");
+    let (_, v) = mcp_http(srv.port, auth(), &call(7, "commit", json!({"tx": tx})));
+    assert_eq!(payload(&v)["outcome"], "committed", "{v}");
+    assert!(s.ws.join("s.txt").exists());
+    // The plain HTTP API is unaffected next to it.
+    let (st, _) = http(srv.port, "GET", "/v1/health", None, None);
+    assert_eq!(st, 200);
 }
 
 #[test]
