@@ -462,3 +462,62 @@ fn mcp_lists_tools_and_runs_transactions() {
     assert!(log.as_array().map(Vec::len).unwrap_or(0) >= 4, "{log}");
     m.finish();
 }
+
+/// `examples/claude-code/txbox-bash-hook` fed what Claude Code 2.1.197 sends a PreToolUse hook
+/// (captured from a real run), and its rewritten command run as Claude Code's Bash tool would.
+#[test]
+fn claude_code_hook_routes_bash_through_txbox() {
+    if Command::new("python3").arg("-c").arg("").status().map(|s| !s.success()).unwrap_or(true) {
+        eprintln!("SKIP: the example hook needs python3, which is not installed");
+        return;
+    }
+    let s = Scratch::new("cc-hook");
+    let hook = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/claude-code/txbox-bash-hook");
+    let bin_dir = binary().parent().unwrap().to_path_buf();
+    let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
+    let run_hook = |command: &str, path: &str| {
+        let event = json!({
+            "session_id": "ba98a14c-f30e-46ce-9081-7fd16bea1a4b",
+            "transcript_path": "/home/dev/.claude/projects/p/ba98a14c-f30e-46ce-9081-7fd16bea1a4b.jsonl",
+            "cwd": s.ws, "prompt_id": "3079fa93-20bb-433d-b22f-d68a00edddfb", "permission_mode": "default",
+            "effort": {"level": "high"}, "hook_event_name": "PreToolUse", "tool_name": "Bash",
+            "tool_input": {"command": command, "description": "a step"}, "tool_use_id": "toolu_0003"
+        });
+        let mut child = Command::new(&hook)
+            .env("PATH", path)
+            .env("CLAUDE_PROJECT_DIR", &s.ws)
+            .env_remove("TXBOX_WORKSPACE")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(event.to_string().as_bytes()).unwrap();
+        child.wait_with_output().unwrap()
+    };
+    // What the Bash tool then runs: the rewritten command, in the session's directory.
+    let bash_tool = |command: &str| {
+        let out = run_hook(command, &path);
+        assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let o = &v["hookSpecificOutput"];
+        assert_eq!((o["hookEventName"].as_str(), o["permissionDecision"].as_str()), (Some("PreToolUse"), Some("allow")), "{v}");
+        assert_eq!(o["updatedInput"]["description"], "a step", "other tool input must be kept: {v}");
+        let wrapped = o["updatedInput"]["command"].as_str().unwrap();
+        Command::new("bash").arg("-c").arg(wrapped).current_dir(&s.ws).env("TXBOX_STATE_DIR", &s.state).output().unwrap()
+    };
+    let out = bash_tool("echo \"it's\" > a.txt; echo out; echo err >&2");
+    assert_eq!((out.status.code(), out.stdout.as_slice(), out.stderr.as_slice()), (Some(0), &b"out\n"[..], &b"err\n"[..]), "{}", describe(&out));
+    assert_eq!(std::fs::read_to_string(s.ws.join("a.txt")).unwrap(), "it's\n");
+    let out = bash_tool("echo x > b.txt; rm a.txt; exit 3");
+    assert_eq!(out.status.code(), Some(3), "{}", describe(&out));
+    assert!(s.ws.join("a.txt").exists() && !s.ws.join("b.txt").exists(), "the failed command was not rolled back");
+    let out = bash_tool("touch c.txt; rm -rf ~");
+    assert_eq!(out.status.code(), Some(126), "{}", describe(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("denied by rule"), "{}", describe(&out));
+    assert!(!s.ws.join("c.txt").exists());
+    // Without txbox on PATH the hook blocks the call (exit 2) rather than let it run unsandboxed.
+    let out = run_hook("echo unsandboxed > d.txt", "/usr/bin:/bin");
+    assert_eq!(out.status.code(), Some(2), "{}", describe(&out));
+    assert!(out.stdout.is_empty() && !out.stderr.is_empty(), "{}", describe(&out));
+}
