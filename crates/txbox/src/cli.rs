@@ -86,7 +86,7 @@ enum Sub {
     /// Inspect the policy.
     #[command(subcommand)]
     Policy(PolicyCmd),
-    /// HTTP API (DESIGN §7) for the workspaces named here; bearer-token auth.
+    /// HTTP API (DESIGN §7) and MCP over streamable HTTP (/mcp) for the workspaces named here; bearer-token auth.
     Serve {
         /// Address to listen on, e.g. 127.0.0.1:8731.
         #[arg(long, value_name = "ADDR")]

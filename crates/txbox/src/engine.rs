@@ -23,8 +23,8 @@ pub enum Command {
     Argv(Vec<OsString>),
     /// `run -c STRING`: `bash -c` semantics.
     Shell(String),
-    /// A shell invocation with extra flags or positional arguments (`txbox sh -lc S a b`):
-    /// the policy judges `script`, the sandbox runs `argv`.
+    /// A whole shell command line (`txbox sh -lc S name a b`): the policy judges `script`
+    /// (lossy text if it is not UTF-8), the sandbox runs `argv` byte for byte.
     Script { script: String, argv: Vec<OsString> },
 }
 

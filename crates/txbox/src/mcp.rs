@@ -1,8 +1,9 @@
-//! `txbox mcp`: a Model Context Protocol server on stdio built on the official Rust SDK
-//! (`rmcp`, pinned), and the small adapter between its tool calls and [`crate::serve::Api`].
-//! The tool list and results are plain JSON here and converted to rmcp's model types at the
-//! edge, so an SDK upgrade touches only [`Server`]. Engine calls run on blocking threads; the
-//! process is multi-threaded, so the sandbox launcher re-executes `/proc/self/exe __stage2`.
+//! `txbox mcp`: a Model Context Protocol server built on the official Rust SDK (`rmcp`, pinned),
+//! on stdio, and over streamable HTTP at `/mcp` of `txbox serve` ([`http_service`]); and the
+//! small adapter between its tool calls and [`crate::serve::Api`]. The tool list and results are
+//! plain JSON here and converted to rmcp's model types at the edge, so an SDK upgrade touches
+//! only [`Server`] and [`http_service`]. Engine calls run on blocking threads; the process is
+//! multi-threaded, so the sandbox launcher re-executes `/proc/self/exe __stage2`.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -10,6 +11,8 @@ use std::sync::Arc;
 use anyhow::{Context as _, Result};
 use rmcp::model::{CallToolRequestParams, CallToolResponse, CallToolResult, ErrorData, ListToolsResult, PaginatedRequestParams, ServerConfig};
 use rmcp::service::{RequestContext, RoleServer};
+use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
+use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ServerHandler, ServiceExt};
 use serde_json::{json, Value};
 use txbox::engine::RunResult;
@@ -191,7 +194,7 @@ then commit or rollback to review multi-step work before it reaches the workspac
 
 /// The rmcp handler: tools from [`tools`], calls through [`call`] on a blocking thread.
 #[derive(Clone)]
-struct Server {
+pub(crate) struct Server {
     api: Arc<Api>,
 }
 
@@ -230,6 +233,20 @@ impl ServerHandler for Server {
             .map_err(|m| ErrorData::invalid_params(m, None))?;
         Ok(convert::<CallToolResult>(out)?.into())
     }
+}
+
+/// MCP over streamable HTTP, for `txbox serve` to mount behind its bearer token: the same
+/// [`Server`], stateless (no `Mcp-Session-Id`; the tools keep no per-client state, transactions
+/// live in the state directory) and answering each POST with one JSON body rather than an SSE
+/// stream. rmcp's `Host` allow-list (loopback only, against DNS rebinding) is off: every request
+/// must carry the bearer token, which a rebinding page cannot, and `--listen` may be any address.
+pub(crate) fn http_service(api: Arc<Api>) -> StreamableHttpService<Server, NeverSessionManager> {
+    let config = StreamableHttpServerConfig::default()
+        .with_legacy_session_mode(false)
+        .with_json_response(true)
+        .with_sse_keep_alive(None)
+        .disable_allowed_hosts();
+    StreamableHttpService::new(move || Ok(Server { api: api.clone() }), Arc::new(NeverSessionManager::default()), config)
 }
 
 /// Serve MCP on stdin/stdout until the client closes stdin.

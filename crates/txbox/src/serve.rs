@@ -1,6 +1,6 @@
-//! `txbox serve`: the HTTP+JSON API of DESIGN §7, and [`Api`], the operations it shares with
-//! `txbox mcp`. Workspaces are fixed at start; every route but `GET /v1/health` needs the bearer
-//! token. The engine is synchronous and forks sandboxes, so each call runs on a blocking thread
+//! `txbox serve`: the HTTP+JSON API of DESIGN §7 and MCP over streamable HTTP at `/mcp`, and
+//! [`Api`], the operations they share with `txbox mcp`. Workspaces are fixed at start; every route
+//! but `GET /v1/health` needs the bearer token. The engine is synchronous and forks sandboxes, so each call runs on a blocking thread
 //! (the sandbox launcher re-executes `/proc/self/exe __stage2` in a multi-threaded process).
 
 use std::path::{Path, PathBuf};
@@ -9,11 +9,13 @@ use std::time::Duration;
 
 use anyhow::{bail, Context as _, Result};
 use axum::body::Bytes;
-use axum::extract::{Path as UrlPath, RawQuery, State};
+use axum::extract::{Path as UrlPath, RawQuery, Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use axum::{Json, Router};
+use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
+use rmcp::transport::StreamableHttpService;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use txbox::engine::{self, Command, EngineError, Outcome, RunRequest, RunResult};
@@ -290,8 +292,9 @@ fn result_status(r: &RunResult) -> StatusCode {
 }
 
 struct AppState {
-    api: Api,
+    api: Arc<Api>,
     token: Vec<u8>,
+    mcp: StreamableHttpService<crate::mcp::Server, NeverSessionManager>,
 }
 
 type Shared = Arc<AppState>;
@@ -489,8 +492,16 @@ async fn log(State(st): State<Shared>, headers: HeaderMap, RawQuery(q): RawQuery
     }
 }
 
+/// MCP over streamable HTTP (`POST /mcp`, JSON-RPC), the tools of `txbox mcp`.
+async fn mcp(State(st): State<Shared>, req: Request) -> Response {
+    if let Err(e) = authorize(&st, req.headers()) {
+        return e.into_response();
+    }
+    st.mcp.handle(req).await.map(axum::body::Body::new)
+}
+
 async fn not_found() -> Response {
-    error(404, "no such route (see DESIGN §7: /v1/health, /v1/run, /v1/tx, /v1/log)")
+    error(404, "no such route (see DESIGN §7: /v1/health, /v1/run, /v1/tx, /v1/log; MCP at /mcp)")
 }
 
 /// The token: `--token-file` (first line) or `$TXBOX_TOKEN`; refuse to start without one.
@@ -512,7 +523,8 @@ fn load_token(file: Option<&Path>) -> Result<Vec<u8>> {
 }
 
 pub fn router(api: Api, token: Vec<u8>) -> Router {
-    let st: Shared = Arc::new(AppState { api, token });
+    let api = Arc::new(api);
+    let st: Shared = Arc::new(AppState { mcp: crate::mcp::http_service(api.clone()), api, token });
     Router::new()
         .route("/v1/health", get(health))
         .route("/v1/run", post(run))
@@ -522,6 +534,7 @@ pub fn router(api: Api, token: Vec<u8>) -> Router {
         .route("/v1/tx/{id}/commit", post(commit))
         .route("/v1/tx/{id}/rollback", post(rollback))
         .route("/v1/log", get(log))
+        .route("/mcp", any(mcp))
         .fallback(not_found)
         .with_state(st)
 }
@@ -532,13 +545,13 @@ pub fn main(listen: &str, workspaces: &[PathBuf], state_dir: Option<PathBuf>, to
     let api = Api::new(workspaces, state_dir, policy_file)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
-        .enable_io()
+        .enable_all() // rmcp uses timers (request timeouts)
         .build()
         .context("starting the async runtime")?;
     rt.block_on(async move {
         let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
         let addr = listener.local_addr()?;
-        eprintln!("txbox: serving {} on http://{addr}", api.listed());
+        eprintln!("txbox: serving {} on http://{addr} (HTTP API at /v1, MCP at /mcp)", api.listed());
         axum::serve(listener, router(api, token)).await.context("serving HTTP")?;
         Ok::<i32, anyhow::Error>(0)
     })

@@ -15,31 +15,68 @@ use txbox::engine::{self, Command, Outcome, RunRequest};
 use txbox::render;
 use txbox_policy::Policy;
 
-/// Split `[FLAGS] -c SCRIPT [NAME ARGS…]` into the shell argv and the script the policy judges.
-pub fn parse(args: &[OsString]) -> Option<(String, Vec<OsString>)> {
+/// Split a shell command line into the script the policy judges and the argv the sandbox runs,
+/// the way bash reads its own: options (`-e`, bundles like `-lc`, `-o pipefail`, `+o posix`,
+/// `-O extglob`, `--login`) before the script, `-c` anywhere among them (`bash -c -l S` is
+/// `bash -lc S`), `--` or `-` ending them; the first operand is the script, the rest are `$0`,
+/// `$1`, …. `None` when there is no `-c` (a shell reading a file or stdin) or the line is malformed.
+pub fn parse(args: &[OsString]) -> Option<(OsString, Vec<OsString>)> {
     let shell = if std::path::Path::new("/bin/bash").exists() { "/bin/bash" } else { "/bin/sh" };
-    let mut argv = vec![OsString::from(shell)];
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
+    let name = shell.rsplit('/').next().unwrap_or(shell);
+    let mut opts = Vec::new();
+    let mut command_string = false;
+    let mut it = args.iter().peekable();
+    while let Some(a) = it.peek() {
         let s = a.to_string_lossy();
-        if s.starts_with('-') && s.len() > 1 && s[1..].chars().all(|c| c.is_ascii_alphabetic()) {
-            if s.contains('c') {
-                let script = it.next()?.to_string_lossy().into_owned();
-                let rest: String = s.chars().filter(|c| *c != 'c').collect();
-                if rest != "-" {
-                    argv.push(OsString::from(rest));
-                }
-                argv.push(OsString::from("-c"));
-                argv.push(OsString::from(&script));
-                argv.extend(it.cloned());
-                return Some((script, argv));
+        if s == "--" || s == "-" {
+            it.next();
+            break;
+        }
+        if let Some(long) = s.strip_prefix("--") {
+            opts.push(OsString::from(&**a));
+            it.next();
+            if matches!(long, "rcfile" | "init-file") {
+                opts.push(it.next()?.clone());
             }
-            argv.push(a.clone());
-        } else {
+            continue;
+        }
+        let (sign, letters) = match s.split_at_checked(1) {
+            Some((sign @ ("-" | "+"), letters)) if !letters.is_empty() => (sign, letters),
+            _ => break, // the first operand: the script
+        };
+        if !letters.chars().all(|c| c.is_ascii_alphabetic()) {
             return None;
         }
+        it.next();
+        let kept: String = letters.chars().filter(|&c| !(sign == "-" && c == 'c')).collect();
+        command_string |= kept.len() < letters.len();
+        if !kept.is_empty() {
+            opts.push(OsString::from(format!("{sign}{kept}")));
+        }
+        // `-o NAME` / `-O NAME` (also bundled, `-eo pipefail`) take the next argument.
+        for _ in kept.chars().filter(|c| matches!(c, 'o' | 'O')) {
+            opts.push(it.next()?.clone());
+        }
     }
-    None
+    if !command_string {
+        return None;
+    }
+    let script = it.next()?.clone();
+    let mut argv = vec![OsString::from(shell)];
+    argv.extend(opts);
+    argv.push(OsString::from("-c"));
+    if script.as_encoded_bytes().first().is_some_and(|b| matches!(b, b'-' | b'+')) {
+        argv.push(OsString::from("--"));
+    }
+    argv.push(script.clone());
+    // `$0` is the shell's name when none is given, as when the caller runs the shell itself
+    // (`bash: line 1: …` in messages, not the path the sandbox executes).
+    let rest: Vec<OsString> = it.cloned().collect();
+    if rest.is_empty() {
+        argv.push(OsString::from(name));
+    }
+    argv.extend(rest);
+    Some((script, argv))
 }
 
 /// The shim's configuration file (all keys optional).
@@ -90,7 +127,7 @@ impl Config {
 
 pub fn main(state_dir: Option<PathBuf>, args: Vec<OsString>) -> Result<i32> {
     let Some((script, argv)) = parse(&args) else {
-        eprintln!("txbox sh: usage: txbox sh [-FLAGS] -c 'STRING' [NAME [ARG...]] (a shell reading a script file or stdin is not supported)");
+        eprintln!("txbox sh: usage: txbox sh [OPTIONS] -c 'STRING' [NAME [ARG...]] (a shell reading a script file or stdin is not supported)");
         return Ok(2);
     };
     let config = Config::load()?;
@@ -100,8 +137,9 @@ pub fn main(state_dir: Option<PathBuf>, args: Vec<OsString>) -> Result<i32> {
     let policy_file = env_path("TXBOX_POLICY").or(config.policy.clone());
     let state_dir = state_dir.or(config.state_dir.clone());
     let timeout = std::env::var("TXBOX_TIMEOUT").ok().and_then(|t| t.parse::<f64>().ok());
-    // Plain `-c STRING` runs exactly like `run -c`; extra flags or arguments keep their argv.
-    let command = if argv.len() == 3 { Command::Shell(script) } else { Command::Script { script, argv } };
+    // The sandbox runs the argv byte for byte; the policy judges the script as text (lossy if it
+    // is not UTF-8).
+    let command = Command::Script { script: script.to_string_lossy().into_owned(), argv };
     let req = RunRequest {
         workspace,
         state_dir,
@@ -148,15 +186,22 @@ mod tests {
 
     #[test]
     fn parses_sh_and_bash_style_invocations() {
-        let (s, argv) = parse(&os(&["-c", "echo hi"])).unwrap_or_default();
-        assert_eq!(s, "echo hi");
-        assert_eq!(argv[1..], os(&["-c", "echo hi"])[..]);
-        let (s, argv) = parse(&os(&["-lc", "make", "name", "a1"])).unwrap_or_default();
-        assert_eq!(s, "make");
-        assert_eq!(argv[1..], os(&["-l", "-c", "make", "name", "a1"])[..]);
-        let (_, argv) = parse(&os(&["-e", "-c", "false"])).unwrap_or_default();
-        assert_eq!(argv[1..], os(&["-e", "-c", "false"])[..]);
-        assert!(parse(&os(&["script.sh"])).is_none());
-        assert!(parse(&os(&["-c"])).is_none());
+        let p = |v: &[&str]| parse(&os(v)).map(|(s, argv)| (s, argv[1..].to_vec()));
+        let n = if std::path::Path::new("/bin/bash").exists() { "bash" } else { "sh" };
+        assert_eq!(p(&["-c", "echo hi"]), Some(("echo hi".into(), os(&["-c", "echo hi", n]))));
+        assert_eq!(p(&["-lc", "make", "name", "a1"]), Some(("make".into(), os(&["-l", "-c", "make", "name", "a1"]))));
+        assert_eq!(p(&["-e", "-c", "false"]).map(|x| x.1), Some(os(&["-e", "-c", "false", n])));
+        // bash takes -c as a flag: the script is the first operand, wherever -c stood.
+        assert_eq!(p(&["-c", "-l", "make", "n"]), Some(("make".into(), os(&["-l", "-c", "make", "n"]))));
+        assert_eq!(p(&["-o", "pipefail", "-c", "x"]).map(|x| x.1), Some(os(&["-o", "pipefail", "-c", "x", n])));
+        assert_eq!(p(&["-eco", "pipefail", "x"]).map(|x| x.1), Some(os(&["-eo", "pipefail", "-c", "x", n])));
+        assert_eq!(p(&["--noprofile", "--norc", "-c", "x"]).map(|x| x.1), Some(os(&["--noprofile", "--norc", "-c", "x", n])));
+        assert_eq!(p(&["+o", "posix", "-c", "x"]).map(|x| x.1), Some(os(&["+o", "posix", "-c", "x", n])));
+        // After `--` an operand that looks like an option is still the script.
+        assert_eq!(p(&["-c", "--", "-x", "n"]), Some(("-x".into(), os(&["-c", "--", "-x", "n"]))));
+        assert!(p(&["script.sh"]).is_none());
+        assert!(p(&["-c"]).is_none());
+        assert!(p(&["-o"]).is_none());
+        assert!(p(&["-e", "script.sh"]).is_none(), "no -c: a script file");
     }
 }

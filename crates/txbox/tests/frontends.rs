@@ -1,5 +1,7 @@
 //! The agent-facing front ends through the real binary: `txbox serve` (HTTP, driven with
-//! hand-written HTTP/1.1 over std::net) and `txbox mcp` (newline-delimited JSON-RPC on stdio).
+//! hand-written HTTP/1.1 over std::net, and MCP over streamable HTTP at `/mcp`) and `txbox mcp`
+//! (newline-delimited JSON-RPC on stdio). `tests/mcp_client.rs` drives `txbox mcp` with rmcp's
+//! own client.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -68,6 +70,10 @@ fn serve_with(s: &Scratch, workspaces: &[&Path], state_dir: Option<&Path>) -> Se
 
 /// One HTTP/1.1 request; returns (status, parsed JSON body or Null).
 fn http(port: u16, method: &str, path: &str, token: Option<&str>, body: Option<&Value>) -> (u16, Value) {
+    http_with(port, method, path, token, body, &[])
+}
+
+fn http_with(port: u16, method: &str, path: &str, token: Option<&str>, body: Option<&Value>, headers: &[(&str, &str)]) -> (u16, Value) {
     let mut conn = TcpStream::connect(("127.0.0.1", port)).unwrap();
     conn.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     let body = body.map(Value::to_string).unwrap_or_default();
@@ -77,6 +83,9 @@ fn http(port: u16, method: &str, path: &str, token: Option<&str>, body: Option<&
     }
     if let Some(t) = token {
         req.push_str(&format!("Authorization: Bearer {t}\r\n"));
+    }
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
     }
     req.push_str("\r\n");
     req.push_str(&body);
@@ -253,6 +262,58 @@ fn http_concurrent_requests() {
     }
 }
 
+/// One JSON-RPC message to `/mcp` as a streamable-HTTP MCP client sends it.
+fn mcp_http(port: u16, token: Option<&str>, msg: &Value) -> (u16, Value) {
+    let headers = [("Accept", "application/json, text/event-stream"), ("MCP-Protocol-Version", "2025-06-18")];
+    http_with(port, "POST", "/mcp", token, Some(msg), &headers)
+}
+
+#[test]
+fn http_mcp_behind_the_token() {
+    let s = Scratch::new("http-mcp");
+    let srv = serve_with(&s, &[&s.ws], Some(&s.state));
+    let call = |id: u64, name: &str, args: Value| json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": name, "arguments": args}});
+    // Without the token (or with a wrong one) nothing is answered and nothing runs.
+    for token in [None, Some("wrong")] {
+        let (st, v) = mcp_http(srv.port, token, &call(1, "run", json!({"command": "echo x > unauth.txt"})));
+        assert_eq!(st, 401, "{token:?}: {v}");
+    }
+    assert!(!s.ws.join("unauth.txt").exists(), "an unauthorized MCP call ran");
+
+    let init = json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}}});
+    let (st, v) = mcp_http(srv.port, auth(), &init);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["result"]["serverInfo"]["name"], "txbox", "{v}");
+    assert!(v["result"]["capabilities"]["tools"].is_object(), "{v}");
+    let (st, _) = mcp_http(srv.port, auth(), &json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    assert_eq!(st, 202);
+    let (st, v) = mcp_http(srv.port, auth(), &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}));
+    assert_eq!(st, 200, "{v}");
+    let names: Vec<&str> = v["result"]["tools"].as_array().unwrap().iter().filter_map(|t| t["name"].as_str()).collect();
+    assert_eq!(names, ["run", "begin", "exec", "diff", "commit", "rollback", "log"]);
+
+    let payload = |v: &Value| -> Value { serde_json::from_str(v["result"]["content"][1]["text"].as_str().unwrap_or("null")).unwrap() };
+    let (st, v) = mcp_http(srv.port, auth(), &call(3, "run", json!({"command": "echo hi > a.txt"})));
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(payload(&v)["outcome"], "committed", "{v}");
+    assert_eq!(std::fs::read_to_string(s.ws.join("a.txt")).unwrap(), "hi\n");
+    let (_, v) = mcp_http(srv.port, auth(), &call(4, "run", json!({"command": "rm a.txt; exit 4"})));
+    assert_eq!((payload(&v)["outcome"].as_str(), payload(&v)["exit_code"].as_i64()), (Some("rolled_back"), Some(4)), "{v}");
+    assert!(s.ws.join("a.txt").exists());
+    // Stateless: a transaction begun in one request is used by later ones.
+    let (_, v) = mcp_http(srv.port, auth(), &call(5, "begin", json!({})));
+    let tx = payload(&v)["tx"].as_str().unwrap().to_string();
+    let (_, v) = mcp_http(srv.port, auth(), &call(6, "exec", json!({"tx": tx, "command": "echo s > s.txt"})));
+    assert_eq!(payload(&v)["outcome"], "pending", "{v}");
+    let (_, v) = mcp_http(srv.port, auth(), &call(7, "commit", json!({"tx": tx})));
+    assert_eq!(payload(&v)["outcome"], "committed", "{v}");
+    assert!(s.ws.join("s.txt").exists());
+    // The plain HTTP API is unaffected next to it.
+    let (st, _) = http(srv.port, "GET", "/v1/health", None, None);
+    assert_eq!(st, 200);
+}
+
 #[test]
 fn serve_refuses_to_start_without_a_token() {
     let s = Scratch::new("http-notoken");
@@ -400,4 +461,63 @@ fn mcp_lists_tools_and_runs_transactions() {
     let (_, _, log) = m.call("log", json!({}));
     assert!(log.as_array().map(Vec::len).unwrap_or(0) >= 4, "{log}");
     m.finish();
+}
+
+/// `examples/claude-code/txbox-bash-hook` fed what Claude Code 2.1.197 sends a PreToolUse hook
+/// (captured from a real run), and its rewritten command run as Claude Code's Bash tool would.
+#[test]
+fn claude_code_hook_routes_bash_through_txbox() {
+    if Command::new("python3").arg("-c").arg("").status().map(|s| !s.success()).unwrap_or(true) {
+        eprintln!("SKIP: the example hook needs python3, which is not installed");
+        return;
+    }
+    let s = Scratch::new("cc-hook");
+    let hook = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/claude-code/txbox-bash-hook");
+    let bin_dir = binary().parent().unwrap().to_path_buf();
+    let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
+    let run_hook = |command: &str, path: &str| {
+        let event = json!({
+            "session_id": "ba98a14c-f30e-46ce-9081-7fd16bea1a4b",
+            "transcript_path": "/home/dev/.claude/projects/p/ba98a14c-f30e-46ce-9081-7fd16bea1a4b.jsonl",
+            "cwd": s.ws, "prompt_id": "3079fa93-20bb-433d-b22f-d68a00edddfb", "permission_mode": "default",
+            "effort": {"level": "high"}, "hook_event_name": "PreToolUse", "tool_name": "Bash",
+            "tool_input": {"command": command, "description": "a step"}, "tool_use_id": "toolu_0003"
+        });
+        let mut child = Command::new(&hook)
+            .env("PATH", path)
+            .env("CLAUDE_PROJECT_DIR", &s.ws)
+            .env_remove("TXBOX_WORKSPACE")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child.stdin.take().unwrap().write_all(event.to_string().as_bytes()).unwrap();
+        child.wait_with_output().unwrap()
+    };
+    // What the Bash tool then runs: the rewritten command, in the session's directory.
+    let bash_tool = |command: &str| {
+        let out = run_hook(command, &path);
+        assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let o = &v["hookSpecificOutput"];
+        assert_eq!((o["hookEventName"].as_str(), o["permissionDecision"].as_str()), (Some("PreToolUse"), Some("allow")), "{v}");
+        assert_eq!(o["updatedInput"]["description"], "a step", "other tool input must be kept: {v}");
+        let wrapped = o["updatedInput"]["command"].as_str().unwrap();
+        Command::new("bash").arg("-c").arg(wrapped).current_dir(&s.ws).env("TXBOX_STATE_DIR", &s.state).output().unwrap()
+    };
+    let out = bash_tool("echo \"it's\" > a.txt; echo out; echo err >&2");
+    assert_eq!((out.status.code(), out.stdout.as_slice(), out.stderr.as_slice()), (Some(0), &b"out\n"[..], &b"err\n"[..]), "{}", describe(&out));
+    assert_eq!(std::fs::read_to_string(s.ws.join("a.txt")).unwrap(), "it's\n");
+    let out = bash_tool("echo x > b.txt; rm a.txt; exit 3");
+    assert_eq!(out.status.code(), Some(3), "{}", describe(&out));
+    assert!(s.ws.join("a.txt").exists() && !s.ws.join("b.txt").exists(), "the failed command was not rolled back");
+    let out = bash_tool("touch c.txt; rm -rf ~");
+    assert_eq!(out.status.code(), Some(126), "{}", describe(&out));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("denied by rule"), "{}", describe(&out));
+    assert!(!s.ws.join("c.txt").exists());
+    // Without txbox on PATH the hook blocks the call (exit 2) rather than let it run unsandboxed.
+    let out = run_hook("echo unsandboxed > d.txt", "/usr/bin:/bin");
+    assert_eq!(out.status.code(), Some(2), "{}", describe(&out));
+    assert!(out.stdout.is_empty() && !out.stderr.is_empty(), "{}", describe(&out));
 }
