@@ -41,6 +41,8 @@ pub struct LaunchOptions {
     pub capture: Option<usize>,
     /// Exceeding the capture size kills the command (`--max-output`) instead of truncating.
     pub output_limit_kills: bool,
+    /// The command reads `/dev/null`, not this process's stdin.
+    pub null_stdin: bool,
     pub timeout: Option<Duration>,
     /// The socket of a warm server to try first ([`crate::warm`]); without one, or when it
     /// cannot take the command, the launcher builds a sandbox of its own.
@@ -121,15 +123,21 @@ impl Sink {
     }
 }
 
-/// Run `spec` in a sandbox through the stage-2 helper at `exe` (normally `/proc/self/exe`).
+/// The most `(fd, target)` pairs [`install_fds`] moves.
+const MAX_INSTALL: usize = 8;
+
 /// Move each `(fd, target)` to its target number without clobbering a source that sits on
-/// another pair's target, and clear close-on-exec on the targets. Async-signal-safe.
+/// another pair's target, and clear close-on-exec on the targets. A negative fd is skipped.
+/// Async-signal-safe (no allocation); false if more than [`MAX_INSTALL`] pairs are given.
 ///
 /// # Safety
 /// To be called in a freshly forked child, with fds that are open.
 pub(crate) unsafe fn install_fds(pairs: &[(i32, i32)]) -> bool {
-    let mut moved = [-1i32; 4];
-    for (i, (fd, _)) in pairs.iter().enumerate().take(4) {
+    if pairs.len() > MAX_INSTALL {
+        return false;
+    }
+    let mut moved = [-1i32; MAX_INSTALL];
+    for (i, (fd, _)) in pairs.iter().enumerate() {
         if *fd >= 0 {
             // SAFETY: duplicating an open fd to a free number ≥ 10.
             moved[i] = unsafe { libc::fcntl(*fd, libc::F_DUPFD_CLOEXEC, 10) };
@@ -138,7 +146,7 @@ pub(crate) unsafe fn install_fds(pairs: &[(i32, i32)]) -> bool {
             }
         }
     }
-    for (i, (_, want)) in pairs.iter().enumerate().take(4) {
+    for (i, (_, want)) in pairs.iter().enumerate() {
         // SAFETY: dup2 onto a target number; dup2 clears close-on-exec on the new fd.
         if moved[i] >= 0 && unsafe { libc::dup2(moved[i], *want) } < 0 {
             return false;
@@ -215,13 +223,21 @@ impl Helper {
     }
 }
 
+/// `/dev/null` for the command's stdin, when the options ask for it.
+fn null_stdin(opts: &LaunchOptions) -> rustix::io::Result<Option<OwnedFd>> {
+    if !opts.null_stdin {
+        return Ok(None);
+    }
+    rustix::fs::open("/dev/null", rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty()).map(Some)
+}
+
 /// Hand the command to the warm server on `socket`, with this process's stdin and either its
 /// stdout/stderr or capture pipes. Returns the connection and the pipes' read ends.
 fn try_warm(socket: &Path, spec: &SandboxSpec, opts: &LaunchOptions) -> Result<(Conn, Option<OwnedFd>, Option<OwnedFd>), NotWarm> {
     use std::io::IsTerminal;
     // A terminal needs the caller's session (job control, /dev/tty), which only a sandbox
     // forked from the caller has; cgroup limits need stage 2 stopped before it starts.
-    let tty = std::io::stdin().is_terminal()
+    let tty = (!opts.null_stdin && std::io::stdin().is_terminal())
         || (opts.capture.is_none() && (std::io::stdout().is_terminal() || std::io::stderr().is_terminal()));
     if tty || spec.sync {
         return Err(NotWarm::Unsuitable);
@@ -231,8 +247,9 @@ fn try_warm(socket: &Path, spec: &SandboxSpec, opts: &LaunchOptions) -> Result<(
         Some(_) => (Some(pipe()?), Some(pipe()?)),
         None => (None, None),
     };
+    let null = null_stdin(opts).map_err(|_| NotWarm::Unsuitable)?;
     let stdio = [
-        rustix::stdio::stdin(),
+        null.as_ref().map_or(rustix::stdio::stdin(), |n| n.as_fd()),
         out.as_ref().map_or(rustix::stdio::stdout(), |p| p.1.as_fd()),
         err.as_ref().map_or(rustix::stdio::stderr(), |p| p.1.as_fd()),
     ];
@@ -266,6 +283,8 @@ pub fn launch(exe: &Path, spec: &SandboxSpec, opts: &LaunchOptions, watch: &mut 
         };
         let out_w = out.as_ref().map_or(-1, |p| p.1.as_raw_fd());
         let err_w = err.as_ref().map_or(-1, |p| p.1.as_raw_fd());
+        let null = null_stdin(opts).map_err(|e| spawn_err(e.into()))?;
+        let in_r = null.as_ref().map_or(-1, |n| n.as_raw_fd());
         // SAFETY: this process is single-threaded (checked above), so the child may run
         // ordinary Rust code; it never returns from `run_spec`.
         let pid = unsafe { libc::fork() };
@@ -274,7 +293,7 @@ pub fn launch(exe: &Path, spec: &SandboxSpec, opts: &LaunchOptions, watch: &mut 
         }
         if pid == 0 {
             // SAFETY: in the forked child, with fds inherited from the parent.
-            if !unsafe { install_fds(&[(out_w, 1), (err_w, 2), (w, REPORT_FD), (sr, SYNC_FD)]) } {
+            if !unsafe { install_fds(&[(in_r, 0), (out_w, 1), (err_w, 2), (w, REPORT_FD), (sr, SYNC_FD)]) } {
                 // SAFETY: leaving the forked child without touching the parent's state.
                 unsafe { libc::_exit(125) };
             }
@@ -286,6 +305,9 @@ pub fn launch(exe: &Path, spec: &SandboxSpec, opts: &LaunchOptions, watch: &mut 
         cmd.arg0("txbox-sandbox").arg("__stage2").args(spec.to_args());
         if opts.capture.is_some() {
             cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+        }
+        if opts.null_stdin {
+            cmd.stdin(Stdio::null());
         }
         // SAFETY: the closure runs between fork and exec and only makes async-signal-safe
         // syscalls (fcntl, dup2) on fds that exist in the child.

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context as _, Result};
 use clap::{Args, Parser, Subcommand};
-use txbox::engine::{self, Command, RunRequest};
+use txbox::engine::{self, Command, Io, RunRequest};
 use txbox::session;
 use txbox::render;
 use txbox_policy::Policy;
@@ -260,7 +260,7 @@ pub fn main(args: Vec<OsString>) -> Result<i32> {
                 command,
                 policy: opts.policy.load()?,
                 policy_file: opts.policy.file.clone(),
-                capture: json,
+                io: if json { Io::Capture } else { Io::Inherit },
                 limits: limits(&opts)?,
                 keep_on_failure: on_failure == OnFailure::Keep,
             };
@@ -401,7 +401,7 @@ fn cmd_run(state_dir: Option<PathBuf>, json: bool, a: RunArgs) -> Result<i32> {
         command: command_of(a.command, a.argv)?,
         policy: a.opts.policy.load()?,
         policy_file: a.opts.policy.file.clone(),
-        capture: json,
+        io: if json { Io::Capture } else { Io::Inherit },
         limits: limits(&a.opts)?,
         validate: a.validate,
         no_commit: a.no_commit,

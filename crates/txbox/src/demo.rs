@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
-use txbox::engine::{self, Command, RunRequest};
+use txbox::engine::{self, Command, Io, RunRequest};
 use txbox::render;
 use txbox_policy::Policy;
 
@@ -24,7 +24,7 @@ fn step(ws: &Path, title: &str, script: &str) -> Result<engine::RunResult> {
         command: Command::Shell(script.to_string()),
         policy: Policy::builtin(),
         policy_file: None,
-        capture: false,
+        io: Io::Inherit,
         limits: engine::Limits { timeout: Some(std::time::Duration::from_secs(30)), ..engine::Limits::default() },
         validate: None,
         no_commit: false,

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use serde::Serialize;
-use txbox::engine::{self, Command, Outcome, RunRequest};
+use txbox::engine::{self, Command, Io, Outcome, RunRequest};
 use txbox_policy::Policy;
 
 #[derive(Serialize)]
@@ -113,7 +113,7 @@ fn live_probe() -> Check {
         command: Command::Shell("echo probe > probe.txt".into()),
         policy: Policy::builtin(),
         policy_file: None,
-        capture: true,
+        io: Io::Api,
         limits: engine::Limits::default(),
         validate: None,
         no_commit: false,

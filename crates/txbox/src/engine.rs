@@ -46,8 +46,8 @@ pub struct RunRequest {
     pub policy: Policy,
     /// The policy file in use, if any: invisible inside the sandbox, never committed.
     pub policy_file: Option<PathBuf>,
-    /// Capture output into the result (JSON mode) instead of streaming it.
-    pub capture: bool,
+    /// Where the command's stdio goes.
+    pub io: Io,
     pub limits: Limits,
     /// A check run after the command, in the same transaction; commit only if it exits 0.
     pub validate: Option<String>,
@@ -311,6 +311,18 @@ pub struct Limits {
     pub host_network: bool,
 }
 
+/// Where a command's stdio goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Io {
+    /// The caller's stdin, stdout and stderr (the CLI, `txbox sh`).
+    Inherit,
+    /// The caller's stdin; stdout and stderr captured into the result (`--json`).
+    Capture,
+    /// `/dev/null` as stdin, output captured: front ends whose own stdin is their protocol
+    /// (MCP on stdio) or that answer a network peer (HTTP).
+    Api,
+}
+
 /// Captured output per stream when no `--max-output` is given: truncated, not killed.
 pub const DEFAULT_CAPTURE: usize = 16 << 20;
 
@@ -337,7 +349,7 @@ pub(crate) fn execute(
     cwd: &Path,
     command: &Command,
     layers: Layers<'_>,
-    capture: bool,
+    io: Io,
     limits: &Limits,
     policy_file: Option<&Path>,
 ) -> Result<Finished, txbox_sandbox::SandboxError> {
@@ -362,7 +374,8 @@ pub(crate) fn execute(
     let mut watch = crate::limits::Watcher::new(layers.upper, limits)?;
     spec.sync = watch.needs_sync();
     let opts = LaunchOptions {
-        capture: capture.then(|| limits.max_output.map_or(DEFAULT_CAPTURE, |m| usize::try_from(m).unwrap_or(usize::MAX))),
+        capture: (io != Io::Inherit).then(|| limits.max_output.map_or(DEFAULT_CAPTURE, |m| usize::try_from(m).unwrap_or(usize::MAX))),
+        null_stdin: io == Io::Api,
         output_limit_kills: limits.max_output.is_some(),
         timeout: limits.timeout,
         warm: warm_socket(&env.state, &spec),
@@ -452,7 +465,7 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
 
     // 4. Execute in the sandbox.
     let layers = Layers { lower: Vec::new(), upper: &tx.upper, work: &tx.work };
-    let finished = match execute(&env, &cwd, &req.command, layers, req.capture, &req.limits, req.policy_file.as_deref()) {
+    let finished = match execute(&env, &cwd, &req.command, layers, req.io, &req.limits, req.policy_file.as_deref()) {
         Ok(f) => f,
         Err(e) => {
             setup_failed(&mut r, e);

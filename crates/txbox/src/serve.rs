@@ -18,7 +18,7 @@ use rmcp::transport::streamable_http_server::session::never::NeverSessionManager
 use rmcp::transport::StreamableHttpService;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use txbox::engine::{self, Command, EngineError, Outcome, RunRequest, RunResult};
+use txbox::engine::{self, Command, EngineError, Io, Outcome, RunRequest, RunResult};
 use txbox::session;
 use txbox_policy::Policy;
 use txbox_txn::state::TxMeta;
@@ -215,7 +215,7 @@ impl Api {
             command: body.command()?,
             policy: self.policy.clone(),
             policy_file: self.policy_file.clone(),
-            capture: true,
+            io: Io::Api,
             limits: body.limits()?,
             validate: body.validate.clone(),
             no_commit: body.no_commit,
@@ -241,7 +241,7 @@ impl Api {
             command: body.command()?,
             policy: self.policy.clone(),
             policy_file: self.policy_file.clone(),
-            capture: true,
+            io: Io::Api,
             limits: body.limits()?,
             keep_on_failure: body.keep_on_failure,
         };

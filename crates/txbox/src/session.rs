@@ -13,7 +13,7 @@ use txbox_txn::{ChangeSet, StateDir};
 
 use crate::engine::{
     audit, Base, commit_upper, deny, evaluate, execute, policy_context, record, settle, setup_failed, Changes, Command,
-    EngineError, Env, Layers, Limits, Outcome, RollbackReason, RunRequest, RunResult, Target,
+    EngineError, Env, Io, Layers, Limits, Outcome, RollbackReason, RunRequest, RunResult, Target,
 };
 
 /// Find the state directory for a transaction id: `--state-dir` if given, else the nearest
@@ -62,7 +62,7 @@ pub struct ExecRequest {
     pub command: Command,
     pub policy: Policy,
     pub policy_file: Option<PathBuf>,
-    pub capture: bool,
+    pub io: Io,
     pub limits: Limits,
     /// Keep a failed step's changes instead of undoing the step.
     pub keep_on_failure: bool,
@@ -88,7 +88,7 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
     let (upper, work) = session::create_step(&tx_dir, n, &env.workspace)?;
     let lower: Vec<PathBuf> = layers.iter().rev().map(|(_, p)| p.clone()).collect();
     let layers = Layers { lower, upper: &upper, work: &work };
-    let finished = execute(&env, &req.cwd, &req.command, layers, req.capture, &req.limits, req.policy_file.as_deref());
+    let finished = execute(&env, &req.cwd, &req.command, layers, req.io, &req.limits, req.policy_file.as_deref());
     let ok = match finished {
         Ok(f) => record(&mut r, f),
         Err(e) => {
@@ -267,7 +267,7 @@ pub fn run_as_session(req: &RunRequest) -> Result<RunResult, EngineError> {
         command,
         policy: req.policy.clone(),
         policy_file: req.policy_file.clone(),
-        capture: req.capture,
+        io: req.io,
         limits: req.limits.clone(),
         keep_on_failure: false,
     };

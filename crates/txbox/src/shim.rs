@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::Result;
-use txbox::engine::{self, Command, Outcome, RunRequest};
+use txbox::engine::{self, Command, Io, Outcome, RunRequest};
 use txbox::render;
 use txbox_policy::Policy;
 
@@ -150,7 +150,7 @@ pub fn main(state_dir: Option<PathBuf>, args: Vec<OsString>) -> Result<i32> {
             None => Policy::builtin(),
         },
         policy_file: policy_file.clone(),
-        capture: false,
+        io: Io::Inherit,
         limits: config.limits(timeout)?,
         validate: None,
         no_commit: false,

@@ -433,6 +433,12 @@ fn mcp_lists_tools_and_runs_transactions() {
     assert_eq!(r["exit_code"], 2);
     assert!(!s.ws.join("b.txt").exists());
 
+    // The command's stdin is /dev/null, never the server's (which is this very protocol): a
+    // command that reads stdin ends at once and the next request is still understood.
+    let (err, _, r) = m.call("run", json!({"command": "cat; wc -c < /dev/stdin; echo read-done"}));
+    assert!(!err, "{r}");
+    assert_eq!(r["stdout"], "0\nread-done\n", "{r}");
+
     let (err, summary, r) = m.call("run", json!({"command": "rm -rf /"}));
     assert!(!err);
     assert!(summary.contains("denied"), "{summary}");
