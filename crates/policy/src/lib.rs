@@ -6,6 +6,7 @@
 //! (full shell parsing, policy files) without changing its callers.
 
 mod extract;
+mod glob;
 pub mod paths;
 mod rules;
 mod words;

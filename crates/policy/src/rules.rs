@@ -6,6 +6,7 @@ use regex::Regex;
 use serde::{Deserialize, Serialize};
 
 use crate::extract::Cmd;
+use crate::glob::Glob;
 use crate::paths::{self, ClassSet, PathClass, PathInfo, Scope};
 use crate::{Action, Context};
 
@@ -103,24 +104,29 @@ pub(crate) struct MatchSpec {
 /// milliseconds, paid by every `txbox run`, while one command meets only the few rules of its
 /// programs. User policy files are validated eagerly at load (`validate`), so their errors
 /// still point to the file.
+///
+/// A pattern anchored with `^` and a literal start (`^echo [bcoes]\b`) cannot match a string
+/// without that start, so such strings are answered without compiling it: a rule that looks
+/// at every command line then costs its compilation only to commands that might match.
 #[derive(Debug, Clone)]
 pub(crate) struct LazyRe {
     src: String,
+    /// What every match starts with (empty: no such literal).
+    prefix: String,
     re: std::sync::Arc<std::sync::OnceLock<Option<Regex>>>,
 }
 
 impl LazyRe {
     pub fn new(src: String) -> LazyRe {
-        LazyRe { src, re: std::sync::Arc::new(std::sync::OnceLock::new()) }
+        LazyRe { prefix: anchored_prefix(&src), src, re: std::sync::Arc::new(std::sync::OnceLock::new()) }
     }
 
     /// An invalid pattern (possible only if `validate` was skipped) matches nothing.
     pub fn is_match(&self, s: &str) -> bool {
+        if !s.starts_with(&self.prefix) {
+            return false;
+        }
         self.re.get_or_init(|| Regex::new(&self.src).ok()).as_ref().is_some_and(|r| r.is_match(s))
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.src
     }
 
     pub fn validate(&self) -> Result<(), String> {
@@ -131,11 +137,32 @@ impl LazyRe {
     }
 }
 
+/// The literal text right after a leading `^`, up to the first character that is not plainly
+/// literal, and without a last character a quantifier (`*`, `?`, `+`, `{`) applies to. A
+/// pattern that is not anchored, or has an alternation, gets an empty prefix.
+fn anchored_prefix(src: &str) -> String {
+    let Some(rest) = src.strip_prefix('^') else { return String::new() };
+    if src.contains('|') {
+        return String::new();
+    }
+    let mut prefix = String::new();
+    let mut chars = rest.chars().peekable();
+    while let Some(c) = chars.next() {
+        let literal = c.is_alphanumeric() || matches!(c, ' ' | '-' | '_' | '/' | '=' | ':' | ',' | '@' | '%' | '!' | '<' | '>' | ';');
+        if !literal || chars.peek().is_some_and(|n| matches!(n, '*' | '?' | '+' | '{')) {
+            break;
+        }
+        prefix.push(c);
+    }
+    prefix
+}
+
 /// A glob or literal.
 #[derive(Debug, Clone)]
 pub(crate) enum Pat {
     Lit(String),
-    Re(LazyRe),
+    /// A glob and its source text.
+    Glob(Glob, String),
 }
 
 impl Pat {
@@ -143,46 +170,13 @@ impl Pat {
         if glob == "[" || !glob.contains(['*', '?', '[']) {
             return Ok(Pat::Lit(glob.to_string()));
         }
-        let mut re = String::from("^");
-        let mut chars = glob.chars().peekable();
-        while let Some(c) = chars.next() {
-            match c {
-                '*' => re.push_str(".*"),
-                '?' => re.push('.'),
-                '[' => {
-                    let mut class = String::from("[");
-                    let mut closed = false;
-                    if chars.peek() == Some(&'!') {
-                        chars.next();
-                        class.push('^');
-                    }
-                    for d in chars.by_ref() {
-                        if d == ']' {
-                            closed = true;
-                            break;
-                        }
-                        if d == '\\' || d == '[' {
-                            class.push('\\');
-                        }
-                        class.push(d);
-                    }
-                    if !closed {
-                        return Err(format!("unclosed `[` in glob `{glob}`"));
-                    }
-                    class.push(']');
-                    re.push_str(&class);
-                }
-                other => re.push_str(&regex::escape(&other.to_string())),
-            }
-        }
-        re.push('$');
-        Ok(Pat::Re(LazyRe::new(re)))
+        Ok(Pat::Glob(Glob::new(glob)?, glob.to_string()))
     }
 
     pub fn matches(&self, s: &str) -> bool {
         match self {
             Pat::Lit(l) => l == s,
-            Pat::Re(r) => r.is_match(s),
+            Pat::Glob(g, _) => g.matches(s),
         }
     }
 }
@@ -226,13 +220,8 @@ pub(crate) struct Matcher {
 }
 
 impl Matcher {
+    /// Globs were checked when parsed; regexes compile here.
     fn validate(&self) -> Result<(), String> {
-        let pats = [&self.program, &self.flags_any, &self.flags_all, &self.flags_none, &self.args_any, &self.args_none, &self.code_from_any, &self.stdin_from_any];
-        for p in pats.into_iter().flatten().chain(self.subcommand.iter().flatten()) {
-            if let Pat::Re(r) = p {
-                r.validate().map_err(|e| format!("glob: {e}"))?;
-            }
-        }
         for (r, f) in [(&self.args_regex, "args_regex"), (&self.regex, "regex")] {
             if let Some(r) = r {
                 r.validate().map_err(|e| format!("`{f}`: {e}"))?;
@@ -302,7 +291,7 @@ impl Matcher {
             let prog = cmd.program();
             let ok = self.program.iter().any(|p| match p {
                 Pat::Lit(l) if l.contains('/') => l == &cmd.path,
-                Pat::Re(_) if p_has_slash(p) => p.matches(&cmd.path),
+                Pat::Glob(..) if p_has_slash(p) => p.matches(&cmd.path),
                 _ => p.matches(prog),
             });
             if !ok {
@@ -394,7 +383,7 @@ impl Matcher {
 fn p_has_slash(p: &Pat) -> bool {
     match p {
         Pat::Lit(l) => l.contains('/'),
-        Pat::Re(r) => r.as_str().contains('/'),
+        Pat::Glob(_, src) => src.contains('/'),
     }
 }
 
@@ -533,4 +522,39 @@ fn allow_eligible(c: &Cmd) -> bool {
         && c.redirects.iter().all(|r| {
             !r.write || matches!(r.target.as_str(), "/dev/null" | "/dev/stdout" | "/dev/stderr" | "/dev/tty")
         })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod lazy_re_tests {
+    use super::*;
+
+    #[test]
+    fn anchored_prefixes_are_what_every_match_starts_with() {
+        let cases = [
+            ("^echo [bcoes]\\b", "echo "),
+            ("^mv( -\\S+)* (/|~)", ""),
+            ("^git push", "git push"),
+            ("^ab?c", "a"),
+            ("^abc+", "ab"),
+            ("^a{2}", ""),
+            ("(?i)^echo", ""),
+            ("^(?i)echo", ""),
+            ("echo", ""),
+            ("^a|^b", ""),
+            ("^curl .*\\| *sh", ""),
+        ];
+        for (src, want) in cases {
+            assert_eq!(anchored_prefix(src), want, "{src}");
+        }
+        // The shortcut never changes an answer.
+        let lines = ["echo b > /proc/sysrq-trigger", "echo hi", "true", "", "ech", "Echo b", "git push -f", "aab", "abcc", "ac"];
+        for (src, _) in cases {
+            let lazy = LazyRe::new(src.to_string());
+            let re = Regex::new(src).unwrap();
+            for l in lines {
+                assert_eq!(lazy.is_match(l), re.is_match(l), "{src} on {l:?}");
+            }
+        }
+    }
 }

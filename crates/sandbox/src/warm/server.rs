@@ -86,6 +86,8 @@ pub fn main(args: &[OsString]) -> ! {
     }
     let _ = rustix::process::setsid();
     let _ = rustix::process::chdir("/");
+    // Its name in `ps`/`top` (the command line says the rest).
+    let _ = rustix::thread::set_name(c"txbox-warm");
     match serve(&args) {
         Ok(()) => stage2::exit(0),
         Err(_) => stage2::exit(1),
