@@ -108,11 +108,13 @@ def change_section(changes):
 
 def rollback_section(rb):
     rows = [[r["label"], ms(r["variants"]["native"]["median_ms"]), ms(r["variants"]["txbox"]["median_ms"]),
-             ms(r["excess_ms"]), ms(r["return_after_exit_ms"]["median"]), ms(r["return_after_exit_ms"]["max"])]
-            for r in rb]
+             ms(r["excess_ms"]), ms(r["return_after_exit_ms"]["median"]), ms(r["return_after_exit_ms"]["max"]),
+             ms(r["next_recover_ms"]["median"])] for r in rb]
     return ("Rollback of a failing command (interleaved; *after exit* = txbox's own phases after the "
-            "command exited, from `TXBOX_TIMING=1`):\n\n"
-            + table(["failing command", "native", "txbox run", "excess", "after exit (median)", "after exit (max)"], rows))
+            "command exited, from `TXBOX_TIMING=1`; *recover* = the `recover` phase that starts each run, "
+            "where what is left of the previous rollback's layer is deleted):\n\n"
+            + table(["failing command", "native", "txbox run", "excess", "after exit (median)", "after exit (max)",
+                     "recover (median)"], rows))
 
 
 def throughput_section(thr):

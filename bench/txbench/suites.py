@@ -55,7 +55,8 @@ def latency(ctx):
     (isolation only: no copy-on-write, no commit, no policy), and against the naive snapshot
     (copy the workspace with `cp -a`, run there, copy back). `added_ms` is each variant's median
     minus bare `true`'s. Then txbox against the naive snapshot on the second workspace size,
-    where copying starts to cost: `naive_over_txbox` is the ratio of their medians."""
+    where copying starts to cost: `naive_over_txbox` is the ratio of their medians. Runs are
+    settled (untimed sync after each), so the copies' writeback does not land on txbox."""
     small, big = ctx.cfg.sizes[0], ctx.cfg.sizes[1]
     ws_tx, ws_naive = ctx.scratch.populated("txbox", small), ctx.scratch.populated("naive", small)
     variants = {
@@ -65,7 +66,7 @@ def latency(ctx):
     if ctx.bwrap:
         variants["bwrap read-only root"] = lambda r: seconds(BWRAP + ["true"], ws_tx)
     variants["naive snapshot"] = lambda r: naive_run(ctx, ws_naive, ["true"])
-    s = interleave(variants, ctx.cfg.latency_runs)
+    s = interleave(variants, ctx.cfg.latency_runs, settle=True)
     bare = median_ms(s["bare true"])
     out = {
         "workspace_files": small,
@@ -76,7 +77,7 @@ def latency(ctx):
     s = interleave({
         "txbox run -- true": lambda r: seconds(ctx.tx("--", "true"), tx_big),
         "naive snapshot": lambda r: naive_run(ctx, naive_big, ["true"]),
-    }, ctx.cfg.naive_big_runs)
+    }, ctx.cfg.naive_big_runs, settle=True)
     out["big"] = {
         "workspace_files": big,
         "variants": {k: summary(v) for k, v in s.items()},
@@ -135,7 +136,8 @@ def change_size(ctx):
     natively followed by `sync -f` (as durable as a txbox commit, which syncs), and in
     `txbox run -c` (written through overlayfs, classified, journaled, committed, synced).
     Each round writes into a new directory (or, for `existing_dir` changes, into a directory
-    created beforehand, outside the timing) of a per-variant workspace. `over_native` and
+    created beforehand, outside the timing) of a per-variant workspace; runs are settled
+    (untimed sync after each) so no variant pays another's writeback. `over_native` and
     `over_native_sync` are ratios of medians."""
     ws = {k: ctx.scratch.populated(k, ctx.cfg.sizes[0]) for k in ("native", "native-sync", "txbox")}
     counter = iter(range(10**9))
@@ -143,7 +145,7 @@ def change_size(ctx):
     for ch in ctx.cfg.changes:
         rounds = ctx.cfg.big_change_rounds if ch.size >= config.GIB else ctx.cfg.change_rounds
         s = interleave({k: (lambda r, k=k, ch=ch: change_run(ctx, k, ws[k], ch, f"change-{next(counter)}")) for k in ws},
-                       rounds, warmup=0)
+                       rounds, warmup=0, settle=True)
         tx = median_ms(s["txbox"])
         out.append({
             "label": ch.label, "files": ch.files, "bytes": ch.size, "existing_dir": ch.existing_dir,
@@ -179,28 +181,33 @@ def rollback(ctx):
     overlayfs. `return_after_exit` is the honest rollback figure: from txbox's own phase
     timings (TXBOX_TIMING=1), the time between the command's exit and txbox returning (the
     rollback itself, which renames the layer aside for a background collector, and the audit
-    record)."""
+    record). `next_recover_ms` is the `recover` phase at the start of each txbox run, where
+    the previous rollback's layer, if still being deleted, is finished off. The background deletion of the rolled-back layer is not settled: it is txbox's
+    own cost, and shows in the next runs (see docs/BENCHMARKS.md)."""
     ws_tx = ctx.scratch.populated("txbox-rollback", ctx.cfg.sizes[0])
     env = dict(os.environ, TXBOX_TIMING="1")
     out = []
     for label, script in ctx.cfg.rollbacks:
-        after = []
+        after, recover = [], []
 
-        def txbox_run(r, script=script, after=after):
+        def txbox_run(r, script=script, after=after, recover=recover):
             smp = run_timed(ctx.tx("-c", script), ws_tx, env=env, expect=1, capture=True)
             if r >= 0:
-                after.append(after_exit_ms(parse_timing(smp.stderr)))
+                phases = parse_timing(smp.stderr)
+                after.append(after_exit_ms(phases))
+                recover.append(phases.get("recover", 0.0))
             return smp.seconds
 
         s = interleave({
             "native": lambda r, script=script: seconds(["bash", "-c", script], ctx.scratch.fresh("rollback-native"), expect=1),
             "txbox": txbox_run,
-        }, ctx.cfg.rollback_rounds)
+        }, ctx.cfg.rollback_rounds, settle=True)
         out.append({
             "label": label,
             "variants": {k: summary(v) for k, v in s.items()},
             "excess_ms": median_ms(s["txbox"]) - median_ms(s["native"]),
             "return_after_exit_ms": {"median": percentile(after, 0.5), "max": max(after)},
+            "next_recover_ms": {"median": percentile(recover, 0.5), "max": max(recover)},
         })
     return out
 

@@ -6,6 +6,7 @@ the slow period after a bulk delete) hits every variant alike. Summaries are med
 are reported as differences and ratios of medians taken within one run, never as absolute
 times compared across runs.
 """
+import os
 import shlex
 import statistics
 import subprocess
@@ -48,21 +49,28 @@ def seconds(argv, cwd, env=None, expect=0):
     return run_timed(argv, cwd, env=env, expect=expect).seconds
 
 
-def interleave(variants, rounds, warmup=1):
+def interleave(variants, rounds, warmup=1, settle=False):
     """Time each variant `rounds` times, round-robin with the starting variant rotating.
 
     `variants` maps a name to a function `f(round_index) -> seconds` (round_index is -1 for
-    warm-up runs, which are not recorded). Returns {name: [seconds, ...]}.
+    warm-up runs, which are not recorded). With `settle`, every run is followed by an untimed
+    sync(2), so that data one variant left dirty is not written back during the next one's
+    timing (each variant is charged for what it waits for itself, as its user would be).
+    Returns {name: [seconds, ...]}.
     """
     names = list(variants)
     for _ in range(warmup):
         for name in names:
             variants[name](-1)
+            if settle:
+                os.sync()
     samples = {name: [] for name in names}
     for r in range(rounds):
         k = r % len(names)
         for name in names[k:] + names[:k]:
             samples[name].append(variants[name](r))
+            if settle:
+                os.sync()
     return samples
 
 

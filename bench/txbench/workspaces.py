@@ -43,6 +43,7 @@ class Scratch:
         if key not in self._populated:
             path = os.path.join(self.root, f"{kind}-{files}")
             make_files(path, files)
+            os.sync()  # the new files' writeback must not land on the first timed runs
             self._populated[key] = path
         return self._populated[key]
 
