@@ -125,9 +125,11 @@ def throughput_section(thr):
 def policy_section(pol):
     if "skipped" in pol:
         return f"Policy evaluation: skipped ({pol['skipped']}).\n"
-    rows = [[s["set"], f"{s['strings']:,}", f"{s['median_us']:.1f} µs", f"{s['p99_us']:.1f} µs", f"{s['max_us']:.0f} µs"]
+    rows = [[os.path.basename(s["set"]), f"{s['strings']:,}", f"{s['median_us']:.1f} µs", f"{s['p99_us']:.1f} µs", f"{s['max_us']:.0f} µs"]
             for s in pol["sets"]]
-    return "Policy evaluation, in process, one string at a time:\n\n" + table(["strings", "n", "median", "p99", "max"], rows)
+    slow = "; ".join(f"{x['us']:.0f} µs for {x['bytes']:,} bytes (`{x['start'][:40].replace('`', "'")}`)" for x in pol["sets"][-1].get("slowest", [])[:3])
+    return ("Policy evaluation, in process, one string at a time:\n\n" + table(["strings", "n", "median", "p99", "max"], rows)
+            + (f"\nSlowest strings (fastest of the rounds): {slow}.\n" if slow else ""))
 
 
 def session_section(s):
