@@ -15,6 +15,11 @@ def times(v):
     return "–" if v is None else f"{v:.2f}×"
 
 
+def code(s):
+    """`s` as Markdown inline code (backticks inside become quotes)."""
+    return "`" + s.replace("`", "'") + "`"
+
+
 def table(headers, rows):
     lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
@@ -127,7 +132,8 @@ def policy_section(pol):
         return f"Policy evaluation: skipped ({pol['skipped']}).\n"
     rows = [[os.path.basename(s["set"]), f"{s['strings']:,}", f"{s['median_us']:.1f} µs", f"{s['p99_us']:.1f} µs", f"{s['max_us']:.0f} µs"]
             for s in pol["sets"]]
-    slow = "; ".join(f"{x['us']:.0f} µs for {x['bytes']:,} bytes (`{x['start'][:40].replace('`', "'")}`)" for x in pol["sets"][-1].get("slowest", [])[:3])
+    slow = "; ".join(f"{x['us']:.0f} µs for {x['bytes']:,} bytes ({code(x['start'][:40])})"
+                     for x in pol["sets"][-1].get("slowest", [])[:3])
     return ("Policy evaluation, in process, one string at a time:\n\n" + table(["strings", "n", "median", "p99", "max"], rows)
             + (f"\nSlowest strings (fastest of the rounds): {slow}.\n" if slow else ""))
 
@@ -138,7 +144,7 @@ def session_section(s):
             ["paper (arXiv 2512.12806), its own workload", "–", f"+{s['paper']['overhead_pct']}%", f"~{s['paper']['per_tx_s'] * 1000:,.0f} ms"]]
     check = ("both replays ended with identical trees and identical exit statuses" if s["identical"] else
              f"**MISMATCH**: exit statuses differ for {s['exit_mismatches']}; trees differ at {s['tree_differences']}")
-    added = ", ".join(f"`{a['cmd']}` {a['added_ms']:+.0f} ms" for a in s["most_added"][:3])
+    added = ", ".join(f"{code(a['cmd'])} {a['added_ms']:+.0f} ms" for a in s["most_added"][:3])
     return (f"Agent session replayed ({s['commands']} commands, {s['failing_commands']} of them failing; median of "
             f"{s['rounds']} round(s)):\n\n" + table(["replay", "total", "overhead", "per transaction"], rows)
             + f"\nCorrectness check: {check}. Most added: {added}.\n")
