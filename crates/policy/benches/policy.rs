@@ -48,14 +48,15 @@ const USER_POLICY: &str = r#"
 version = 1
 
 [[rule]]
-id = "team.no-make-deploy"
-action = "deny"
-reason = "deploys go through CI"
-examples.match = ["make deploy"]
-examples.no_match = ["make test"]
+id = "team.release-builds"
+action = "transact"
+reason = "release builds get ten minutes"
+limits = { timeout = 600 }
+examples.match = ["cargo build --release"]
+examples.no_match = ["cargo fmt"]
 [[rule.when]]
-program = ["make"]
-subcommand = ["deploy"]
+program = ["cargo"]
+subcommand = ["build"]
 "#;
 
 /// Parse a one-rule user policy and merge it over the built-in policy (rules compiled, examples

@@ -7,94 +7,43 @@
 //! - `workspace_size`: one new file in a workspace of N files (cost should not follow N).
 //!
 //! `cargo bench -p txbox-txn` measures; `cargo bench -p txbox-txn -- --test` runs each case once
-//! (CI). Fixtures live under /var/tmp (the workspace's kind of filesystem, not tmpfs) and are
-//! removed when each benchmark ends.
+//! (CI). Fixtures (tests/fixture, shared with tests/classify.rs) live under /var/tmp, the
+//! workspace's kind of filesystem rather than tmpfs, and are removed when each benchmark ends.
 
-use std::collections::HashSet;
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+#[path = "../tests/fixture/mod.rs"]
+mod fixture;
+use fixture::{set_mtime, write, Fixture};
 
 fn main() {
     divan::main();
 }
 
-/// A lower (the workspace) and an upper layer, deleted on drop.
-struct Layers {
-    root: PathBuf,
-    lower: PathBuf,
-    upper: PathBuf,
-}
-
-impl Layers {
-    fn new(name: &str) -> Layers {
-        let root = PathBuf::from(format!("/var/tmp/txbox-bench-classify-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        let (lower, upper) = (root.join("lower"), root.join("upper"));
-        mkdir(&lower);
-        mkdir(&upper);
-        // The upper root mirrors the lower root, as txbox creates it.
-        copy_mtime(&lower, &upper);
-        Layers { root, lower, upper }
-    }
-
-    fn classify(&self) -> txbox_txn::changeset::ChangeSet {
-        let exclude: HashSet<PathBuf> = [PathBuf::from(".txbox")].into_iter().collect();
-        match txbox_txn::classify(&self.upper, &self.lower, &exclude) {
-            Ok(cs) => cs,
-            Err(e) => panic!("classify failed on the fixture {}: {e}", self.root.display()),
-        }
-    }
-}
-
-impl Drop for Layers {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.root);
-    }
-}
-
-fn mkdir(p: &Path) {
-    if let Err(e) = std::fs::create_dir_all(p) {
-        panic!("creating {}: {e}", p.display());
-    }
-}
-
-fn write(p: &Path, text: &str) {
-    if let Err(e) = std::fs::write(p, text) {
-        panic!("writing {}: {e}", p.display());
-    }
-}
-
-fn copy_mtime(from: &Path, to: &Path) {
-    let md = match std::fs::symlink_metadata(from) {
+fn metadata(p: &Path) -> std::fs::Metadata {
+    match std::fs::symlink_metadata(p) {
         Ok(md) => md,
-        Err(e) => panic!("stat {}: {e}", from.display()),
-    };
-    let ts = rustix::fs::Timespec { tv_sec: md.mtime(), tv_nsec: md.mtime_nsec() as _ };
-    let times = rustix::fs::Timestamps { last_access: ts, last_modification: ts };
-    if let Err(e) = rustix::fs::utimensat(rustix::fs::CWD, to, &times, rustix::fs::AtFlags::SYMLINK_NOFOLLOW) {
-        panic!("utimensat {}: {e}", to.display());
+        Err(e) => panic!("stat {}: {e}", p.display()),
     }
 }
 
-/// `n` small files `dir/f<i>` under `base`, in directories of at most 1,000 entries.
+/// `n` small files `dir/d<k>/f<i>` under `base`, at most 1,000 per directory.
 fn fill(base: &Path, dir: &str, n: usize) {
     for i in 0..n {
-        let d = base.join(format!("{dir}/d{}", i / 1000));
-        if i % 1000 == 0 {
-            mkdir(&d);
-        }
-        write(&d.join(format!("f{i}")), "x\n");
+        write(&base.join(format!("{dir}/d{}/f{i}", i / 1000)), "x\n");
     }
 }
 
 /// Copy the lower directory `rel` into the upper as overlay's copy-up would (directories and
 /// files with their mtimes), with new file contents when `change` is set.
-fn copy_up_tree(l: &Layers, rel: &str, change: bool) {
+fn copy_up_tree(l: &Fixture, rel: &str, change: bool) {
     copy_up_dir(&l.lower.join(rel), &l.upper.join(rel), change);
 }
 
 fn copy_up_dir(src: &Path, dst: &Path, change: bool) {
-    mkdir(dst);
+    if let Err(e) = std::fs::create_dir_all(dst) {
+        panic!("creating {}: {e}", dst.display());
+    }
     let entries = match std::fs::read_dir(src) {
         Ok(rd) => rd.filter_map(Result::ok).map(|e| e.path()).collect::<Vec<_>>(),
         Err(e) => panic!("reading {}: {e}", src.display()),
@@ -105,14 +54,14 @@ fn copy_up_dir(src: &Path, dst: &Path, change: bool) {
             copy_up_dir(&from, &to, change);
         } else {
             write(&to, if change { "changed\n" } else { "x\n" });
-            copy_mtime(&from, &to);
+            set_mtime(&to, &metadata(&from));
         }
     }
-    copy_mtime(src, dst);
+    set_mtime(dst, &metadata(src));
 }
 
 /// Classify once outside the timing and check the fixture means what the benchmark says.
-fn check(l: &Layers, added: usize, modified: usize) {
+fn check(l: &Fixture, added: usize, modified: usize) {
     let (a, m, _) = l.classify().counts();
     if (a, m) != (added, modified) {
         panic!("fixture {}: expected +{added} ~{modified}, classified +{a} ~{m}", l.root.display());
@@ -123,34 +72,37 @@ const SIZES: &[usize] = &[1, 100, 10_000];
 
 #[divan::bench(args = SIZES)]
 fn new_files(bencher: divan::Bencher, n: usize) {
-    let l = Layers::new(&format!("new-{n}"));
+    let l = Fixture::new(&format!("new-{n}"));
     fill(&l.lower, "src", 100);
     fill(&l.upper, "gen", n);
     check(&l, n + n.div_ceil(1000) + 1, 0);
     bencher.counter(n).bench_local(|| l.classify());
 }
 
+/// A workspace of `n` files under `src/`, all copied up; with new contents when `change` is set.
+fn copied_up(name: &str, n: usize, change: bool) -> Fixture {
+    let l = Fixture::new(&format!("{name}-{n}"));
+    fill(&l.lower, "src", n);
+    copy_up_tree(&l, "src", change);
+    check(&l, 0, if change { n } else { 0 });
+    l
+}
+
 #[divan::bench(args = SIZES)]
 fn modified_files(bencher: divan::Bencher, n: usize) {
-    let l = Layers::new(&format!("modified-{n}"));
-    fill(&l.lower, "src", n);
-    copy_up_tree(&l, "src", true);
-    check(&l, 0, n);
+    let l = copied_up("modified", n, true);
     bencher.counter(n).bench_local(|| l.classify());
 }
 
 #[divan::bench(args = SIZES)]
 fn unchanged_copy_ups(bencher: divan::Bencher, n: usize) {
-    let l = Layers::new(&format!("unchanged-{n}"));
-    fill(&l.lower, "src", n);
-    copy_up_tree(&l, "src", false);
-    check(&l, 0, 0);
+    let l = copied_up("unchanged", n, false);
     bencher.counter(n).bench_local(|| l.classify());
 }
 
 #[divan::bench(args = [100, 10_000])]
 fn workspace_size(bencher: divan::Bencher, n: usize) {
-    let l = Layers::new(&format!("workspace-{n}"));
+    let l = Fixture::new(&format!("workspace-{n}"));
     fill(&l.lower, "src", n);
     write(&l.upper.join("NEW"), "x\n");
     check(&l, 1, 0);
