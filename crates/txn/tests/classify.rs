@@ -3,7 +3,6 @@
 //! changed nothing, type changes in both directions.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::collections::HashSet;
 use std::ffi::OsString;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -11,55 +10,8 @@ use std::path::{Path, PathBuf};
 use txbox_txn::changeset::{Change, ChangeOp, ChangeSet, Fixup};
 use txbox_txn::meta::Kind;
 
-struct Fixture {
-    root: PathBuf,
-    lower: PathBuf,
-    upper: PathBuf,
-}
-
-impl Fixture {
-    fn new(name: &str) -> Fixture {
-        let root = PathBuf::from(format!("/var/tmp/txbox-classify-{}-{name}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        let (lower, upper) = (root.join("lower"), root.join("upper"));
-        std::fs::create_dir_all(&lower).unwrap();
-        std::fs::create_dir_all(&upper).unwrap();
-        // The upper root mirrors the lower root, as txbox creates it.
-        let md = std::fs::metadata(&lower).unwrap();
-        set_mtime(&upper, &md);
-        Fixture { root, lower, upper }
-    }
-
-    fn classify(&self) -> ChangeSet {
-        let exclude: HashSet<PathBuf> = [PathBuf::from(".txbox")].into_iter().collect();
-        txbox_txn::classify(&self.upper, &self.lower, &exclude).unwrap()
-    }
-}
-
-impl Drop for Fixture {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.root);
-    }
-}
-
-fn write(p: &Path, text: &str) {
-    std::fs::create_dir_all(p.parent().unwrap()).unwrap();
-    std::fs::write(p, text).unwrap();
-}
-
-fn set_mtime(p: &Path, md: &std::fs::Metadata) {
-    let ts = rustix::fs::Timespec { tv_sec: md.mtime(), tv_nsec: md.mtime_nsec() as _ };
-    let times = rustix::fs::Timestamps { last_access: ts, last_modification: ts };
-    rustix::fs::utimensat(rustix::fs::CWD, p, &times, rustix::fs::AtFlags::SYMLINK_NOFOLLOW).unwrap();
-}
-
-/// Copy a lower file to the upper exactly as overlay's copy-up does (content, mode, mtime).
-fn copy_up(f: &Fixture, rel: &str) {
-    let (l, u) = (f.lower.join(rel), f.upper.join(rel));
-    std::fs::create_dir_all(u.parent().unwrap()).unwrap();
-    std::fs::copy(&l, &u).unwrap();
-    set_mtime(&u, &std::fs::metadata(&l).unwrap());
-}
+mod fixture;
+use fixture::{copy_up, set_mtime, write, Fixture};
 
 fn whiteout(p: &Path) -> bool {
     rustix::fs::mknodat(rustix::fs::CWD, p, rustix::fs::FileType::CharacterDevice, rustix::fs::Mode::empty(), 0).is_ok()

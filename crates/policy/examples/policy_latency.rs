@@ -1,0 +1,87 @@
+//! Policy evaluation latency, one `evaluate_str` at a time, as JSON on stdout: median, p99 and
+//! max in µs for the representative strings of `benches/commands/commands.txt` and, when given,
+//! for every command of an agent-session corpus (`agent_sessions.jsonl`, one JSON object per
+//! line with a `commands` list). Read by `bench/run.py`.
+//!
+//! `cargo run --release -p txbox-policy --example policy_latency -- [--rounds N] [SESSIONS.jsonl]`
+
+use std::time::Instant;
+
+use txbox_policy::{example_context, Policy};
+
+#[path = "../benches/commands/mod.rs"]
+mod commands;
+
+/// Every command of every session of an `agent_sessions.jsonl` file, in order.
+fn session_commands(path: &str) -> Result<Vec<String>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{path}: {e}"))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| format!("{path}:{}: {e}", i + 1))?;
+        let cmds = v["commands"].as_array().map(Vec::as_slice).unwrap_or_default();
+        out.extend(cmds.iter().filter_map(|c| c.as_str()).map(str::to_string));
+    }
+    Ok(out)
+}
+
+/// Latency of each evaluation of each string over `rounds` rounds (after one untimed warm-up
+/// round, so lazily compiled rules do not count), summarised as JSON, with the five strings
+/// whose fastest evaluation was slowest (the cause of a high p99, free of preemption noise).
+fn measure(policy: &Policy, set: &str, cmds: &[String], rounds: usize) -> serde_json::Value {
+    let ctx = example_context();
+    for c in cmds {
+        std::hint::black_box(policy.evaluate_str(c, &ctx));
+    }
+    let mut ns: Vec<u64> = Vec::with_capacity(cmds.len() * rounds);
+    let mut fastest = vec![u64::MAX; cmds.len()];
+    for _ in 0..rounds {
+        for (i, c) in cmds.iter().enumerate() {
+            let t = Instant::now();
+            std::hint::black_box(policy.evaluate_str(c, &ctx));
+            let d = t.elapsed().as_nanos() as u64;
+            ns.push(d);
+            fastest[i] = fastest[i].min(d);
+        }
+    }
+    ns.sort_unstable();
+    let q = |p: f64| ns.get(((ns.len().saturating_sub(1)) as f64 * p) as usize).map_or(0.0, |&v| v as f64 / 1e3);
+    let mut order: Vec<usize> = (0..cmds.len()).collect();
+    order.sort_unstable_by_key(|&i| std::cmp::Reverse(fastest[i]));
+    let slowest: Vec<serde_json::Value> = order
+        .iter()
+        .take(5)
+        .map(|&i| {
+            let first: String = cmds[i].lines().next().unwrap_or_default().chars().take(60).collect();
+            serde_json::json!({ "us": fastest[i] as f64 / 1e3, "bytes": cmds[i].len(), "start": first })
+        })
+        .collect();
+    serde_json::json!({
+        "set": set, "strings": cmds.len(), "evaluations": ns.len(),
+        "median_us": q(0.5), "p99_us": q(0.99), "max_us": q(1.0), "slowest": slowest,
+    })
+}
+
+fn main() {
+    let (mut rounds, mut corpus) = (5, None);
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        if a == "--rounds" {
+            rounds = args.next().and_then(|n| n.parse().ok()).unwrap_or(rounds);
+        } else {
+            corpus = Some(a);
+        }
+    }
+    let policy = Policy::builtin();
+    let representative: Vec<String> = commands::cases().into_iter().map(|(_, c)| c).collect();
+    let mut sets = vec![measure(&policy, "representative (benches/commands/commands.txt)", &representative, rounds * 100)];
+    if let Some(path) = corpus {
+        match session_commands(&path) {
+            Ok(cmds) => sets.push(measure(&policy, &path, &cmds, rounds)),
+            Err(e) => {
+                eprintln!("policy_latency: {e}");
+                std::process::exit(1);
+            }
+        }
+    }
+    println!("{}", serde_json::json!({ "rounds": rounds, "sets": sets }));
+}
