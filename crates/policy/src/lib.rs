@@ -115,6 +115,9 @@ struct Compiled {
     by_program: HashMap<String, Vec<usize>>,
     /// Rules that may match any program.
     generic: Vec<usize>,
+    /// The built-in policy without its inline examples (`Policy::builtin`): `to_toml` shows
+    /// the whole built-in text instead.
+    stripped: bool,
 }
 
 /// A loaded policy: the built-in default, possibly with a user file merged over it.
@@ -125,12 +128,42 @@ pub struct Policy {
 
 const BUILTIN_TOML: &str = include_str!("builtin.toml");
 
+/// The built-in policy with its inline examples: what user files merge over, `show` and `lint`.
 fn builtin_cell() -> &'static Result<Policy, String> {
     static CELL: OnceLock<Result<Policy, String>> = OnceLock::new();
     CELL.get_or_init(|| {
         let spec = parse_file(BUILTIN_TOML, "<builtin>").map_err(|e| e.to_string())?;
         Policy::build(spec.rules, BUILTIN_TOML, "<builtin>", false).map_err(|e| e.to_string())
     })
+}
+
+/// The built-in policy as every `txbox run` without a policy file loads it: without the inline
+/// examples, which are a third of the text and only checked by tests and `lint` (parsing is
+/// most of the ~0.5 ms a process pays to load the policy). `builtin_strips_only_examples`
+/// checks that nothing else differs.
+fn runtime_cell() -> &'static Result<Policy, String> {
+    static CELL: OnceLock<Result<Policy, String>> = OnceLock::new();
+    CELL.get_or_init(|| {
+        let text = without_examples(BUILTIN_TOML);
+        let spec = parse_file(&text, "<builtin>").map_err(|e| e.to_string())?;
+        let mut p = Policy::build(spec.rules, &text, "<builtin>", false).map_err(|e| e.to_string())?;
+        if let Some(c) = Arc::get_mut(&mut p.inner) {
+            c.stripped = true;
+        }
+        Ok(p)
+    })
+}
+
+/// The policy text without its `examples.match` / `examples.no_match` lines (one line each in
+/// the built-in policy).
+fn without_examples(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.split_inclusive('\n') {
+        if !line.starts_with("examples.") {
+            out.push_str(line);
+        }
+    }
+    out
 }
 
 fn parse_file(text: &str, origin: &str) -> Result<rules::FileSpec, PolicyError> {
@@ -174,11 +207,17 @@ impl PartialEq for Policy {
 impl Policy {
     /// The built-in default policy (`src/builtin.toml`, parsed once per process).
     pub fn builtin() -> Self {
-        match builtin_cell() {
+        match runtime_cell() {
             Ok(p) => p.clone(),
             // Unreachable in a tested build; fail safe: no rules, everything is a transaction.
             Err(_) => Policy {
-                inner: Arc::new(Compiled { specs: Vec::new(), rules: Vec::new(), by_program: HashMap::new(), generic: Vec::new() }),
+                inner: Arc::new(Compiled {
+                    specs: Vec::new(),
+                    rules: Vec::new(),
+                    by_program: HashMap::new(),
+                    generic: Vec::new(),
+                    stripped: false,
+                }),
             },
         }
     }
@@ -289,11 +328,16 @@ impl Policy {
                 None => generic.push(i),
             }
         }
-        Ok(Policy { inner: Arc::new(Compiled { specs, rules: compiled, by_program, generic }) })
+        Ok(Policy { inner: Arc::new(Compiled { specs, rules: compiled, by_program, generic, stripped: false }) })
     }
 
     /// The effective policy as TOML; loading it gives the same policy back.
     pub fn to_toml(&self) -> String {
+        if self.inner.stripped {
+            if let Ok(full) = builtin_cell() {
+                return full.to_toml();
+            }
+        }
         #[derive(Serialize)]
         struct Out<'a> {
             version: i64,
@@ -406,7 +450,10 @@ pub fn lint(path: &Path) -> Result<Vec<String>, PolicyError> {
     let origin = path.display().to_string();
     Policy::from_toml_str(&text, &origin)?;
     let user = parse_file(&text, &origin)?;
-    let builtin = Policy::builtin();
+    let builtin = match builtin_cell() {
+        Ok(p) => p.clone(),
+        Err(_) => Policy::builtin(),
+    };
     let mut warnings = Vec::new();
     for r in &user.rules {
         let id = r.id.get_ref();
@@ -449,6 +496,30 @@ pub fn lint(path: &Path) -> Result<Vec<String>, PolicyError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn builtin_strips_only_examples() {
+        let stripped = Policy::builtin();
+        let full = match builtin_cell() {
+            Ok(p) => p.clone(),
+            Err(e) => panic!("{e}"),
+        };
+        assert!(stripped.inner.stripped && !full.inner.stripped);
+        assert!(without_examples(BUILTIN_TOML).len() < BUILTIN_TOML.len() * 3 / 4, "nothing stripped");
+        assert_eq!(stripped.inner.specs.len(), full.inner.specs.len());
+        for (a, b) in stripped.inner.specs.iter().zip(&full.inner.specs) {
+            assert!(a.examples.is_none(), "{}: an example line spans several lines", a.id.get_ref());
+            // The same rule but for its examples (and where it sits in the text).
+            let mut b = b.clone();
+            b.examples = None;
+            assert_eq!(a.id.get_ref(), b.id.get_ref());
+            b.id = a.id.clone();
+            assert_eq!(format!("{a:?}"), format!("{b:?}"));
+        }
+        // What users see and merge over is the whole text.
+        assert_eq!(stripped.to_toml(), full.to_toml());
+        assert!(stripped.to_toml().contains("examples"));
+    }
 
     #[test]
     fn builtin_examples_hold() {
