@@ -218,13 +218,13 @@ struct Timeline {
     enabled: bool,
     last: Instant,
     marks: Vec<(&'static str, Duration)>,
-    /// Why the sandbox was built for this run rather than taken from a warm server.
-    cold_because: Option<String>,
+    /// Where the command ran: `warm`, or `cold (why no warm server took it)`.
+    sandbox: Option<String>,
 }
 
 impl Timeline {
     fn new(started: Instant) -> Timeline {
-        Timeline { enabled: std::env::var_os("TXBOX_TIMING").is_some(), last: started, marks: Vec::new(), cold_because: None }
+        Timeline { enabled: std::env::var_os("TXBOX_TIMING").is_some(), last: started, marks: Vec::new(), sandbox: None }
     }
 
     fn mark(&mut self, phase: &'static str) {
@@ -240,8 +240,10 @@ impl Drop for Timeline {
     fn drop(&mut self) {
         if self.enabled {
             let parts: Vec<String> = self.marks.iter().map(|(p, d)| format!("{p} {:.3}", d.as_secs_f64() * 1e3)).collect();
-            let cold = self.cold_because.as_ref().map(|w| format!(" (cold: {w})")).unwrap_or_default();
-            eprintln!("txbox timing (ms): {}{cold}", parts.join(", "));
+            eprintln!("txbox timing (ms): {}", parts.join(", "));
+            if let Some(s) = &self.sandbox {
+                eprintln!("txbox sandbox: {s}");
+            }
         }
     }
 }
@@ -475,10 +477,11 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
         }
     };
     let served_warm = finished.warm == WarmUse::Served;
-    timeline.mark(if served_warm { "sandbox(warm)" } else { "sandbox(cold)" });
-    if let WarmUse::Cold(why) = &finished.warm {
-        timeline.cold_because = Some(format!("{why:?}"));
-    }
+    timeline.mark("sandbox");
+    timeline.sandbox = Some(match &finished.warm {
+        WarmUse::Served => "warm".to_string(),
+        WarmUse::Cold(why) => format!("cold ({why:?})"),
+    });
 
     // 5. Decide: commit only a command that ran to completion with status 0.
     if !record(&mut r, finished) {

@@ -28,7 +28,7 @@ fn run_timed(who: As, s: &Scratch, script: &str, extra_env: &[(&str, &str)]) -> 
 fn served_warm(o: &Output) -> bool {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("txbox timing"), "no timing line: {}", describe(o));
-    err.contains("sandbox(warm)")
+    err.contains("txbox sandbox: warm")
 }
 
 /// Run until a run is served warm (the first one starts the server; it may take a moment).

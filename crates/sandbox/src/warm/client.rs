@@ -176,7 +176,16 @@ fn rlimits() -> Vec<(u32, Option<u64>, Option<u64>)> {
 /// Start a server on `socket` for sandboxes like `spec`'s, to serve the next runs. Returns
 /// once it is on its way (the server detaches itself); failing to start one is not an error
 /// of the run, only a missed speed-up.
+/// A server that failed to start here is not tried again for this long.
+const FAILED_BACKOFF: Duration = Duration::from_secs(600);
+
 pub fn spawn(exe: &Path, socket: &Path, state: &Path, idle: Duration, spec: &SandboxSpec) -> std::io::Result<()> {
+    // The last server for this socket could not start (its reason is in SOCKET.failed):
+    // starting one per run would cost every run a process for nothing.
+    let failed = std::fs::metadata(with_suffix(socket, ".failed")).and_then(|m| m.modified());
+    if failed.is_ok_and(|t| t.elapsed().is_ok_and(|age| age < FAILED_BACKOFF)) {
+        return Err(std::io::Error::other("the last warm server failed to start; see the .failed file beside its socket"));
+    }
     if let Some(dir) = socket.parent() {
         std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700).create(dir)?;
     }
@@ -199,4 +208,24 @@ pub fn spawn(exe: &Path, socket: &Path, state: &Path, idle: Duration, spec: &San
 /// Whether `socket` fits a unix socket address (108 bytes with its NUL).
 pub fn fits(socket: &Path) -> bool {
     SocketAddrUnix::new(socket).is_ok()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_server_that_failed_here_is_not_started_again_for_a_while() {
+        let dir = std::env::temp_dir().join(format!("txbox-warm-spawn-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let socket = dir.join("warm/0123456789abcdef.sock");
+        let spec = SandboxSpec::new("/w".into(), "/u".into(), "/k".into(), vec!["true".into()]);
+        // `true` stands in for the txbox binary: spawning it succeeds and starts nothing.
+        spawn(Path::new("/bin/true"), &socket, &dir, Duration::from_secs(1), &spec).unwrap();
+        std::fs::write(with_suffix(&socket, ".failed"), "unshare: EPERM\n").unwrap();
+        let e = spawn(Path::new("/bin/true"), &socket, &dir, Duration::from_secs(1), &spec).unwrap_err();
+        assert!(e.to_string().contains(".failed"), "{e}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

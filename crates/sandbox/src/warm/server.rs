@@ -94,10 +94,22 @@ pub fn main(args: &[OsString]) -> ! {
     }
 }
 
+/// Leave the reason this server could not start beside its socket (`SOCKET.failed`): clients
+/// then stop starting servers that cannot work here for a while (`client::spawn`), and a
+/// person finds the reason. Written through the directory's fd, which stays valid after the
+/// state directory is hidden.
+fn record_failure(dir: &OwnedFd, name: &OsString, e: &StepError) {
+    let mut failed = name.clone();
+    failed.push(".failed");
+    let flags = OFlags::CREATE | OFlags::WRONLY | OFlags::TRUNC | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    if let Ok(fd) = rustix::fs::openat(dir, failed.as_os_str(), flags, Mode::from_raw_mode(0o600)) {
+        let _ = rustix::io::write(&fd, format!("{}: {}\n", e.step, stage2::hint(e)).as_bytes());
+    }
+}
+
 /// The host side of the server (S in the module diagram). The order of the steps is the
 /// documentation.
 fn serve(args: &ServerArgs) -> Result<(), StepError> {
-    let spec = &args.spec;
     // 1. One server per socket: the lock is held by this process and its init for their lives.
     let lock_path = with_suffix(&args.socket, ".lock");
     let lock = rustix::fs::open(&lock_path, OFlags::CREATE | OFlags::WRONLY | OFlags::CLOEXEC, Mode::from_raw_mode(0o600))
@@ -111,14 +123,25 @@ fn serve(args: &ServerArgs) -> Result<(), StepError> {
     let dir_fd = rustix::fs::open(dir, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
         .map_err(at(format!("open {}", dir.display())))?;
     let name = args.socket.file_name().map(|n| n.to_os_string()).unwrap_or_default();
-    let _ = rustix::fs::unlinkat(&dir_fd, name.as_os_str(), rustix::fs::AtFlags::empty());
+    let served = listen_build_and_serve(args, &dir_fd, &name);
+    if let Err(e) = &served {
+        record_failure(&dir_fd, &name, e);
+    }
+    drop(lock);
+    served
+}
+
+/// Steps 2 to 5 of `serve`: listen, build the sandbox, let its init serve until it is done.
+fn listen_build_and_serve(args: &ServerArgs, dir_fd: &OwnedFd, name: &OsString) -> Result<(), StepError> {
+    let spec = &args.spec;
+    let _ = rustix::fs::unlinkat(dir_fd, name.as_os_str(), rustix::fs::AtFlags::empty());
     let listener = rustix::net::socket_with(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC, None)
         .map_err(at("socket"))?;
     let addr = SocketAddrUnix::new(args.socket.as_path()).map_err(at(format!("socket address {}", args.socket.display())))?;
     rustix::net::bind(&listener, &addr).map_err(at(format!("bind {}", args.socket.display())))?;
     rustix::fs::chmod(&args.socket, Mode::from_raw_mode(0o600)).map_err(at("chmod socket"))?;
     rustix::net::listen(&listener, 8).map_err(at("listen"))?;
-    let bound = Bound { dir: dir_fd, name, ino: inode(&args.socket) };
+    let bound = Bound { dir: rustix::io::fcntl_dupfd_cloexec(dir_fd, 3).map_err(at("dup"))?, name: name.clone(), ino: inode(&args.socket) };
     // 3. Secrets that do not exist now are not hidden by the base mounts; should one appear,
     //    this sandbox would show it, so the server then stops serving.
     let absent: Vec<PathBuf> =
@@ -136,6 +159,10 @@ fn serve(args: &ServerArgs) -> Result<(), StepError> {
         mount(op, &pins)?;
     }
     drop(pins);
+    // It works here after all: forget an earlier failure.
+    let mut failed = name.clone();
+    failed.push(".failed");
+    let _ = rustix::fs::unlinkat(dir_fd, failed.as_os_str(), rustix::fs::AtFlags::empty());
     // 5. The pid namespace's init serves; this process waits for it, so that killing it (the
     //    spawner's session is gone, but an administrator may) ends the server.
     // SAFETY: single-threaded (a fresh exec that started no threads).
@@ -146,14 +173,16 @@ fn serve(args: &ServerArgs) -> Result<(), StepError> {
     if pid == 0 {
         let code = match init(spec, &plan, &roots, &listener, &bound, &absent, args.idle) {
             Ok(()) => 0,
-            Err(_) => 1,
+            Err(e) => {
+                record_failure(&bound.dir, &bound.name, &e);
+                1
+            }
         };
         bound.remove_if_ours();
         stage2::exit(code);
     }
     drop(listener);
     let _ = stage2::wait_for(pid);
-    drop(lock);
     Ok(())
 }
 
