@@ -300,10 +300,6 @@ fn init(
     let mut last_used = Instant::now();
     let mut garbage = true;
     loop {
-        // Idle: delete what finished transactions retired, until a client waits.
-        if garbage {
-            garbage = !roots.collect_garbage(listener);
-        }
         let mut fds = [PollFd::new(listener, PollFlags::IN)];
         let timeout = rustix::event::Timespec { tv_sec: TICK.as_secs() as i64, tv_nsec: 0 };
         match rustix::event::poll(&mut fds, Some(&timeout)) {
@@ -312,7 +308,12 @@ fn init(
                     roots.collect_garbage(listener);
                     return Ok(());
                 }
-                garbage = true;
+                // Idle for a tick: delete what finished transactions retired, until a client
+                // knocks. Not between transactions that follow each other closely, whose
+                // commits would share the disk with the deletion.
+                if garbage {
+                    garbage = !roots.collect_garbage(listener);
+                }
                 continue;
             }
             Ok(_) => {}
