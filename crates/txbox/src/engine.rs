@@ -609,6 +609,11 @@ pub(crate) fn commit_upper(env: &Env, t: &Target<'_>, base: Base<'_>) -> Result<
 /// when idle, so retiring it is all there is to do here.
 pub(crate) fn drop_tx(state: &StateDir, tx: TxDir, collected: bool) {
     let id = tx.id.clone();
+    // A run that left nothing in its directory gives it to the next one (the lock held in
+    // `tx` goes with it and is released below).
+    if state.recycle_tx(&id) {
+        return;
+    }
     if collected && state.retire_tx(&id).is_ok() {
         return;
     }
