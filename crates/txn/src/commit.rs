@@ -221,7 +221,7 @@ fn apply_step(
     hook: &mut CrashHook,
 ) -> Result<(), CommitError> {
     let path = js.step.path();
-    let current = stat_at(ws, path).map_err(io_err("stat workspace", path))?;
+    let current = |ws: &mut Beneath| stat_at(ws, path).map_err(io_err("stat workspace", path));
     match &js.step {
         Step::Remove { kind, slot, .. } => {
             let slot_name = slot.to_string();
@@ -232,7 +232,7 @@ fn apply_step(
             if done {
                 return Ok(());
             }
-            match current {
+            match current(ws)? {
                 Some(st) if st.st_ino == js.ino => {}
                 _ => return Err(CommitError::Conflict { path: path.clone(), what: "changed before removal".into() }),
             }
@@ -245,27 +245,30 @@ fn apply_step(
             }
         }
         Step::Create { .. } => {
-            if current.is_some_and(|st| st.st_ino == js.ino) {
-                return Ok(());
-            }
+            // Rename first, look second: a creation already applied (by an earlier run of
+            // this record) fails here, ENOENT for the moved source or EEXIST for the taken
+            // name, and the inode at the target says whether that failure means done. The
+            // common case, a creation not yet applied, costs one call instead of three.
             hook.tick()?;
             let (udir, uname) = up.parent(path).map_err(io_err("open upper parent", path))?;
-            let udir = rustix::io::fcntl_dupfd_cloexec(udir, 0).map_err(|e| io_err("dup", path)(e.into()))?;
             let (dir, name) = ws.parent(path).map_err(io_err("open parent", path))?;
-            rustix::fs::renameat_with(&udir, uname, dir, name, RenameFlags::NOREPLACE)
-                .map_err(|e| io_err("create (rename into workspace)", path)(e.into()))?;
+            if let Err(e) = rustix::fs::renameat_with(udir, uname, dir, name, RenameFlags::NOREPLACE) {
+                match stat_at(ws, path) {
+                    Ok(Some(st)) if st.st_ino == js.ino => {}
+                    _ => return Err(io_err("create (rename into workspace)", path)(e.into())),
+                }
+            }
         }
         Step::Replace { old, .. } => {
-            match current {
+            match current(ws)? {
                 Some(st) if st.st_ino == js.ino => return Ok(()),
                 Some(st) if st.st_ino == js.old_ino => {}
                 _ => return Err(CommitError::Conflict { path: path.clone(), what: "changed before replacement".into() }),
             }
             hook.tick()?;
             let (udir, uname) = up.parent(path).map_err(io_err("open upper parent", path))?;
-            let udir: OwnedFd = rustix::io::fcntl_dupfd_cloexec(udir, 0).map_err(|e| io_err("dup", path)(e.into()))?;
             let (dir, name) = ws.parent(path).map_err(io_err("open parent", path))?;
-            rustix::fs::renameat_with(&udir, uname, dir, name, RenameFlags::EXCHANGE)
+            rustix::fs::renameat_with(udir, uname, dir, name, RenameFlags::EXCHANGE)
                 .map_err(|e| io_err("replace (exchange)", path)(e.into()))?;
             if *old == Kind::Dir {
                 ws.forget(path);
