@@ -127,10 +127,16 @@ def throughput_section(thr):
             f"{thr['true_tx_per_s']:.0f} tx/s; one-file commit {thr['one_file_commit_tx_per_s']:.0f} tx/s.\n")
 
 
+def set_label(name):
+    """A string set's name for the table: a file path shortened to its file name, a described
+    set (`representative (benches/…/commands.txt)`) kept whole."""
+    return os.path.basename(name) if name.startswith("/") else name
+
+
 def policy_section(pol):
     if "skipped" in pol:
         return f"Policy evaluation: skipped ({pol['skipped']}).\n"
-    rows = [[os.path.basename(s["set"]), f"{s['strings']:,}", f"{s['median_us']:.1f} µs", f"{s['p99_us']:.1f} µs", f"{s['max_us']:.0f} µs"]
+    rows = [[set_label(s["set"]), f"{s['strings']:,}", f"{s['median_us']:.1f} µs", f"{s['p99_us']:.1f} µs", f"{s['max_us']:.0f} µs"]
             for s in pol["sets"]]
     slow = "; ".join(f"{x['us']:.0f} µs for {x['bytes']:,} bytes ({code(x['start'][:40])})"
                      for x in pol["sets"][-1].get("slowest", [])[:3])
