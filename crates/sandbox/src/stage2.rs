@@ -9,7 +9,7 @@
 //! I reports C's wait status on the report pipe and exits; the kernel then kills whatever C
 //! left behind in the pid namespace, so no process of the command survives it.
 
-use std::ffi::{CString, OsString};
+use std::ffi::{CStr, CString, OsString};
 use std::io::Write;
 use std::os::fd::FromRawFd;
 use std::os::unix::ffi::OsStrExt;
@@ -498,10 +498,19 @@ pub(crate) fn confine(spec: &SandboxSpec, seccomp: Option<&seccompiler::BpfProgr
 /// In the command's process: reset what txbox changed, enter the working directory, exec
 /// with this process's environment or `env`.
 pub(crate) fn exec_command(argv: &[CString], cwd: &CString, env: Option<&[CString]>) -> ! {
-    let envp: Option<Vec<*const libc::c_char>> =
-        env.map(|e| e.iter().map(|v| v.as_ptr()).chain(std::iter::once(std::ptr::null())).collect());
-    let mut ptrs: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
-    ptrs.push(std::ptr::null());
+    let envp = env.map(nul_terminated);
+    exec_prepared(&nul_terminated(argv), cwd, envp.as_deref())
+}
+
+/// The NULL-terminated pointer array of `strings`, for execve (valid while `strings` is).
+pub(crate) fn nul_terminated(strings: &[CString]) -> Vec<*const libc::c_char> {
+    strings.iter().map(|s| s.as_ptr()).chain(std::iter::once(std::ptr::null())).collect()
+}
+
+/// [`exec_command`] with its pointer arrays built beforehand: nothing is allocated before
+/// execve, as a process sharing its parent's memory (the warm server's `CLONE_VM` child) must
+/// not: what it allocated would stay behind in the parent's heap. `argp` and `envp` end in NULL.
+pub(crate) fn exec_prepared(argp: &[*const libc::c_char], cwd: &CStr, envp: Option<&[*const libc::c_char]>) -> ! {
     // SAFETY: async-signal-safe calls on valid, NUL-terminated buffers that outlive them.
     unsafe {
         libc::signal(libc::SIGINT, libc::SIG_DFL);
@@ -513,14 +522,20 @@ pub(crate) fn exec_command(argv: &[CString], cwd: &CString, env: Option<&[CStrin
         if libc::chdir(cwd.as_ptr()) != 0 {
             libc::chdir(c"/".as_ptr());
         }
-        match &envp {
-            Some(envp) => libc::execvpe(ptrs[0], ptrs.as_ptr(), envp.as_ptr()),
-            None => libc::execvp(ptrs[0], ptrs.as_ptr()),
-        };
+        if let Some(&first) = argp.first().filter(|p| !p.is_null()) {
+            match envp {
+                Some(envp) => libc::execvpe(first, argp.as_ptr(), envp.as_ptr()),
+                None => libc::execvp(first, argp.as_ptr()),
+            };
+        }
     }
-    let e = errno();
+    let e = if argp.first().is_some_and(|p| !p.is_null()) { errno() } else { libc::EINVAL };
     let code = if e == libc::ENOENT { 127 } else { 126 };
-    let name = argv.first().map(|a| String::from_utf8_lossy(a.as_bytes()).into_owned()).unwrap_or_default();
+    let name = match argp.first().filter(|p| !p.is_null()) {
+        // SAFETY: a non-null entry of argp points at a NUL-terminated string (see above).
+        Some(&p) => unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned(),
+        None => String::new(),
+    };
     let _ = writeln!(std::io::stderr(), "txbox: {name}: {}", std::io::Error::from_raw_os_error(e));
     // SAFETY: _exit skips atexit handlers and stdio flushing that belong to the parent image.
     unsafe { libc::_exit(code) }
