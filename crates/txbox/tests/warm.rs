@@ -209,6 +209,44 @@ fn a_secret_that_appears_after_the_server_started_is_still_hidden() {
     assert!(!String::from_utf8_lossy(&o.stdout).contains("PRIVATE"), "{}", describe(&o));
 }
 
+/// A secret hidden when the server started, then replaced on the host the way credential
+/// helpers do it (a file renamed over it; a directory deleted and made again): the kernel
+/// drops the mounts that covered the old ones, and the next run must not see the new ones.
+#[test]
+fn a_secret_replaced_after_the_server_started_is_still_hidden() {
+    let s = Scratch::new("warm-replaced");
+    let home = s.root.join("home");
+    std::fs::create_dir_all(home.join(".ssh")).unwrap();
+    std::fs::write(home.join(".ssh/id_ed25519"), "OLD KEY").unwrap();
+    std::fs::write(home.join(".git-credentials"), "https://old:OLDTOKEN@example.com\n").unwrap();
+    let h = home.to_str().unwrap();
+    warm_up_with_home(&s, h);
+    let o = run_timed(As::Me, &s, "cat ~/.git-credentials ~/.ssh/id_ed25519", &[("HOME", h)]);
+    assert!(served_warm(&o), "{}", describe(&o));
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("OLD"), "{}", describe(&o));
+
+    std::fs::write(home.join(".git-credentials.lock"), "https://new:NEWTOKEN@example.com\n").unwrap();
+    std::fs::rename(home.join(".git-credentials.lock"), home.join(".git-credentials")).unwrap();
+    let o = run_timed(As::Me, &s, "cat ~/.git-credentials", &[("HOME", h)]);
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("NEWTOKEN"), "a file renamed over a secret showed: {}", describe(&o));
+
+    warm_up_with_home(&s, h);
+    std::fs::remove_dir_all(home.join(".ssh")).unwrap();
+    std::fs::create_dir(home.join(".ssh")).unwrap();
+    std::fs::write(home.join(".ssh/id_ed25519"), "NEW KEY").unwrap();
+    let o = run_timed(As::Me, &s, "cat ~/.ssh/id_ed25519", &[("HOME", h)]);
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("NEW KEY"), "a directory made again showed: {}", describe(&o));
+}
+
+/// Run with HOME until a run is served warm again (a server that stopped is replaced).
+fn warm_up_with_home(s: &Scratch, home: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !served_warm(&run_timed(As::Me, s, "true", &[("HOME", home)])) {
+        assert!(Instant::now() < deadline, "never served warm again");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 #[test]
 fn concurrent_runs_share_one_server_or_build_their_own() {
     let s = Scratch::new("warm-busy");

@@ -142,11 +142,7 @@ fn listen_build_and_serve(args: &ServerArgs, dir_fd: &OwnedFd, name: &OsString) 
     rustix::fs::chmod(&args.socket, Mode::from_raw_mode(0o600)).map_err(at("chmod socket"))?;
     rustix::net::listen(&listener, 8).map_err(at("listen"))?;
     let bound = Bound { dir: rustix::io::fcntl_dupfd_cloexec(dir_fd, 3).map_err(at("dup"))?, name: name.clone(), ino: inode(&args.socket) };
-    // 3. Secrets that do not exist now are not hidden by the base mounts; should one appear,
-    //    this sandbox would show it, so the server then stops serving.
-    let absent: Vec<PathBuf> =
-        spec.hide.iter().filter(|h| !h.starts_with(&spec.workspace) && std::fs::symlink_metadata(h).is_err()).cloned().collect();
-    // 4. Namespaces, private copies of the two trees every transaction's layers come from,
+    // 3. Namespaces, private copies of the two trees every transaction's layers come from,
     //    and every mount that does not depend on the transaction.
     stage2::enter_namespaces(spec)?;
     let roots = Roots::clone_from(&args.state, &spec.workspace)?;
@@ -159,6 +155,8 @@ fn listen_build_and_serve(args: &ServerArgs, dir_fd: &OwnedFd, name: &OsString) 
         mount(op, &pins)?;
     }
     drop(pins);
+    // 4. What each secret outside the workspace looks like from inside, now that it is hidden.
+    let hidden = Hidden::now(spec);
     // It works here after all: forget an earlier failure.
     let mut failed = name.clone();
     failed.push(".failed");
@@ -171,7 +169,7 @@ fn listen_build_and_serve(args: &ServerArgs, dir_fd: &OwnedFd, name: &OsString) 
         return Err(StepError { step: "fork init".into(), errno: rustix::io::Errno::from_raw_os_error(errno()) });
     }
     if pid == 0 {
-        let code = match init(spec, &plan, &roots, &listener, &bound, &absent, args.idle) {
+        let code = match init(spec, &plan, &roots, &listener, &bound, &hidden, args.idle) {
             Ok(()) => 0,
             Err(e) => {
                 record_failure(&bound.dir, &bound.name, &e);
@@ -254,6 +252,30 @@ fn same_object(a: &OwnedFd, b: &OwnedFd) -> bool {
     }
 }
 
+/// The secrets outside the workspace as this sandbox sees them: the object covering each (or
+/// nothing, for one that did not exist when the server started). The covers are mounted once,
+/// but the kernel removes a mount whose mountpoint the host deletes or renames something over
+/// (how `git credential-store`, `docker login` or `ssh-keygen` replace their files), and a
+/// secret that appears later was never covered: either way the secret would show here, so a
+/// difference makes the server stop serving (the run then builds its own sandbox, which hides
+/// the secret as it is now).
+struct Hidden(Vec<(PathBuf, Option<(u64, u64)>)>);
+
+impl Hidden {
+    fn now(spec: &SandboxSpec) -> Hidden {
+        Hidden(spec.hide.iter().filter(|h| !h.starts_with(&spec.workspace)).map(|h| (h.clone(), Self::identity(h))).collect())
+    }
+
+    fn identity(p: &Path) -> Option<(u64, u64)> {
+        rustix::fs::lstat(p).ok().map(|st| (st.st_dev, st.st_ino))
+    }
+
+    /// The first secret that is no longer what it was.
+    fn changed(&self) -> Option<&Path> {
+        self.0.iter().find(|(p, was)| Self::identity(p) != *was).map(|(p, _)| p.as_path())
+    }
+}
+
 /// The socket's name, to notice when it is removed or replaced by another server's.
 struct Bound {
     dir: OwnedFd,
@@ -285,7 +307,7 @@ fn init(
     roots: &Roots,
     listener: &OwnedFd,
     bound: &Bound,
-    absent: &[PathBuf],
+    hidden: &Hidden,
     idle: Duration,
 ) -> Result<(), StepError> {
     let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
@@ -326,7 +348,7 @@ fn init(
             say(&conn, &Answer::Refuse(why).line());
             continue;
         }
-        let go_on = serve_one(spec, plan, roots, &seccomp, &stack, &conn, absent);
+        let go_on = serve_one(spec, plan, roots, &seccomp, &stack, &conn, hidden);
         drop(conn);
         // Make the sandbox as new for the next transaction; one that cannot be reset is done.
         for op in plan.release.iter().chain(&plan.reset) {
@@ -406,7 +428,7 @@ fn serve_one(
     seccomp: &seccompiler::BpfProgram,
     stack: &ChildStack,
     conn: &OwnedFd,
-    absent: &[PathBuf],
+    hidden: &Hidden,
 ) -> bool {
     let (req, mut fds) = match receive(conn) {
         Ok(r) => r,
@@ -419,8 +441,8 @@ fn serve_one(
         say(conn, &Answer::Refuse("this server was built for another sandbox".into()).line());
         return true;
     }
-    if let Some(p) = absent.iter().find(|p| std::fs::symlink_metadata(p).is_ok()) {
-        say(conn, &Answer::Refuse(format!("{} appeared after this server started", p.display())).line());
+    if let Some(p) = hidden.changed() {
+        say(conn, &Answer::Refuse(format!("{} appeared or was replaced after this server started", p.display())).line());
         return false;
     }
     let spec = &req.spec;
