@@ -99,11 +99,13 @@ pub fn create_step(tx_dir: &Path, n: u32, workspace: &Path) -> Result<(PathBuf, 
     Ok((upper, work))
 }
 
-/// Give a fresh upper root the workspace root's mode, owner and times: overlay shows the upper
-/// root's attributes as the merged root's, and an untouched root must not look changed.
+/// Give an upper root (fresh, or a spare an earlier run left, possibly for another workspace)
+/// the workspace root's mode, owner and times: overlay shows the upper root's attributes as
+/// the merged root's, and an untouched root must not look changed (nor be chowned at commit).
 pub fn mirror_root(upper: &Path, ws_md: &std::fs::Metadata) -> io::Result<()> {
     set_dir_attrs(ws_md, upper)?;
-    if rustix::process::geteuid().is_root() && ws_md.uid() != 0 {
+    let up = std::fs::symlink_metadata(upper)?;
+    if rustix::process::geteuid().is_root() && (up.uid(), up.gid()) != (ws_md.uid(), ws_md.gid()) {
         std::os::unix::fs::lchown(upper, Some(ws_md.uid()), Some(ws_md.gid()))?;
     }
     Ok(())

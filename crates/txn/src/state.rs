@@ -588,7 +588,17 @@ mod tests {
 
         // A run that wrote nothing (overlayfs left its empty work/work and its uuid on the
         // upper root): kept, then reused.
+        // As root, the first workspace belongs to someone else: the spare must not carry that
+        // owner over to the next workspace (overlay shows it as the root's, a commit copies it).
+        let root_user = rustix::process::geteuid().is_root();
+        if root_user {
+            std::os::unix::fs::chown(&ws, Some(1000), Some(1000)).map_err(io_at(&ws, "chown"))?;
+        }
         let a = TxDir::create(&state, &ws, "run")?;
+        if root_user {
+            let up = std::fs::metadata(&a.upper).map_err(io_at(&a.upper, "stat"))?;
+            assert_eq!((up.uid(), up.gid()), (1000, 1000), "a fresh upper takes the workspace's owner");
+        }
         std::fs::create_dir(a.work.join("work")).map_err(io_at(&a.work, "mkdir"))?;
         rustix::fs::lsetxattr(&a.upper, "user.overlay.uuid", b"0123", rustix::fs::XattrFlags::empty())
             .map_err(|e| io_at(&a.upper, "xattr")(e.into()))?;
@@ -600,6 +610,8 @@ mod tests {
         let b = TxDir::create(&state, &root, "run")?;
         assert_eq!(ino(&b.upper), upper_ino, "the spare was not reused");
         assert_eq!(TxMeta::read(&b.dir)?.workspace, root, "meta not rewritten");
+        let (up, want) = (std::fs::metadata(&b.upper).map_err(io_at(&b.upper, "stat"))?, std::fs::metadata(&root).map_err(io_at(&root, "stat"))?);
+        assert_eq!((up.uid(), up.gid(), up.mode()), (want.uid(), want.gid(), want.mode()), "the spare's upper mirrors the new workspace root");
         assert!(std::fs::read_dir(&b.upper).map(|mut d| d.next().is_none()).unwrap_or(false));
 
         // What a run left behind keeps a directory from serving again.
@@ -613,6 +625,18 @@ mod tests {
         std::fs::create_dir(&c.trash).map_err(io_at(&c.trash, "mkdir"))?;
         assert!(!state.recycle_tx(&c.id));
         drop(c);
+        // Nor anything overlayfs's work directory still holds, nor a work that is no directory.
+        for leftover in ["work/x", "index", "link"] {
+            let d = TxDir::create(&state, &ws, "run")?;
+            std::fs::create_dir_all(d.work.join("work")).map_err(io_at(&d.work, "mkdir"))?;
+            if leftover == "link" {
+                std::fs::remove_dir_all(&d.work).map_err(io_at(&d.work, "rm"))?;
+                std::os::unix::fs::symlink(&d.upper, &d.work).map_err(io_at(&d.work, "symlink"))?;
+            } else {
+                std::fs::create_dir(d.work.join(leftover)).map_err(io_at(&d.work, "mkdir"))?;
+            }
+            assert!(!state.recycle_tx(&d.id), "work holding {leftover} was kept as a spare");
+        }
 
         // No more than SPARES are kept.
         let runs: Vec<TxDir> = (0..SPARES + 1).map(|_| TxDir::create(&state, &ws, "run")).collect::<Result<_, _>>()?;
