@@ -478,10 +478,12 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
     };
     let served_warm = finished.warm == WarmUse::Served;
     timeline.mark("sandbox");
-    timeline.sandbox = Some(match &finished.warm {
-        WarmUse::Served => "warm".to_string(),
-        WarmUse::Cold(why) => format!("cold ({why:?})"),
-    });
+    if timeline.enabled {
+        timeline.sandbox = Some(match &finished.warm {
+            WarmUse::Served => "warm".to_string(),
+            WarmUse::Cold(why) => format!("cold ({why:?})"),
+        });
+    }
 
     // 5. Decide: commit only a command that ran to completion with status 0.
     if !record(&mut r, finished) {
@@ -609,15 +611,15 @@ pub(crate) fn commit_upper(env: &Env, t: &Target<'_>, base: Base<'_>) -> Result<
 /// when idle, so retiring it is all there is to do here.
 pub(crate) fn drop_tx(state: &StateDir, tx: TxDir, collected: bool) {
     let id = tx.id.clone();
+    let wrote_something = std::fs::read_dir(&tx.upper).map(|mut d| d.next().is_some()).unwrap_or(true);
     // A run that left nothing in its directory gives it to the next one (the lock held in
-    // `tx` goes with it and is released below).
-    if state.recycle_tx(&id) {
+    // `tx` goes with it and is released below); one that wrote cannot, so is not examined.
+    if !wrote_something && state.recycle_tx(&id) {
         return;
     }
     if collected && state.retire_tx(&id).is_ok() {
         return;
     }
-    let wrote_something = std::fs::read_dir(&tx.upper).map(|mut d| d.next().is_some()).unwrap_or(true);
     drop(tx);
     if !wrote_something {
         // An empty layer is gone in a few syscalls.

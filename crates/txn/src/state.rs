@@ -248,7 +248,6 @@ impl StateDir {
         }
     }
 
-    /// Delete every retired transaction directory.
     /// Keep the directory of a transaction that left nothing in it (a run that wrote nothing,
     /// or rolled back nothing) for the next transaction, instead of deleting it: one rename
     /// now, one rename then. On ext4 without a journal a new inode may not reuse one freed in
@@ -275,6 +274,8 @@ impl StateDir {
         self.root.join("tx").join(format!("{SPARE}{slot}"))
     }
 
+    /// Delete every retired transaction directory retired at least `older_than` ago (younger
+    /// ones belong to the warm server that will delete them when idle).
     pub fn collect_garbage(&self, older_than: std::time::Duration) -> Result<(), StateError> {
         let now = std::time::SystemTime::now();
         for id in self.tx_ids()? {
@@ -395,8 +396,6 @@ fn tail_after(f: &mut File, since: u64) -> io::Result<Vec<u8>> {
     }
 }
 
-/// Remove a tree, tolerating its absence. Directories made unwritable by the command are made
-/// writable first (we own everything in the upper layer).
 /// The prefix of a spare transaction directory (`StateDir::recycle_tx`).
 const SPARE: &str = ".spare-";
 /// How many spare directories a state directory keeps.
@@ -431,6 +430,8 @@ fn reusable(dir: &Path) -> bool {
     empty_upper && clean_work && real_dirs
 }
 
+/// Remove a tree, tolerating its absence. Directories made unwritable by the command are made
+/// writable first (we own everything in the upper layer).
 pub fn remove_tree(path: &Path) -> Result<(), StateError> {
     match std::fs::symlink_metadata(path) {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),

@@ -41,12 +41,6 @@ pub struct Conn {
     _busy: OwnedFd,
 }
 
-impl AsFd for Conn {
-    fn as_fd(&self) -> BorrowedFd<'_> {
-        self.stream.as_fd()
-    }
-}
-
 impl Conn {
     /// Ask the server to kill the command (it reports `signal 9` and closes).
     pub fn stop(&self) {
@@ -173,12 +167,12 @@ fn rlimits() -> Vec<(u32, Option<u64>, Option<u64>)> {
         .collect()
 }
 
-/// Start a server on `socket` for sandboxes like `spec`'s, to serve the next runs. Returns
-/// once it is on its way (the server detaches itself); failing to start one is not an error
-/// of the run, only a missed speed-up.
 /// A server that failed to start here is not tried again for this long.
 const FAILED_BACKOFF: Duration = Duration::from_secs(600);
 
+/// Start a server on `socket` for sandboxes like `spec`'s, to serve the next runs. Returns
+/// once it is on its way (the server detaches itself); failing to start one is not an error
+/// of the run, only a missed speed-up.
 pub fn spawn(exe: &Path, socket: &Path, state: &Path, idle: Duration, spec: &SandboxSpec) -> std::io::Result<()> {
     // The last server for this socket could not start (its reason is in SOCKET.failed):
     // starting one per run would cost every run a process for nothing.
