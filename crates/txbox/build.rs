@@ -8,6 +8,8 @@
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-env-changed=TXBOX_PIE");
+    // Read by tools/link-txbox, the linker: relink when it changes.
+    println!("cargo:rerun-if-env-changed=TXBOX_DYNAMIC");
     let target = std::env::var("TARGET").unwrap_or_default();
     let pie = std::env::var_os("TXBOX_PIE").is_some_and(|v| v == "1");
     if target.contains("-linux-gnu") && !pie {
