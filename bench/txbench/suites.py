@@ -6,12 +6,13 @@ interleaved (timing.interleave); results are medians, their differences and thei
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import time
 from dataclasses import dataclass
 
 from . import config
-from .timing import BenchError, interleave, median_ms, percentile, ratio, run_timed, seconds, summary
+from .timing import BenchError, interleave, median_ms, ratio, run_timed, seconds, summary
 from .workspaces import Scratch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -206,8 +207,8 @@ def rollback(ctx):
             "label": label,
             "variants": {k: summary(v) for k, v in s.items()},
             "excess_ms": median_ms(s["txbox"]) - median_ms(s["native"]),
-            "return_after_exit_ms": {"median": percentile(after, 0.5), "max": max(after)},
-            "next_recover_ms": {"median": percentile(recover, 0.5), "max": max(recover)},
+            "return_after_exit_ms": {"median": statistics.median(after), "max": max(after)},
+            "next_recover_ms": {"median": statistics.median(recover), "max": max(recover)},
         })
     return out
 

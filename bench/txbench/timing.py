@@ -78,12 +78,6 @@ def median_ms(xs):
     return statistics.median(xs) * 1e3
 
 
-def percentile(xs, p):
-    """The `p` quantile (0..1) of `xs` by nearest rank on the sorted samples."""
-    s = sorted(xs)
-    return s[min(len(s) - 1, int(round(p * (len(s) - 1))))]
-
-
 def summary(xs):
     """Median, min and max in ms, and the number of samples."""
     return {"median_ms": median_ms(xs), "min_ms": min(xs) * 1e3, "max_ms": max(xs) * 1e3, "n": len(xs)}
