@@ -152,3 +152,24 @@ fn recovery_is_idempotent_when_interrupted_itself() {
     }
     let _ = std::fs::remove_dir_all(&base);
 }
+
+/// Recovery after the commit point meets a name the transaction creates already taken by
+/// someone else (made between the crash and the recovery): it refuses and leaves that object
+/// alone, never taking it for its own creation or replacing it.
+#[test]
+fn recovery_refuses_a_created_name_someone_else_took() {
+    let base = PathBuf::from(format!("/var/tmp/txbox-crash3-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    let Some((ws, state, id)) = build(&base) else { return };
+    // Cut just after the commit point, before the first step is applied.
+    match commit_with(&ws, &state, &id, &mut CrashHook::after(2)) {
+        Err(CommitError::Injected(_)) => {}
+        other => panic!("expected the injected stop, got {other:?}"),
+    }
+    assert_eq!(state.pending_records().unwrap().len(), 1, "the commit record is durable");
+    assert!(!ws.join("gen").exists(), "nothing applied yet");
+    write(&ws.join("gen"), "someone else's\n");
+    assert!(txbox_txn::recover(&state, None, &mut CrashHook::default()).is_err(), "recovery took a foreign gen for its own");
+    assert_eq!(std::fs::read_to_string(ws.join("gen")).unwrap(), "someone else's\n");
+    let _ = std::fs::remove_dir_all(&base);
+}
