@@ -114,17 +114,20 @@ fn a_warm_run_gets_the_callers_environment_directory_umask_and_limits() {
         let want = format!("a b ☃|{}|0027|200|4096\n", s.ws.join("sub").display());
         assert_eq!(String::from_utf8_lossy(&o.stdout), want, "{who:?}: {}", describe(&o));
         // stdin is the caller's.
-        let o = Command::new(binary())
+        let mut cmd = txbox_command(who);
+        if who != As::Me {
+            cmd.env("HOME", &s.root);
+        }
+        let o = cmd
             .args(["--state-dir", s.state.to_str().unwrap(), "run", "--", "cat"])
+            .env_remove("TXBOX_WARM")
             .env("TXBOX_TIMING", "1")
             .current_dir(&s.ws)
             .stdin(std::fs::File::open("/etc/hostname").unwrap())
             .output()
             .unwrap();
-        if who == As::Me {
-            assert!(served_warm(&o), "{}", describe(&o));
-            assert_eq!(o.stdout, std::fs::read("/etc/hostname").unwrap());
-        }
+        assert!(served_warm(&o), "{who:?}: {}", describe(&o));
+        assert_eq!(o.stdout, std::fs::read("/etc/hostname").unwrap(), "{who:?}: {}", describe(&o));
     }
 }
 
