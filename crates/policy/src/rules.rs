@@ -102,29 +102,28 @@ pub(crate) struct MatchSpec {
 
 /// A regex compiled on first use. Compiling every pattern of the built-in policy costs
 /// milliseconds, paid by every `txbox run`, while one command meets only the few rules of its
-/// programs. User policy files are validated eagerly at load (`validate`), so their errors
-/// still point to the file.
-///
-/// A pattern anchored with `^` and a literal start (`^echo [bcoes]\b`) cannot match a string
-/// without that start, so such strings are answered without compiling it: a rule that looks
-/// at every command line then costs its compilation only to commands that might match.
+/// programs (and `Matcher::matches` looks at regexes last, after every cheaper condition).
+/// User policy files are validated eagerly at load (`validate`), so their errors still point
+/// to the file. A pattern of plain characters only (`sysrq-trigger`) is a substring search and
+/// is never compiled.
 #[derive(Debug, Clone)]
 pub(crate) struct LazyRe {
     src: String,
-    /// What every match starts with (empty: no such literal).
-    prefix: String,
+    /// `src` has no regex syntax at all: matching is `contains`.
+    literal: bool,
     re: std::sync::Arc<std::sync::OnceLock<Option<Regex>>>,
 }
 
 impl LazyRe {
     pub fn new(src: String) -> LazyRe {
-        LazyRe { prefix: anchored_prefix(&src), src, re: std::sync::Arc::new(std::sync::OnceLock::new()) }
+        let literal = src.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, ' ' | '-' | '_' | '/'));
+        LazyRe { literal, src, re: std::sync::Arc::new(std::sync::OnceLock::new()) }
     }
 
     /// An invalid pattern (possible only if `validate` was skipped) matches nothing.
     pub fn is_match(&self, s: &str) -> bool {
-        if !s.starts_with(&self.prefix) {
-            return false;
+        if self.literal {
+            return s.contains(&self.src);
         }
         self.re.get_or_init(|| Regex::new(&self.src).ok()).as_ref().is_some_and(|r| r.is_match(s))
     }
@@ -135,26 +134,6 @@ impl LazyRe {
         })
         .map_err(|e| e.to_string())
     }
-}
-
-/// The literal text right after a leading `^`, up to the first character that is not plainly
-/// literal, and without a last character a quantifier (`*`, `?`, `+`, `{`) applies to. A
-/// pattern that is not anchored, or has an alternation, gets an empty prefix.
-fn anchored_prefix(src: &str) -> String {
-    let Some(rest) = src.strip_prefix('^') else { return String::new() };
-    if src.contains('|') {
-        return String::new();
-    }
-    let mut prefix = String::new();
-    let mut chars = rest.chars().peekable();
-    while let Some(c) = chars.next() {
-        let literal = c.is_alphanumeric() || matches!(c, ' ' | '-' | '_' | '/' | '=' | ':' | ',' | '@' | '%' | '!' | '<' | '>' | ';');
-        if !literal || chars.peek().is_some_and(|n| matches!(n, '*' | '?' | '+' | '{')) {
-            break;
-        }
-        prefix.push(c);
-    }
-    prefix
 }
 
 /// A glob or literal.
@@ -325,21 +304,6 @@ impl Matcher {
         if args().any(|a| self.args_none.iter().any(|p| p.matches(a))) {
             return None;
         }
-        if let Some(r) = &self.args_regex {
-            if !args().any(|a| r.is_match(a)) {
-                return None;
-            }
-        }
-        if let Some(r) = &self.regex {
-            let mut line = cmd.argv.join(" ");
-            if let Some(i) = &cmd.input {
-                line.push('\n');
-                line.push_str(i);
-            }
-            if !r.is_match(&line) {
-                return None;
-            }
-        }
         if !self.features_any.is_empty() && !cmd.features.iter().any(|f| self.features_any.iter().any(|g| g == f)) {
             return None;
         }
@@ -374,6 +338,23 @@ impl Matcher {
             match hit {
                 Some(p) => hit_path = Some(p.display.clone()),
                 None => return None,
+            }
+        }
+        // Regexes last: every condition must hold, and these are the dearest (a first use
+        // compiles the pattern).
+        if let Some(r) = &self.args_regex {
+            if !args().any(|a| r.is_match(a)) {
+                return None;
+            }
+        }
+        if let Some(r) = &self.regex {
+            let mut line = cmd.argv.join(" ");
+            if let Some(i) = &cmd.input {
+                line.push('\n');
+                line.push_str(i);
+            }
+            if !r.is_match(&line) {
+                return None;
             }
         }
         Some(hit_path)
@@ -530,31 +511,16 @@ mod lazy_re_tests {
     use super::*;
 
     #[test]
-    fn anchored_prefixes_are_what_every_match_starts_with() {
-        let cases = [
-            ("^echo [bcoes]\\b", "echo "),
-            ("^mv( -\\S+)* (/|~)", ""),
-            ("^git push", "git push"),
-            ("^ab?c", "a"),
-            ("^abc+", "ab"),
-            ("^a{2}", ""),
-            ("(?i)^echo", ""),
-            ("^(?i)echo", ""),
-            ("echo", ""),
-            ("^a|^b", ""),
-            ("^curl .*\\| *sh", ""),
-        ];
-        for (src, want) in cases {
-            assert_eq!(anchored_prefix(src), want, "{src}");
-        }
-        // The shortcut never changes an answer.
-        let lines = ["echo b > /proc/sysrq-trigger", "echo hi", "true", "", "ech", "Echo b", "git push -f", "aab", "abcc", "ac"];
-        for (src, _) in cases {
+    fn plain_patterns_are_substring_searches_with_the_regex_answers() {
+        let lines = ["echo b > /proc/sysrq-trigger", "sysrq-trigge", "SYSRQ-TRIGGER", "", "a b", "x/y_z-1"];
+        for (src, literal) in [("sysrq-trigger", true), ("a b", true), ("x/y_z-1", true), ("a.b", false), ("^echo", false), ("a|b", false)] {
             let lazy = LazyRe::new(src.to_string());
+            assert_eq!(lazy.literal, literal, "{src}");
             let re = Regex::new(src).unwrap();
             for l in lines {
                 assert_eq!(lazy.is_match(l), re.is_match(l), "{src} on {l:?}");
             }
+            assert_eq!(lazy.re.get().is_some(), !literal, "{src}: compiled only when it is no plain text");
         }
     }
 }
