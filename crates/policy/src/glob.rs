@@ -126,6 +126,11 @@ fn ranges(members: &[char], glob: &str) -> Result<Vec<(char, char)>, String> {
     if members.is_empty() {
         return Err(format!("empty `[]` in glob `{glob}`"));
     }
+    // Regex set operators: globs have none, and the regexes globs used to become read these as
+    // intersection, difference and symmetric difference; refused rather than guessed.
+    if let Some(w) = members.windows(2).find(|w| w[0] == w[1] && matches!(w[0], '&' | '-' | '~')) {
+        return Err(format!("`{}{}` inside `[]` in glob `{glob}`: not a glob class; list the characters", w[0], w[1]));
+    }
     let mut out = Vec::new();
     let mut i = 0;
     while i < members.len() {
@@ -195,6 +200,9 @@ mod tests {
         assert!(!g("*").matches("two\nlines") && g("*\n*").matches("two\nlines"));
         assert!(g("[a-c-]").matches("-") && g("[a-c-]").matches("b") && !g("[a-c-]").matches("d"));
         assert!(Glob::new("[abc").is_err() && Glob::new("[z-a]").is_err() && Glob::new("[]").is_err());
+        for set_op in ["[a&&b]", "[a--b]", "[--a]", "[a~~b]"] {
+            assert!(Glob::new(set_op).is_err(), "{set_op} would have been a regex set operation");
+        }
     }
 
     fn glob_piece() -> impl Strategy<Value = String> {
