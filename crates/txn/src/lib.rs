@@ -4,7 +4,8 @@
 //! - [`plan`] orders the steps of a commit (pure);
 //! - [`journal`] writes the commit record, the single durable commit point;
 //! - [`commit`] prepares, commits and applies, idempotently; recovery re-applies records;
-//! - [`state`] lays out the state directory; [`audit`] keeps the hash-chained log.
+//! - [`state`] lays out the state directory; [`audit`] keeps the hash-chained log;
+//! - [`writeback`] flushes a long command's layer while it runs, ahead of the commit's flush.
 
 pub mod audit;
 pub mod beneath;
@@ -15,6 +16,7 @@ pub mod meta;
 pub mod plan;
 pub mod session;
 pub mod state;
+pub mod writeback;
 
 use std::path::{Path, PathBuf};
 
