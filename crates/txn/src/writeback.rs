@@ -55,17 +55,17 @@ mod tests {
     use super::*;
     use std::time::Instant;
 
-    fn tempdir(tag: &str) -> std::path::PathBuf {
+    fn tempdir(tag: &str) -> io::Result<std::path::PathBuf> {
         let d = std::env::temp_dir().join(format!("txbox-writeback-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).expect("temp dir");
-        d
+        std::fs::create_dir_all(&d)?;
+        Ok(d)
     }
 
     #[test]
-    fn flushes_repeatedly_until_dropped() {
-        let d = tempdir("repeat");
-        let wb = Writeback::start(&d, Duration::from_millis(5)).expect("start");
+    fn flushes_repeatedly_until_dropped() -> io::Result<()> {
+        let d = tempdir("repeat")?;
+        let wb = Writeback::start(&d, Duration::from_millis(5))?;
         let until = Instant::now() + Duration::from_secs(20);
         while wb.flushes() < 3 {
             assert!(Instant::now() < until, "no third flush in 20 s");
@@ -78,15 +78,15 @@ mod tests {
         let after = flushes.load(Ordering::Relaxed);
         std::thread::sleep(Duration::from_millis(100));
         assert_eq!(flushes.load(Ordering::Relaxed), after, "still flushing after drop");
-        let _ = std::fs::remove_dir_all(&d);
+        std::fs::remove_dir_all(&d)
     }
 
     #[test]
-    fn dropping_does_not_wait_for_the_next_flush() {
-        let d = tempdir("stop");
+    fn dropping_does_not_wait_for_the_next_flush() -> io::Result<()> {
+        let d = tempdir("stop")?;
         // With an hour between flushes, only the first runs; a drop that waited for the
         // interval would hang this test.
-        let wb = Writeback::start(&d, Duration::from_secs(3600)).expect("start");
+        let wb = Writeback::start(&d, Duration::from_secs(3600))?;
         let flushes = Arc::clone(&wb.flushes);
         drop(wb);
         let until = Instant::now() + Duration::from_secs(20);
@@ -95,12 +95,13 @@ mod tests {
             std::thread::sleep(Duration::from_millis(5));
         }
         assert!(flushes.load(Ordering::Relaxed) <= 1);
-        let _ = std::fs::remove_dir_all(&d);
+        std::fs::remove_dir_all(&d)
     }
 
     #[test]
-    fn a_missing_directory_is_an_error() {
-        let d = tempdir("missing").join("absent");
-        assert!(Writeback::start(&d, Duration::from_millis(5)).is_err());
+    fn a_missing_directory_is_an_error() -> io::Result<()> {
+        let d = tempdir("missing")?;
+        assert!(Writeback::start(&d.join("absent"), Duration::from_millis(5)).is_err());
+        std::fs::remove_dir_all(&d)
     }
 }
