@@ -192,6 +192,53 @@ fn a_timeout_in_a_warm_sandbox_kills_every_process_and_rolls_back() {
     assert_eq!(std::fs::read_to_string(s.ws.join("g")).unwrap(), "ok\n");
 }
 
+/// The run's own transaction directory (not a spare, not a retired one) while it runs.
+fn running_tx_work(s: &Scratch) -> Option<std::path::PathBuf> {
+    std::fs::read_dir(s.state.join("tx")).ok()?.flatten().map(|e| e.path()).find(|p| {
+        p.file_name().is_some_and(|n| !n.to_string_lossy().starts_with('.')) && p.join("work").is_dir()
+    }).map(|p| p.join("work"))
+}
+
+fn flock_free(dir: &std::path::Path) -> bool {
+    Command::new("flock").args(["--nonblock", "--exclusive"]).arg(dir).arg("true").status().unwrap().success()
+}
+
+#[test]
+fn a_warm_server_holds_the_work_directory_until_its_overlay_is_gone() {
+    // A later transaction may take this directory over (a spare); it waits for this lock, so
+    // that no two overlays ever share upper and work.
+    let s = Scratch::new("warm-in-use");
+    warm_up(As::Me, &s);
+    let mut child = txbox_command(As::Me)
+        .env_remove("TXBOX_WARM")
+        .env("TXBOX_TIMING", "1")
+        .arg("--state-dir")
+        .arg(&s.state)
+        .args(["run", "-c", "sleep 2"])
+        .current_dir(&s.ws)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut held = false;
+    while !held && Instant::now() < deadline && child.try_wait().unwrap().is_none() {
+        held = running_tx_work(&s).is_some_and(|w| !flock_free(&w));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let o = child.wait_with_output().unwrap();
+    assert!(served_warm(&o), "{}", describe(&o));
+    assert!(held, "the work directory was never locked while the command ran");
+    // Released once the server has detached the view: the directory is a spare now.
+    let spare = s.state.join("tx/.spare-0/work");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !flock_free(&spare) {
+        assert!(Instant::now() < deadline, "the spare's work directory stayed locked");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn a_secret_that_appears_after_the_server_started_is_still_hidden() {
     let s = Scratch::new("warm-secret");

@@ -62,6 +62,13 @@ fn flock(path: &Path, op: FlockOperation) -> Result<Option<Lock>, StateError> {
     }
 }
 
+/// Wait until no one holds a `flock` on the directory `dir` (take an exclusive lock, drop it).
+fn wait_unlocked(dir: &Path) -> Result<(), StateError> {
+    let fd = rustix::fs::open(dir, rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())
+        .map_err(|e| io_at(dir, "open")(e.into()))?;
+    rustix::fs::flock(&fd, FlockOperation::LockExclusive).map_err(|e| io_at(dir, "wait for lock")(e.into()))
+}
+
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -555,6 +562,11 @@ impl TxDir {
         }
         let owner = flock(&dir.join("owner.lock"), FlockOperation::LockExclusive)?
             .ok_or_else(|| io_at(&dir, "lock tx")(io::ErrorKind::WouldBlock.into()))?;
+        if reused {
+            // The run that left it may have been served by a warm server, which detaches its
+            // overlay after answering and share-locks `work` until then: wait for that.
+            wait_unlocked(&dir.join("work"))?;
+        }
         TxMeta { workspace: workspace.to_path_buf(), kind: kind.to_string() }.write(&dir)?;
         let ws_md = std::fs::metadata(workspace).map_err(io_at(workspace, "stat workspace"))?;
         let upper = dir.join("upper");
@@ -574,6 +586,40 @@ impl TxDir {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_spare_still_locked_by_a_warm_server_is_taken_only_once_released() -> Result<(), StateError> {
+        let root = std::env::temp_dir().join(format!("txbox-spare-lock-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).map_err(io_at(&root, "mkdir"))?;
+        let state = StateDir { root: root.join("state") };
+        state.ensure()?;
+        let a = TxDir::create(&state, &root, "run")?;
+        // What a warm server holds while its overlay still uses the directory.
+        let held = rustix::fs::open(&a.work, rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY, rustix::fs::Mode::empty())
+            .map_err(|e| io_at(&a.work, "open")(e.into()))?;
+        rustix::fs::flock(&held, FlockOperation::LockShared).map_err(|e| io_at(&a.work, "flock")(e.into()))?;
+        let spare_work = a.work.clone();
+        assert!(state.recycle_tx(&a.id));
+        drop(a);
+        let (done, finished) = std::sync::mpsc::channel();
+        let st = state.clone();
+        let ws = root.clone();
+        let claimer = std::thread::spawn(move || {
+            let b = TxDir::create(&st, &ws, "run");
+            let _ = done.send(());
+            b
+        });
+        // Not taken while the lock is held (a claim that did not wait would be done at once).
+        assert!(finished.recv_timeout(std::time::Duration::from_millis(300)).is_err(), "took a spare still in use");
+        assert!(!spare_work.exists(), "the claim renamed the spare before waiting");
+        drop(held);
+        assert!(finished.recv_timeout(std::time::Duration::from_secs(20)).is_ok(), "never took the released spare");
+        let b = claimer.join().map_err(|_| io_at(&root, "join")(io::ErrorKind::Other.into()))??;
+        assert!(b.work.is_dir());
+        drop(b);
+        std::fs::remove_dir_all(&root).map_err(io_at(&root, "cleanup"))
+    }
 
     #[test]
     fn an_empty_run_directory_serves_the_next_run_and_nothing_else() -> Result<(), StateError> {

@@ -320,6 +320,7 @@ fn init(
     }
     let seccomp = crate::seccomp::build().map_err(|e| StepError { step: format!("seccomp: {e}"), errno: rustix::io::Errno::PERM })?;
     let stack = ChildStack::new()?;
+    let ready = Ready { base: spec, plan, roots, seccomp: &seccomp, stack: &stack, hidden };
     let mut last_used = Instant::now();
     let mut garbage = true;
     loop {
@@ -348,12 +349,15 @@ fn init(
             say(&conn, &Answer::Refuse(why).line());
             continue;
         }
-        let go_on = serve_one(spec, plan, roots, &seccomp, &stack, &conn, hidden);
+        let mut in_use = None;
+        let go_on = serve_one(&ready, &conn, &mut in_use);
         drop(conn);
         // Make the sandbox as new for the next transaction; one that cannot be reset is done.
         for op in plan.release.iter().chain(&plan.reset) {
             mount(op, &Pins::default())?;
         }
+        // The overlay is detached: its directories may serve another transaction.
+        drop(in_use);
         if !go_on {
             return Ok(());
         }
@@ -420,16 +424,24 @@ fn receive(conn: &OwnedFd) -> Result<(Request, Vec<OwnedFd>), String> {
     Ok((req, fds))
 }
 
-/// Serve one transaction. Returns whether the server may go on serving.
-fn serve_one(
-    base: &SandboxSpec,
-    plan: &WarmPlan,
-    roots: &Roots,
-    seccomp: &seccompiler::BpfProgram,
-    stack: &ChildStack,
-    conn: &OwnedFd,
-    hidden: &Hidden,
-) -> bool {
+/// What the server built once and every transaction uses.
+#[derive(Clone, Copy)]
+struct Ready<'a> {
+    base: &'a SandboxSpec,
+    plan: &'a WarmPlan,
+    roots: &'a Roots,
+    seccomp: &'a seccompiler::BpfProgram,
+    stack: &'a ChildStack,
+    hidden: &'a Hidden,
+}
+
+/// Serve one transaction. Returns whether the server may go on serving. `in_use` receives
+/// the transaction's work directory, opened and share-locked (`flock`) before the overlay is
+/// mounted on it; the caller closes it only once the overlay is detached. The client reuses
+/// a directory its run left empty for a later transaction (`TxDir::create` takes it as a
+/// spare), and waits for this lock first: two overlays must never share upper and work.
+fn serve_one(ready: &Ready<'_>, conn: &OwnedFd, in_use: &mut Option<OwnedFd>) -> bool {
+    let Ready { base, plan, roots, seccomp, stack, hidden } = *ready;
     let (req, mut fds) = match receive(conn) {
         Ok(r) => r,
         Err(why) => {
@@ -466,13 +478,23 @@ fn serve_one(
     pins.insert(spec.workspace.clone(), workspace);
     let layers = [&spec.upper, &spec.work].into_iter().chain(spec.layers.iter());
     for (p, client) in layers.zip(&client_layers[1..]) {
-        match roots.resolve(p, client) {
-            Ok(fd) => pins.insert(p.clone(), fd),
+        let fd = match roots.resolve(p, client) {
+            Ok(fd) => fd,
             Err(why) => {
                 say(conn, &Answer::Refuse(why).line());
                 return true;
             }
+        };
+        if *p == spec.work {
+            match lock_shared(&fd) {
+                Ok(lock) => *in_use = Some(lock),
+                Err(e) => {
+                    say(conn, &Answer::Refuse(format!("locking {}: {e}", p.display())).line());
+                    return true;
+                }
+            }
         }
+        pins.insert(p.clone(), fd);
     }
     drop(client_layers);
     let per_run = MountPlan::for_warm(spec).per_run;
@@ -495,6 +517,13 @@ fn serve_one(
         Err(e) => say(conn, &format!("error sandbox setup failed at `{}`: {}\n", e.step, stage2::hint(&e))),
     }
     true
+}
+
+/// Open the directory behind `dir` (an `O_PATH` fd) for reading and take a shared `flock` on it.
+fn lock_shared(dir: &OwnedFd) -> Result<OwnedFd, rustix::io::Errno> {
+    let fd = rustix::fs::openat(dir, ".", OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
+    rustix::fs::flock(&fd, FlockOperation::LockShared)?;
+    Ok(fd)
 }
 
 /// The stdin, stdout and stderr that lead the fds of a request.
