@@ -153,27 +153,6 @@ impl SandboxSpec {
 }
 
 impl SandboxSpec {
-    /// The fields a sandbox built ahead of time depends on (namespaces, base mounts), encoded
-    /// losslessly: two specs with equal encodings can run in the same warm sandbox.
-    fn sandbox_fields(&self) -> Vec<u8> {
-        let mut out = Vec::new();
-        let mut put = |b: &[u8]| {
-            out.extend_from_slice(&(b.len() as u64).to_le_bytes());
-            out.extend_from_slice(b);
-        };
-        put(self.workspace.as_os_str().as_bytes());
-        for list in [&self.hide, &self.writable] {
-            put(&(list.len() as u64).to_le_bytes());
-            for p in list {
-                put(p.as_os_str().as_bytes());
-            }
-        }
-        put(&[u8::from(self.userns), u8::from(self.host_network)]);
-        put(&self.uid.to_le_bytes());
-        put(&self.gid.to_le_bytes());
-        out
-    }
-
     /// The same sandbox without anything of one run (its layers, directory, limits, command):
     /// what a warm server is started with, and shows in its command line.
     pub fn sandbox_only(&self) -> SandboxSpec {
@@ -191,7 +170,7 @@ impl SandboxSpec {
     /// Whether a warm sandbox built for `self` may run `other`'s command: same workspace,
     /// hidden and writable paths, identities and network.
     pub fn same_sandbox(&self, other: &SandboxSpec) -> bool {
-        self.sandbox_fields() == other.sandbox_fields()
+        self.sandbox_only() == other.sandbox_only()
     }
 
     /// A short name for what [`same_sandbox`](Self::same_sandbox) compares (16 hex digits,
@@ -199,9 +178,14 @@ impl SandboxSpec {
     /// the full fields of every request.
     pub fn sandbox_key(&self) -> String {
         let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-        for b in self.sandbox_fields() {
-            h ^= u64::from(b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
+        // Each argument with its length first, so that no two lists of arguments hash alike
+        // by their concatenation alone.
+        for arg in self.sandbox_only().to_args() {
+            let bytes = arg.as_bytes();
+            for b in (bytes.len() as u64).to_le_bytes().iter().chain(bytes) {
+                h ^= u64::from(*b);
+                h = h.wrapping_mul(0x0100_0000_01b3);
+            }
         }
         format!("{h:016x}")
     }
