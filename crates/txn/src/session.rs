@@ -83,6 +83,15 @@ pub fn layers(tx_dir: &Path) -> Result<Vec<(u32, PathBuf)>, LayerError> {
         }
     }
     out.sort();
+    // The newest step may have been served by a warm server that has not detached its overlay
+    // yet; its layers are handed out only once no overlay uses them (older steps were waited
+    // for in their turn).
+    if let Some(work) = out.last().and_then(|(_, upper)| upper.parent()).map(|step| step.join("work")) {
+        match crate::state::wait_unlocked(&work) {
+            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(at(&work, "wait for the warm server to release")(e)),
+            _ => {}
+        }
+    }
     Ok(out)
 }
 
@@ -340,6 +349,35 @@ impl Fingerprints {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn layers_wait_until_no_overlay_uses_the_newest_step() -> Result<(), LayerError> {
+        let tx = std::env::temp_dir().join(format!("txbox-layers-wait-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&tx);
+        for n in [1, 3] {
+            for d in ["upper", "work"] {
+                let p = steps_root(&tx).join(n.to_string()).join(d);
+                std::fs::create_dir_all(&p).map_err(at(&p, "mkdir"))?;
+            }
+        }
+        // What a warm server holds until it has detached step 3's overlay.
+        let work = steps_root(&tx).join("3/work");
+        let held = std::fs::File::open(&work).map_err(at(&work, "open"))?;
+        rustix::fs::flock(&held, rustix::fs::FlockOperation::LockShared).map_err(|e| at(&work, "flock")(e.into()))?;
+        let (done, finished) = std::sync::mpsc::channel();
+        let t = tx.clone();
+        let lister = std::thread::spawn(move || {
+            let l = layers(&t);
+            let _ = done.send(());
+            l
+        });
+        assert!(finished.recv_timeout(std::time::Duration::from_millis(300)).is_err(), "layers handed out while in use");
+        drop(held);
+        assert!(finished.recv_timeout(std::time::Duration::from_secs(20)).is_ok(), "never handed out");
+        let got = lister.join().map_err(|_| at(&tx, "join")(io::ErrorKind::Other.into()))??;
+        assert_eq!(got.iter().map(|(n, _)| *n).collect::<Vec<_>>(), [1, 3]);
+        std::fs::remove_dir_all(&tx).map_err(at(&tx, "cleanup"))
+    }
 
     #[test]
     fn fingerprints_round_trip_and_compare() {

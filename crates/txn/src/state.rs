@@ -63,10 +63,12 @@ fn flock(path: &Path, op: FlockOperation) -> Result<Option<Lock>, StateError> {
 }
 
 /// Wait until no one holds a `flock` on the directory `dir` (take an exclusive lock, drop it).
-fn wait_unlocked(dir: &Path) -> Result<(), StateError> {
-    let fd = rustix::fs::open(dir, rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())
-        .map_err(|e| io_at(dir, "open")(e.into()))?;
-    rustix::fs::flock(&fd, FlockOperation::LockExclusive).map_err(|e| io_at(dir, "wait for lock")(e.into()))
+/// A warm server share-locks the work directory of the overlay it has mounted until it has
+/// detached it: this waits until the layers are no overlay's any more.
+pub(crate) fn wait_unlocked(dir: &Path) -> io::Result<()> {
+    use rustix::fs::{Mode, OFlags};
+    let fd = rustix::fs::open(dir, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
+    Ok(rustix::fs::flock(&fd, FlockOperation::LockExclusive)?)
 }
 
 pub fn hex(bytes: &[u8]) -> String {
@@ -565,7 +567,8 @@ impl TxDir {
         if reused {
             // The run that left it may have been served by a warm server, which detaches its
             // overlay after answering and share-locks `work` until then: wait for that.
-            wait_unlocked(&dir.join("work"))?;
+            let work = dir.join("work");
+            wait_unlocked(&work).map_err(io_at(&work, "wait for the warm server to release"))?;
         }
         TxMeta { workspace: workspace.to_path_buf(), kind: kind.to_string() }.write(&dir)?;
         let ws_md = std::fs::metadata(workspace).map_err(io_at(workspace, "stat workspace"))?;
