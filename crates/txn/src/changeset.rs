@@ -17,8 +17,11 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use std::ffi::OsString;
 use std::fs::Metadata;
 use std::io;
+use std::os::fd::AsFd;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
+
+use rustix::fs::{Mode, OFlags};
 
 use crate::meta::{self, Kind, XattrClass};
 
@@ -246,7 +249,7 @@ impl Classifier<'_> {
             return Ok(false);
         }
         let same = match Kind::of(u) {
-            Kind::File => meta::same_file_content(upath, lpath).at(upath)?,
+            Kind::File => meta::same_file_content(upath, lpath, u.size()).at(upath)?,
             Kind::Symlink => std::fs::read_link(upath).at(upath)? == std::fs::read_link(lpath).at(lpath)?,
             _ => false,
         };
@@ -271,7 +274,8 @@ impl Classifier<'_> {
         if u.nlink() > 1 && new == Kind::File {
             self.put_inodes.insert(u.ino());
         }
-        self.fixups_for(&p, u)?;
+        let upath = self.upper.join(&p);
+        self.fixups_for(&p, u, || meta::list_xattrs(&upath))?;
         if new == Kind::Dir {
             self.new_subtree(&p)?;
         }
@@ -280,13 +284,24 @@ impl Classifier<'_> {
     }
 
     /// Everything below a directory that is moved whole: report it, and record what must be
-    /// cleaned out of it first.
+    /// cleaned out of it first. Entries are examined relative to their directory (stat through
+    /// the directory's handle, xattrs with `listxattrat`): new trees can hold many files, and
+    /// walking each one's whole path dominated the time otherwise.
     fn new_subtree(&mut self, rel: &Path) -> Result<(), ClassifyError> {
         let dir = self.upper.join(rel);
-        for name in sorted_names(&dir)? {
+        let mut entries = Vec::new();
+        for entry in std::fs::read_dir(&dir).at(&dir)? {
+            let entry = entry.at(&dir)?;
+            // `DirEntry::metadata` is an `fstatat` on the directory's handle, not following links.
+            let md = entry.metadata().at(&entry.path())?;
+            entries.push((entry.file_name(), md));
+        }
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
+        let handle = rustix::fs::open(&dir, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())
+            .map_err(io::Error::from)
+            .at(&dir)?;
+        for (name, u) in entries {
             let p = rel.join(&name);
-            let upath = self.upper.join(&p);
-            let u = std::fs::symlink_metadata(&upath).at(&upath)?;
             if meta::is_whiteout(&u) {
                 self.out.fixups.push(Fixup::RemoveNode(p));
                 continue;
@@ -301,7 +316,7 @@ impl Classifier<'_> {
                     if u.nlink() > 1 && kind == Kind::File {
                         self.put_inodes.insert(u.ino());
                     }
-                    self.fixups_for(&p, &u)?;
+                    self.fixups_for(&p, &u, || meta::list_xattrs_at(handle.as_fd(), &dir, &name))?;
                     if kind == Kind::Dir {
                         self.new_subtree(&p)?;
                     }
@@ -311,17 +326,17 @@ impl Classifier<'_> {
         Ok(())
     }
 
-    fn fixups_for(&mut self, p: &Path, u: &Metadata) -> Result<(), ClassifyError> {
+    /// Record the repairs the object at `p` (metadata `u`) needs; `xattrs` lists its xattr names.
+    fn fixups_for(&mut self, p: &Path, u: &Metadata, xattrs: impl FnOnce() -> io::Result<Vec<OsString>>) -> Result<(), ClassifyError> {
         // Names of one inode share its attributes: repair each inode once.
         if u.nlink() > 1 && !u.is_dir() && !self.fixed_inodes.insert(u.ino()) {
             return Ok(());
         }
-        let upath = self.upper.join(p);
         let mode = u.mode() & 0o7777;
         if mode & !meta::COMMIT_MODE_MASK != 0 && Kind::of(u) != Kind::Symlink {
             self.out.fixups.push(Fixup::Chmod(p.to_path_buf(), mode & meta::COMMIT_MODE_MASK));
         }
-        for name in meta::list_xattrs(&upath).at(&upath)? {
+        for name in xattrs().at(&self.upper.join(p))? {
             match meta::classify_xattr(&name) {
                 XattrClass::User => {}
                 XattrClass::Overlay => self.out.fixups.push(Fixup::RemoveXattr(p.to_path_buf(), name)),
@@ -364,7 +379,7 @@ impl Classifier<'_> {
         for (p, kind) in extra {
             let upath = self.upper.join(&p);
             let u = std::fs::symlink_metadata(&upath).at(&upath)?;
-            self.fixups_for(&p, &u)?;
+            self.fixups_for(&p, &u, || meta::list_xattrs(&upath))?;
             self.out.modified.push(p.clone());
             self.out.changes.push(Change { path: p, op: ChangeOp::Put { new: kind, old: Some(kind) } });
         }
