@@ -68,7 +68,7 @@ pub fn run_spec(spec: &SandboxSpec) -> ! {
     match run(spec) {
         Ok(code) => exit(code),
         Err(e) => {
-            report(&format!("error sandbox setup failed at `{}`: {}\n", e.step, hint(&e)));
+            report(&format!("error {}\n", setup_failed(&e)));
             exit(125)
         }
     }
@@ -81,6 +81,13 @@ pub(crate) fn exit(code: i32) -> ! {
     unsafe { libc::_exit(code) }
 }
 
+/// What a failed step says: `sandbox setup failed at `STEP`: ERRNO (HINT)`. The report line of
+/// a failed sandbox is `error ` + this; a warm server refusing a run says it as its reason.
+pub(crate) fn setup_failed(e: &StepError) -> String {
+    format!("sandbox setup failed at `{}`: {}", e.step, hint(e))
+}
+
+/// The error number of a failed step, with what to do about it when that is known.
 pub(crate) fn hint(e: &StepError) -> String {
     let base = format!("{} (errno {})", e.errno, e.errno.raw_os_error());
     if e.step.starts_with("unshare") && matches!(e.errno, rustix::io::Errno::PERM | rustix::io::Errno::NOSPC) {
@@ -132,7 +139,7 @@ fn run(spec: &SandboxSpec) -> Result<i32, StepError> {
         let code = match init(spec, &plan) {
             Ok(c) => c,
             Err(e) => {
-                report(&format!("error sandbox setup failed at `{}`: {}\n", e.step, hint(&e)));
+                report(&format!("error {}\n", setup_failed(&e)));
                 125
             }
         };
@@ -424,7 +431,7 @@ fn init(spec: &SandboxSpec, plan: &MountPlan) -> Result<i32, StepError> {
     }
     if child == 0 {
         if let Err(e) = confine(spec, None) {
-            report(&format!("error sandbox setup failed at `{}`: {}\n", e.step, hint(&e)));
+            report(&format!("error {}\n", setup_failed(&e)));
             // SAFETY: leaving the forked child without running the parent's destructors.
             unsafe { libc::_exit(125) };
         }

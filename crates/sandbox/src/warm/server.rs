@@ -503,7 +503,7 @@ fn serve_one(ready: &Ready<'_>, conn: &OwnedFd, in_use: &mut Option<OwnedFd>) ->
             for op in &plan.release {
                 let _ = mount(op, &Pins::default());
             }
-            say(conn, &Answer::Refuse(format!("sandbox setup failed at `{}`: {}", e.step, stage2::hint(&e))).line());
+            say(conn, &Answer::Refuse(stage2::setup_failed(&e)).line());
             return true;
         }
     }
@@ -514,7 +514,7 @@ fn serve_one(ready: &Ready<'_>, conn: &OwnedFd, in_use: &mut Option<OwnedFd>) ->
     let status = run_command(&req, &command, fds, seccomp, conn, stack);
     match status {
         Ok(line) => say(conn, &line),
-        Err(e) => say(conn, &format!("error sandbox setup failed at `{}`: {}\n", e.step, stage2::hint(&e))),
+        Err(e) => say(conn, &format!("error {}\n", stage2::setup_failed(&e))),
     }
     true
 }
@@ -650,7 +650,7 @@ fn spawn(child: &Child<'_>, stack: &ChildStack) -> Result<i32, StepError> {
         if let Err(e) = prepare_child(c.req, c.stdio, c.seccomp) {
             // SAFETY: conn_fd is open in this process (close-on-exec only).
             let conn = unsafe { BorrowedFd::borrow_raw(c.conn_fd) };
-            let _ = rustix::io::write(conn, format!("error sandbox setup failed at `{}`: {}\n", e.step, stage2::hint(&e)).as_bytes());
+            let _ = rustix::io::write(conn, format!("error {}\n", stage2::setup_failed(&e)).as_bytes());
             stage2::exit(125);
         }
         stage2::exec_prepared(&c.command.argp, &c.command.cwd, Some(&c.command.envp))
