@@ -1,6 +1,6 @@
 //! The change-set classifier on hand-made upper layers that encode what overlayfs writes:
 //! whiteouts sharing one inode, opaque directories, escaped and internal xattrs, copy-ups that
-//! changed nothing, type changes in both directions.
+//! changed nothing, type changes in both directions, repairs inside new directories.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::ffi::OsString;
@@ -98,6 +98,43 @@ fn overlay_xattrs_are_dropped_and_escaped_ones_restored() {
         "{:#?}",
         cs.fixups
     );
+    assert!(!cs.fixups.iter().any(|x| matches!(x, Fixup::RemoveXattr(_, n) if n == "user.plain")));
+}
+
+#[test]
+fn overlay_xattrs_and_setuid_bits_inside_new_directories_are_repaired() {
+    // Objects below a new directory are read through their directory's handle
+    // (`listxattrat`), not by path: the same repairs must come out, at every depth.
+    use std::os::unix::fs::PermissionsExt;
+    let f = Fixture::new("new-tree-fixups");
+    std::fs::create_dir_all(f.upper.join("gen/sub")).unwrap();
+    write(&f.upper.join("gen/x"), "x");
+    write(&f.upper.join("gen/sub/y"), "y");
+    let set = |rel: &str, name: &str, v: &[u8]| {
+        rustix::fs::lsetxattr(f.upper.join(rel).as_path(), name, v, rustix::fs::XattrFlags::empty()).unwrap()
+    };
+    set("gen/x", "user.overlay.origin", b"\x00\xfbhandle");
+    set("gen/x", "user.plain", b"kept");
+    set("gen/sub", "user.overlay.impure", b"y");
+    set("gen/sub/y", "user.overlay.overlay.mine", b"escaped");
+    std::fs::set_permissions(f.upper.join("gen/sub/y"), std::fs::Permissions::from_mode(0o4755)).unwrap();
+    let cs = f.classify();
+    assert!(has(&cs, "gen", ChangeOp::Put { new: Kind::Dir, old: None }));
+    for p in ["gen", "gen/x", "gen/sub", "gen/sub/y"] {
+        assert!(cs.added.contains(&PathBuf::from(p)), "{p}: {:?}", cs.added);
+    }
+    assert!(cs.fixups.contains(&Fixup::RemoveXattr("gen/x".into(), OsString::from("user.overlay.origin"))), "{:#?}", cs.fixups);
+    assert!(cs.fixups.contains(&Fixup::RemoveXattr("gen/sub".into(), OsString::from("user.overlay.impure"))), "{:#?}", cs.fixups);
+    assert!(
+        cs.fixups.contains(&Fixup::Unescape {
+            path: "gen/sub/y".into(),
+            escaped: OsString::from("user.overlay.overlay.mine"),
+            real: OsString::from("user.overlay.mine")
+        }),
+        "{:#?}",
+        cs.fixups
+    );
+    assert!(cs.fixups.contains(&Fixup::Chmod("gen/sub/y".into(), 0o755)), "{:#?}", cs.fixups);
     assert!(!cs.fixups.iter().any(|x| matches!(x, Fixup::RemoveXattr(_, n) if n == "user.plain")));
 }
 
