@@ -349,6 +349,7 @@ impl Fingerprints {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::state::lock_tests::{held_as_a_warm_server_does, waits_for_release};
 
     #[test]
     fn layers_wait_until_no_overlay_uses_the_newest_step() -> Result<(), LayerError> {
@@ -360,21 +361,11 @@ mod tests {
                 std::fs::create_dir_all(&p).map_err(at(&p, "mkdir"))?;
             }
         }
-        // What a warm server holds until it has detached step 3's overlay.
+        // Step 3's overlay is not detached yet.
         let work = steps_root(&tx).join("3/work");
-        let held = std::fs::File::open(&work).map_err(at(&work, "open"))?;
-        rustix::fs::flock(&held, rustix::fs::FlockOperation::LockShared).map_err(|e| at(&work, "flock")(e.into()))?;
-        let (done, finished) = std::sync::mpsc::channel();
+        let held = held_as_a_warm_server_does(&work).map_err(at(&work, "flock"))?;
         let t = tx.clone();
-        let lister = std::thread::spawn(move || {
-            let l = layers(&t);
-            let _ = done.send(());
-            l
-        });
-        assert!(finished.recv_timeout(std::time::Duration::from_millis(300)).is_err(), "layers handed out while in use");
-        drop(held);
-        assert!(finished.recv_timeout(std::time::Duration::from_secs(20)).is_ok(), "never handed out");
-        let got = lister.join().map_err(|_| at(&tx, "join")(io::ErrorKind::Other.into()))??;
+        let got = waits_for_release(held, move || layers(&t), || {})?;
         assert_eq!(got.iter().map(|(n, _)| *n).collect::<Vec<_>>(), [1, 3]);
         std::fs::remove_dir_all(&tx).map_err(at(&tx, "cleanup"))
     }

@@ -586,8 +586,42 @@ impl TxDir {
     }
 }
 
+/// For tests of what waits for a warm server ([`wait_unlocked`]): its lock, and the check.
+#[cfg(test)]
+pub(crate) mod lock_tests {
+    use super::*;
+
+    /// What a warm server holds while its overlay uses `work`: a shared `flock` on it.
+    pub(crate) fn held_as_a_warm_server_does(work: &Path) -> io::Result<File> {
+        let held = File::open(work)?;
+        rustix::fs::flock(&held, FlockOperation::LockShared)?;
+        Ok(held)
+    }
+
+    /// Run `f` on a thread: it must not finish while `held` is held (then `meanwhile` runs),
+    /// and must finish once it is dropped. Returns what `f` returned.
+    pub(crate) fn waits_for_release<T: Send + 'static>(held: File, f: impl FnOnce() -> T + Send + 'static, meanwhile: impl FnOnce()) -> T {
+        let (done, finished) = std::sync::mpsc::channel();
+        let worker = std::thread::spawn(move || {
+            let out = f();
+            let _ = done.send(());
+            out
+        });
+        // Something that did not wait would be done at once.
+        assert!(finished.recv_timeout(std::time::Duration::from_millis(300)).is_err(), "went ahead while a warm server held the lock");
+        meanwhile();
+        drop(held);
+        assert!(finished.recv_timeout(std::time::Duration::from_secs(20)).is_ok(), "still waiting after the lock was released");
+        match worker.join() {
+            Ok(out) => out,
+            Err(panic) => std::panic::resume_unwind(panic),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::lock_tests::{held_as_a_warm_server_does, waits_for_release};
     use super::*;
 
     #[test]
@@ -598,27 +632,14 @@ mod tests {
         let state = StateDir { root: root.join("state") };
         state.ensure()?;
         let a = TxDir::create(&state, &root, "run")?;
-        // What a warm server holds while its overlay still uses the directory.
-        let held = rustix::fs::open(&a.work, rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY, rustix::fs::Mode::empty())
-            .map_err(|e| io_at(&a.work, "open")(e.into()))?;
-        rustix::fs::flock(&held, FlockOperation::LockShared).map_err(|e| io_at(&a.work, "flock")(e.into()))?;
+        let held = held_as_a_warm_server_does(&a.work).map_err(io_at(&a.work, "flock"))?;
         let spare_work = a.work.clone();
         assert!(state.recycle_tx(&a.id));
         drop(a);
-        let (done, finished) = std::sync::mpsc::channel();
-        let st = state.clone();
-        let ws = root.clone();
-        let claimer = std::thread::spawn(move || {
-            let b = TxDir::create(&st, &ws, "run");
-            let _ = done.send(());
-            b
-        });
-        // Not taken while the lock is held (a claim that did not wait would be done at once).
-        assert!(finished.recv_timeout(std::time::Duration::from_millis(300)).is_err(), "took a spare still in use");
-        assert!(!spare_work.exists(), "the claim renamed the spare before waiting");
-        drop(held);
-        assert!(finished.recv_timeout(std::time::Duration::from_secs(20)).is_ok(), "never took the released spare");
-        let b = claimer.join().map_err(|_| io_at(&root, "join")(io::ErrorKind::Other.into()))??;
+        let (st, ws) = (state.clone(), root.clone());
+        let b = waits_for_release(held, move || TxDir::create(&st, &ws, "run"), || {
+            assert!(!spare_work.exists(), "the claim renamed the spare before waiting");
+        })?;
         assert!(b.work.is_dir());
         drop(b);
         std::fs::remove_dir_all(&root).map_err(io_at(&root, "cleanup"))
