@@ -29,7 +29,7 @@ pub struct Watcher {
 /// write little, and should not pay for a thread, nor, when they fail, for flushed writes.
 const WRITEBACK_AFTER: Duration = Duration::from_millis(100);
 /// How often early writeback flushes. On this project's machine, 10,000 new files: the commit
-/// phase drops from ~110 ms to ~50 ms (what is left is mostly classification), and the
+/// phase drops from ~120 ms to ~60 ms (what is left is mostly classification), and the
 /// command, which shares the disk with the flushes, slows by less (docs/BENCHMARKS.md).
 const WRITEBACK_EVERY: Duration = Duration::from_millis(100);
 
