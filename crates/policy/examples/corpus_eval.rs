@@ -100,7 +100,11 @@ impl Eval {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
-    let dir = args.get(1).filter(|a| !a.starts_with('-')).map(PathBuf::from).unwrap_or_else(|| PathBuf::from("../shared/corpus"));
+    let dir = args
+        .get(1)
+        .filter(|a| !a.starts_with('-'))
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("../shared/corpus"));
     let out = args.iter().position(|a| a == "--out").and_then(|i| args.get(i + 1)).map(PathBuf::from);
     let verbose = args.iter().any(|a| a == "-v");
     let mut ev = Eval { policy: Policy::builtin(), ctx: example_context(), latencies: Vec::new() };
@@ -130,7 +134,8 @@ fn main() {
         let e = ev.eval(&r[1]);
         if r[0] == "deny" {
             deny_t.add(&e);
-            let reason = notes.get(&r[1]).map(|s| s.split('-').next().unwrap_or(s).to_string()).unwrap_or_else(|| "?".into());
+            let reason =
+                notes.get(&r[1]).map(|s| s.split('-').next().unwrap_or(s).to_string()).unwrap_or_else(|| "?".into());
             by_reason.entry(reason).or_default().add(&e);
             if verbose && e.decision.action != Action::Deny {
                 println!("MISS\t{}", r[1]);
@@ -145,12 +150,21 @@ fn main() {
             }
         }
     }
-    let _ = writeln!(md, "## NL2Bash (`nl2bash_labels.tsv`)\n\n{HEADER}{}{}", deny_t.row("labelled deny"), ok_t.row("labelled ok"));
+    let _ = writeln!(
+        md,
+        "## NL2Bash (`nl2bash_labels.tsv`)\n\n{HEADER}{}{}",
+        deny_t.row("labelled deny"),
+        ok_t.row("labelled ok")
+    );
     let _ = write!(md, "Deny lines by review reason (`nl2bash_review_notes.tsv`):\n\n{HEADER}");
     for (k, t) in &by_reason {
         md.push_str(&t.row(k));
     }
-    let _ = writeln!(md, "\nFalse positives by rule: {}\n", fp_rules.iter().map(|(r, n)| format!("`{r}` {n}")).collect::<Vec<_>>().join(", "));
+    let _ = writeln!(
+        md,
+        "\nFalse positives by rule: {}\n",
+        fp_rules.iter().map(|(r, n)| format!("`{r}` {n}")).collect::<Vec<_>>().join(", ")
+    );
 
     // dcg: upstream labels and categories; the deny cases not denied are listed.
     let mut dcg_cat: BTreeMap<String, (Tally, Tally)> = BTreeMap::new();
@@ -168,7 +182,11 @@ fn main() {
             if exp == "deny" {
                 entry.0.add(&e);
                 if e.decision.action != Action::Deny {
-                    missed.push((cmd.to_string(), e.decision.action.as_str(), e.decision.rule.clone().unwrap_or_default()));
+                    missed.push((
+                        cmd.to_string(),
+                        e.decision.action.as_str(),
+                        e.decision.rule.clone().unwrap_or_default(),
+                    ));
                 }
             } else {
                 entry.1.add(&e);
@@ -191,7 +209,12 @@ fn main() {
         missed.len()
     );
     for (cmd, action, rule) in &missed {
-        let _ = writeln!(md, "- `{}` → {action} {}", cmd.replace('`', "'").replace('\n', "⏎"), if rule.is_empty() { String::new() } else { format!("(`{rule}`)") });
+        let _ = writeln!(
+            md,
+            "- `{}` → {action} {}",
+            cmd.replace('`', "'").replace('\n', "⏎"),
+            if rule.is_empty() { String::new() } else { format!("(`{rule}`)") }
+        );
     }
 
     // Atomic Red Team: every line is attacker behaviour; per technique family.

@@ -73,7 +73,8 @@ fn main() {
     }
     let policy = Policy::builtin();
     let representative: Vec<String> = commands::cases().into_iter().map(|(_, c)| c).collect();
-    let mut sets = vec![measure(&policy, "representative (benches/commands/commands.txt)", &representative, rounds * 100)];
+    let mut sets =
+        vec![measure(&policy, "representative (benches/commands/commands.txt)", &representative, rounds * 100)];
     if let Some(path) = corpus {
         match session_commands(&path) {
             Ok(cmds) => sets.push(measure(&policy, &path, &cmds, rounds)),

@@ -60,10 +60,29 @@ pub(crate) struct Extraction {
     pub parse_error: Option<String>,
 }
 
-const SHELLS: &[&str] = &["sh", "bash", "zsh", "dash", "ksh", "mksh", "ash", "busybox-sh", "fish", "csh", "tcsh", "rbash"];
+const SHELLS: &[&str] =
+    &["sh", "bash", "zsh", "dash", "ksh", "mksh", "ash", "busybox-sh", "fish", "csh", "tcsh", "rbash"];
 const INTERPRETERS: &[&str] = &[
-    "python", "python2", "python3", "perl", "ruby", "node", "nodejs", "php", "lua", "luajit", "Rscript", "deno", "bun",
-    "tclsh", "osascript", "pwsh", "awk", "gawk", "mawk", "nawk",
+    "python",
+    "python2",
+    "python3",
+    "perl",
+    "ruby",
+    "node",
+    "nodejs",
+    "php",
+    "lua",
+    "luajit",
+    "Rscript",
+    "deno",
+    "bun",
+    "tclsh",
+    "osascript",
+    "pwsh",
+    "awk",
+    "gawk",
+    "mawk",
+    "nawk",
 ];
 
 fn is_shell(p: &str) -> bool {
@@ -76,8 +95,34 @@ fn is_interp(p: &str) -> bool {
 
 /// Programs whose single-letter flags must not be unbundled.
 const NO_BUNDLE: &[&str] = &[
-    "find", "kill", "java", "gcc", "g++", "cc", "clang", "ld", "ffmpeg", "dd", "tar", "ps", "iptables", "ip6tables",
-    "xargs", "awk", "gawk", "sed", "nft", "openssl", "pkill", "killall", "terraform", "tofu", "go", "java", "mongo", "mongosh",
+    "find",
+    "kill",
+    "java",
+    "gcc",
+    "g++",
+    "cc",
+    "clang",
+    "ld",
+    "ffmpeg",
+    "dd",
+    "tar",
+    "ps",
+    "iptables",
+    "ip6tables",
+    "xargs",
+    "awk",
+    "gawk",
+    "sed",
+    "nft",
+    "openssl",
+    "pkill",
+    "killall",
+    "terraform",
+    "tofu",
+    "go",
+    "java",
+    "mongo",
+    "mongosh",
 ];
 
 fn long_equiv(prog: &str, flag: &str) -> Option<&'static str> {
@@ -843,14 +888,20 @@ impl<'a> Extractor<'a> {
         let _ = stdin_from;
         if !code.sources.is_empty() {
             let n = self.out.len();
-            self.opaque(vec!["sh".into(), "-c".into(), code.text.clone()], format!("runs code produced by {}", code.sources.join(", ")));
+            self.opaque(
+                vec!["sh".into(), "-c".into(), code.text.clone()],
+                format!("runs code produced by {}", code.sources.join(", ")),
+            );
             if let Some(c) = self.out.get_mut(n) {
                 c.code_from = code.sources.clone();
             }
             return;
         }
         if !code.is_static() {
-            self.opaque(vec!["sh".into(), "-c".into(), code.text.clone()], format!("runs code that is not known statically: {}", code.text));
+            self.opaque(
+                vec!["sh".into(), "-c".into(), code.text.clone()],
+                format!("runs code that is not known statically: {}", code.text),
+            );
             return;
         }
         let saved = std::mem::replace(&mut self.vars.positional, positional);
@@ -890,7 +941,13 @@ impl<'a> Extractor<'a> {
                 if shell && flags.contains('s') {
                     reads_stdin_flag = true;
                 }
-                if !shell && (flags.starts_with('c') || flags.starts_with('e') || flags.starts_with('E') || flags.starts_with('r')) && prog != "awk" {
+                if !shell
+                    && (flags.starts_with('c')
+                        || flags.starts_with('e')
+                        || flags.starts_with('E')
+                        || flags.starts_with('r'))
+                    && prog != "awk"
+                {
                     code = Some((i + 1, false));
                     // `perl -e'code'` / `python -c'code'`
                     if flags.len() > 1 && !flags[1..].chars().all(|c| c.is_ascii_alphabetic()) {
@@ -928,7 +985,11 @@ impl<'a> Extractor<'a> {
             // awk programs can run commands via system() or pipes: opaque only if they do.
             if let Some((k, _)) = code {
                 if let Some(w) = rest.get(k) {
-                    if w.text.contains("system") || w.text.contains("| \"") || w.text.contains("|\"") || w.text.contains("|&") {
+                    if w.text.contains("system")
+                        || w.text.contains("| \"")
+                        || w.text.contains("|\"")
+                        || w.text.contains("|&")
+                    {
                         cmd.opaque = Some("awk program runs commands".into());
                     }
                 }
@@ -977,7 +1038,8 @@ impl<'a> Extractor<'a> {
         match static_input {
             Some(text) if shell => {
                 self.push(cmd);
-                let positional: Vec<String> = rest.iter().filter(|w| !w.text.starts_with('-')).map(|w| w.text.clone()).collect();
+                let positional: Vec<String> =
+                    rest.iter().filter(|w| !w.text.starts_with('-')).map(|w| w.text.clone()).collect();
                 self.shell_code(&EWord::lit(&text), positional, &[]);
             }
             Some(_) => {
@@ -1016,8 +1078,8 @@ impl<'a> Extractor<'a> {
                 }
                 "-i" => replace = Some("{}".into()),
                 "-p" | "--interactive" => interactive = true,
-                "-n" | "-P" | "-d" | "-L" | "-s" | "-a" | "-E" | "-e" | "-j" | "--jobs" | "--max-args" | "--max-procs" | "--delimiter"
-                | "--arg-file" | "--max-lines" => {
+                "-n" | "-P" | "-d" | "-L" | "-s" | "-a" | "-E" | "-e" | "-j" | "--jobs" | "--max-args"
+                | "--max-procs" | "--delimiter" | "--arg-file" | "--max-lines" => {
                     i += 2;
                     continue;
                 }
@@ -1042,8 +1104,12 @@ impl<'a> Extractor<'a> {
             Some(t) if !raw.stdin_other => t.split_whitespace().take(16).map(EWord::lit).collect(),
             _ => vec![EWord { text: "{xargs}".into(), dyn_at: Some(0), sources: raw.stdin_from.clone() }],
         };
-        const FILTERS: &[&str] = &["find", "ls", "tr", "grep", "egrep", "sort", "uniq", "head", "tail", "sed", "awk", "xargs", "cut", "cat"];
-        let items = if raw.input.is_none() && !raw.stdin_from.is_empty() && raw.stdin_from.iter().all(|p| FILTERS.contains(&p.as_str())) {
+        const FILTERS: &[&str] =
+            &["find", "ls", "tr", "grep", "egrep", "sort", "uniq", "head", "tail", "sed", "awk", "xargs", "cut", "cat"];
+        let items = if raw.input.is_none()
+            && !raw.stdin_from.is_empty()
+            && raw.stdin_from.iter().all(|p| FILTERS.contains(&p.as_str()))
+        {
             // Items come from a `find`/`ls`: the finder's command tells where.
             self.finder_items().unwrap_or(items)
         } else {
@@ -1055,7 +1121,11 @@ impl<'a> Extractor<'a> {
                 for w in inner {
                     if w.text.contains(&r) {
                         for it in &items {
-                            words.push(EWord { text: w.text.replace(&r, &it.text), dyn_at: it.dyn_at.map(|_| 0), sources: it.sources.clone() });
+                            words.push(EWord {
+                                text: w.text.replace(&r, &it.text),
+                                dyn_at: it.dyn_at.map(|_| 0),
+                                sources: it.sources.clone(),
+                            });
                         }
                     } else {
                         words.push(w);
@@ -1068,7 +1138,14 @@ impl<'a> Extractor<'a> {
             }
         }
         let features = if interactive { vec!["interactive"] } else { Vec::new() };
-        self.command(Raw { words, redirects: Vec::new(), stdin_from: Vec::new(), input: None, stdin_other: true, features });
+        self.command(Raw {
+            words,
+            redirects: Vec::new(),
+            stdin_from: Vec::new(),
+            input: None,
+            stdin_other: true,
+            features,
+        });
     }
 
     /// The item paths a preceding `find ROOT …` / `ls DIR` in the pipeline would print.
@@ -1097,7 +1174,11 @@ impl<'a> Extractor<'a> {
                     let mut inner = Vec::new();
                     while j < rest.len() && rest[j].text != ";" && rest[j].text != "+" {
                         let glued = rest[j].text.len() > 1 && rest[j].text.ends_with(';');
-                        let text = if glued { rest[j].text[..rest[j].text.len() - 1].to_string() } else { rest[j].text.clone() };
+                        let text = if glued {
+                            rest[j].text[..rest[j].text.len() - 1].to_string()
+                        } else {
+                            rest[j].text.clone()
+                        };
                         if text.contains("{}") {
                             for m in &markers {
                                 inner.push(EWord { text: text.replace("{}", m), dyn_at: None, sources: Vec::new() });
@@ -1114,7 +1195,11 @@ impl<'a> Extractor<'a> {
                         }
                         if rest[j].text.contains("{}") {
                             for m in &markers {
-                                inner.push(EWord { text: rest[j].text.replace("{}", m), dyn_at: None, sources: Vec::new() });
+                                inner.push(EWord {
+                                    text: rest[j].text.replace("{}", m),
+                                    dyn_at: None,
+                                    sources: Vec::new(),
+                                });
                             }
                         } else {
                             inner.push(rest[j].clone());
@@ -1135,14 +1220,28 @@ impl<'a> Extractor<'a> {
         if deletes {
             let mut words = vec![EWord::lit("rm"), EWord::lit("-r"), EWord::lit("-f")];
             words.extend(markers.iter().map(|m| EWord::lit(m)));
-            self.command(Raw { words, redirects: Vec::new(), stdin_from: Vec::new(), input: None, stdin_other: true, features: vec!["find-delete"] });
+            self.command(Raw {
+                words,
+                redirects: Vec::new(),
+                stdin_from: Vec::new(),
+                input: None,
+                stdin_other: true,
+                features: vec!["find-delete"],
+            });
         }
         for (inner, interactive) in execs {
             if inner.is_empty() {
                 continue;
             }
             let features = if interactive { vec!["interactive"] } else { Vec::new() };
-            self.command(Raw { words: inner, redirects: Vec::new(), stdin_from: Vec::new(), input: None, stdin_other: true, features });
+            self.command(Raw {
+                words: inner,
+                redirects: Vec::new(),
+                stdin_from: Vec::new(),
+                input: None,
+                stdin_other: true,
+                features,
+            });
         }
     }
 }
@@ -1172,15 +1271,16 @@ fn find_roots(args: &[String]) -> Vec<String> {
 
 /// Disposable or specific name patterns narrow a find; generic user-data types do not.
 fn find_scope(args: &[String]) -> &'static str {
-    const GENERIC_EXT: &[&str] = &[
-        "txt", "mp3", "mp4", "mpg", "mpeg", "avi", "mkv", "jpg", "jpeg", "png", "gif",
-        "wav", "flac", "mov", "*",
-    ];
+    const GENERIC_EXT: &[&str] =
+        &["txt", "mp3", "mp4", "mpg", "mpeg", "avi", "mkv", "jpg", "jpeg", "png", "gif", "wav", "flac", "mov", "*"];
     let mut selective = false;
     let mut k = 0;
     while k < args.len() {
         let a = args[k].as_str();
-        if matches!(a, "-name" | "-iname" | "-path" | "-ipath" | "-wholename" | "-regex" | "-iregex" | "-inum" | "-samefile") {
+        if matches!(
+            a,
+            "-name" | "-iname" | "-path" | "-ipath" | "-wholename" | "-regex" | "-iregex" | "-inum" | "-samefile"
+        ) {
             if let Some(p) = args.get(k + 1) {
                 let p = &p.trim_matches(|c| c == '\u{2018}' || c == '\u{2019}').to_string();
                 let generic = p == "*"
@@ -1230,7 +1330,10 @@ fn static_output(c: &ast::Command, vars: &Vars) -> Option<String> {
                     if !w.is_static() {
                         return None;
                     }
-                    if parts.is_empty() && p.text == "echo" && (w.text == "-e" || w.text == "-n" || w.text == "-ne" || w.text == "-en") {
+                    if parts.is_empty()
+                        && p.text == "echo"
+                        && (w.text == "-e" || w.text == "-n" || w.text == "-ne" || w.text == "-en")
+                    {
                         continue;
                     }
                     parts.push(w.text);
@@ -1257,7 +1360,13 @@ enum Inner<'w> {
 fn wrapper_inner<'w>(prog: &str, rest: &'w [EWord]) -> Option<Inner<'w>> {
     // (options taking a value, positional operands before the command)
     let (valued, skip): (&[&str], usize) = match prog {
-        "sudo" => (&["-u", "-g", "-C", "-D", "-h", "-p", "-r", "-t", "-U", "-T", "-R", "--user", "--group", "--chdir", "--prompt"], 0),
+        "sudo" => (
+            &[
+                "-u", "-g", "-C", "-D", "-h", "-p", "-r", "-t", "-U", "-T", "-R", "--user", "--group", "--chdir",
+                "--prompt",
+            ],
+            0,
+        ),
         "doas" => (&["-u", "-C"], 0),
         "run0" | "pkexec" => (&["--user", "-u"], 0),
         "runuser" => (&["-u", "-g", "-G", "--user", "--group"], 0),
@@ -1265,7 +1374,8 @@ fn wrapper_inner<'w>(prog: &str, rest: &'w [EWord]) -> Option<Inner<'w>> {
         "nice" => (&["-n", "--adjustment"], 0),
         "ionice" => (&["-c", "-n", "-p", "-P", "-u", "--class", "--classdata"], 0),
         "timeout" => (&["-s", "-k", "--signal", "--kill-after"], 1),
-        "nohup" | "builtin" | "setsid" | "unbuffer" | "torsocks" | "proxychains" | "proxychains4" | "caffeinate" | "tsocks" | "catchsegv" => (&[], 0),
+        "nohup" | "builtin" | "setsid" | "unbuffer" | "torsocks" | "proxychains" | "proxychains4" | "caffeinate"
+        | "tsocks" | "catchsegv" => (&[], 0),
         "command" => (&[], 0),
         "exec" => (&["-a"], 0),
         "stdbuf" => (&["-i", "-o", "-e", "--input", "--output", "--error"], 0),
@@ -1384,7 +1494,9 @@ mod tests {
         assert!(has("nice -n 5 ionice -c 3 rm -rf /", &["rm", "-r", "-f", "/"]));
         assert!(has("echo / | xargs rm -rf", &["rm", "-r", "-f", "/"]));
         assert!(has("find ~ -exec rm -rf {} +", &["rm", "-r", "-f", "~/{}"]));
-        assert!(has("find / -delete", &["rm", "-r", "-f", "//{}"]) || has("find / -delete", &["rm", "-r", "-f", "/{}"]));
+        assert!(
+            has("find / -delete", &["rm", "-r", "-f", "//{}"]) || has("find / -delete", &["rm", "-r", "-f", "/{}"])
+        );
         assert!(has("sh -c 'rm -rf $1' x /", &["rm", "-r", "-f", "/"]));
         assert!(has("f() { rm -rf /; }; f", &["rm", "-r", "-f", "/"]));
         assert!(has("for d in / ~; do rm -rf $d; done", &["rm", "-r", "-f", "/"]));

@@ -15,7 +15,10 @@ enum Tok {
     /// `*`
     Star,
     /// `[…]`: ranges (a single character is a range of one), negated with `!` or `^`.
-    Class { negated: bool, ranges: Vec<(char, char)> },
+    Class {
+        negated: bool,
+        ranges: Vec<(char, char)>,
+    },
 }
 
 impl Tok {
@@ -192,7 +195,9 @@ mod tests {
         let g = |p: &str| Glob::new(p).unwrap();
         assert!(g("mkfs*").matches("mkfs.ext4") && g("mkfs*").matches("mkfs") && !g("mkfs*").matches("xmkfs"));
         assert!(g("--delete*").matches("--delete-after") && !g("--delete*").matches("-delete"));
-        assert!(g("python?").matches("python3") && !g("python?").matches("python") && !g("python?").matches("python3.11"));
+        assert!(
+            g("python?").matches("python3") && !g("python?").matches("python") && !g("python?").matches("python3.11")
+        );
         assert!(g("python[23]*").matches("python3.11") && !g("python[23]*").matches("python4"));
         assert!(g("[!-]*").matches("file") && !g("[!-]*").matches("-f"));
         assert!(g("*{*").matches("a{b}") && !g("*{*").matches("ab"));

@@ -330,10 +330,11 @@ impl Policy {
         let mut by_program: HashMap<String, Vec<usize>> = HashMap::new();
         let mut generic = Vec::new();
         for (i, r) in compiled.iter().enumerate() {
-            let lits: Option<Vec<String>> = r.when.iter().map(|m| m.literal_programs()).try_fold(Vec::new(), |mut acc, l| {
-                acc.extend(l?);
-                Some(acc)
-            });
+            let lits: Option<Vec<String>> =
+                r.when.iter().map(|m| m.literal_programs()).try_fold(Vec::new(), |mut acc, l| {
+                    acc.extend(l?);
+                    Some(acc)
+                });
             match lits {
                 Some(names) => {
                     for n in names {
@@ -376,10 +377,15 @@ impl Policy {
         Some(
             s.limits
                 .iter()
-                .map(|(k, v)| (k.clone(), match v {
-                    toml::Value::String(s) => s.clone(),
-                    other => other.to_string(),
-                }))
+                .map(|(k, v)| {
+                    (
+                        k.clone(),
+                        match v {
+                            toml::Value::String(s) => s.clone(),
+                            other => other.to_string(),
+                        },
+                    )
+                })
                 .collect(),
         )
     }
@@ -404,7 +410,8 @@ impl Policy {
     }
 
     fn decide(&self, ex: &extract::Extraction, ctx: &Context) -> Evaluation {
-        let commands: Vec<Vec<String>> = ex.cmds.iter().filter(|c| !c.argv.is_empty()).map(|c| c.argv.clone()).collect();
+        let commands: Vec<Vec<String>> =
+            ex.cmds.iter().filter(|c| !c.argv.is_empty()).map(|c| c.argv.clone()).collect();
         let mut best: Option<Decision> = None;
         let consider = |d: Decision, best: &mut Option<Decision>| {
             if best.as_ref().is_none_or(|b| d.action > b.action) {
@@ -448,11 +455,7 @@ impl Policy {
             }
             consider(cmd_best.unwrap_or_else(Decision::default_transact), &mut best);
         }
-        let decision = best.unwrap_or(Decision {
-            action: Action::Allow,
-            rule: None,
-            reason: "nothing to run".into(),
-        });
+        let decision = best.unwrap_or(Decision { action: Action::Allow, rule: None, reason: "nothing to run".into() });
         Evaluation { decision, commands }
     }
 }
@@ -464,7 +467,8 @@ fn rule_matches_str(rule: &rules::Rule, text: &str, ctx: &Context) -> bool {
 
 /// Check a policy file and return warnings (errors are `Err`).
 pub fn lint(path: &Path) -> Result<Vec<String>, PolicyError> {
-    let text = std::fs::read_to_string(path).map_err(|source| PolicyError::Io { file: path.display().to_string(), source })?;
+    let text =
+        std::fs::read_to_string(path).map_err(|source| PolicyError::Io { file: path.display().to_string(), source })?;
     let origin = path.display().to_string();
     Policy::from_toml_str(&text, &origin)?;
     let user = parse_file(&text, &origin)?;
@@ -542,7 +546,8 @@ mod tests {
     #[test]
     fn builtin_examples_hold() {
         let spec = parse_file(BUILTIN_TOML, "<builtin>").map_err(|e| e.to_string());
-        let built = spec.and_then(|s| Policy::build(s.rules, BUILTIN_TOML, "<builtin>", Check::All).map_err(|e| e.to_string()));
+        let built =
+            spec.and_then(|s| Policy::build(s.rules, BUILTIN_TOML, "<builtin>", Check::All).map_err(|e| e.to_string()));
         if let Err(e) = built {
             panic!("{e}");
         }

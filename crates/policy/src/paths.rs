@@ -166,48 +166,146 @@ pub struct PathInfo {
 }
 
 const SYSTEM_TOP: &[&str] = &[
-    "bin", "boot", "dev", "etc", "lib", "lib32", "lib64", "libx32", "opt", "proc", "sbin", "srv",
-    "sys", "usr", "var", "snap", "run", "mnt", "media", "lost+found", "nix", "efi",
+    "bin",
+    "boot",
+    "dev",
+    "etc",
+    "lib",
+    "lib32",
+    "lib64",
+    "libx32",
+    "opt",
+    "proc",
+    "sbin",
+    "srv",
+    "sys",
+    "usr",
+    "var",
+    "snap",
+    "run",
+    "mnt",
+    "media",
+    "lost+found",
+    "nix",
+    "efi",
 ];
 
 const SYSTEM_DIRS: &[&str] = &[
-    "/usr/bin", "/usr/sbin", "/usr/lib", "/usr/lib32", "/usr/lib64", "/usr/libexec", "/usr/local",
-    "/usr/local/bin", "/usr/local/sbin", "/usr/local/lib", "/usr/local/share", "/usr/share",
-    "/usr/include", "/usr/src", "/var/lib", "/var/log", "/var/cache", "/var/spool", "/var/mail",
-    "/var/backups", "/var/opt", "/etc/ssh", "/etc/systemd", "/etc/default", "/etc/init.d",
-    "/etc/cron.d", "/etc/apt", "/etc/ssl", "/etc/pam.d", "/etc/security", "/etc/sudoers.d",
-    "/boot/efi", "/boot/grub", "/var/lib/dpkg", "/var/lib/apt", "/var/lib/docker", "/usr/lib/systemd",
+    "/usr/bin",
+    "/usr/sbin",
+    "/usr/lib",
+    "/usr/lib32",
+    "/usr/lib64",
+    "/usr/libexec",
+    "/usr/local",
+    "/usr/local/bin",
+    "/usr/local/sbin",
+    "/usr/local/lib",
+    "/usr/local/share",
+    "/usr/share",
+    "/usr/include",
+    "/usr/src",
+    "/var/lib",
+    "/var/log",
+    "/var/cache",
+    "/var/spool",
+    "/var/mail",
+    "/var/backups",
+    "/var/opt",
+    "/etc/ssh",
+    "/etc/systemd",
+    "/etc/default",
+    "/etc/init.d",
+    "/etc/cron.d",
+    "/etc/apt",
+    "/etc/ssl",
+    "/etc/pam.d",
+    "/etc/security",
+    "/etc/sudoers.d",
+    "/boot/efi",
+    "/boot/grub",
+    "/var/lib/dpkg",
+    "/var/lib/apt",
+    "/var/lib/docker",
+    "/usr/lib/systemd",
 ];
 
 /// Relative to a home directory.
 const SECRET_IN_HOME: &[&str] = &[
-    ".ssh", ".aws", ".gnupg", ".config/gh", ".netrc", ".docker/config.json", ".kube",
-    ".git-credentials", ".npmrc", ".pypirc", ".cargo/credentials", ".cargo/credentials.toml",
-    ".config/gcloud", ".azure", ".password-store", ".vault-token", ".config/hub", ".gem/credentials",
-    ".pgpass", ".my.cnf", ".terraform.d/credentials.tfrc.json", ".config/op", ".mozilla",
-    ".config/google-chrome", ".config/chromium", ".local/share/keyrings", ".bash_history",
-    ".zsh_history", ".config/rclone", ".s3cfg", ".boto", ".env",
+    ".ssh",
+    ".aws",
+    ".gnupg",
+    ".config/gh",
+    ".netrc",
+    ".docker/config.json",
+    ".kube",
+    ".git-credentials",
+    ".npmrc",
+    ".pypirc",
+    ".cargo/credentials",
+    ".cargo/credentials.toml",
+    ".config/gcloud",
+    ".azure",
+    ".password-store",
+    ".vault-token",
+    ".config/hub",
+    ".gem/credentials",
+    ".pgpass",
+    ".my.cnf",
+    ".terraform.d/credentials.tfrc.json",
+    ".config/op",
+    ".mozilla",
+    ".config/google-chrome",
+    ".config/chromium",
+    ".local/share/keyrings",
+    ".bash_history",
+    ".zsh_history",
+    ".config/rclone",
+    ".s3cfg",
+    ".boto",
+    ".env",
 ];
 
 const SECRET_ABS: &[&str] = &[
-    "/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-", "/etc/ssh/ssh_host_rsa_key",
-    "/etc/ssh/ssh_host_ecdsa_key", "/etc/ssh/ssh_host_ed25519_key", "/etc/ssh/ssh_host_dsa_key",
-    "/etc/sudoers", "/etc/security/opasswd", "/etc/ssl/private", "/var/lib/sss",
+    "/etc/shadow",
+    "/etc/gshadow",
+    "/etc/shadow-",
+    "/etc/gshadow-",
+    "/etc/ssh/ssh_host_rsa_key",
+    "/etc/ssh/ssh_host_ecdsa_key",
+    "/etc/ssh/ssh_host_ed25519_key",
+    "/etc/ssh/ssh_host_dsa_key",
+    "/etc/sudoers",
+    "/etc/security/opasswd",
+    "/etc/ssl/private",
+    "/var/lib/sss",
 ];
 
 const SECRET_BASENAMES: &[&str] =
     &["id_rsa", "id_dsa", "id_ecdsa", "id_ed25519", "id_ecdsa_sk", "id_ed25519_sk", "authorized_keys"];
 
 const CRITICAL: &[&str] = &[
-    "/etc/passwd", "/etc/shadow", "/etc/group", "/etc/gshadow", "/etc/sudoers", "/etc/sudoers.d",
-    "/boot", "/etc/fstab", "/etc/ld.so.preload", "/etc/pam.d", "/etc/crypttab", "/etc/inittab",
-    "/etc/security", "/etc/ssh/sshd_config", "/etc/shells",
+    "/etc/passwd",
+    "/etc/shadow",
+    "/etc/group",
+    "/etc/gshadow",
+    "/etc/sudoers",
+    "/etc/sudoers.d",
+    "/boot",
+    "/etc/fstab",
+    "/etc/ld.so.preload",
+    "/etc/pam.d",
+    "/etc/crypttab",
+    "/etc/inittab",
+    "/etc/security",
+    "/etc/ssh/sshd_config",
+    "/etc/shells",
     "/etc/login.defs",
 ];
 
 const BENIGN_DEV: &[&str] = &[
-    "null", "zero", "full", "random", "urandom", "tty", "stdin", "stdout", "stderr", "ptmx", "fd",
-    "pts", "shm", "console",
+    "null", "zero", "full", "random", "urandom", "tty", "stdin", "stdout", "stderr", "ptmx", "fd", "pts", "shm",
+    "console",
 ];
 
 /// Lexically normalise an absolute path: drop `.`, apply `..` (never above `/`).
@@ -232,11 +330,8 @@ fn is_glob_component(s: &str) -> bool {
 /// Classify `text` (a word after expansion). `dyn_at` is the byte offset of the first part the
 /// engine could not resolve, if any. `cwd` is `None` when a `cd` made it unknown.
 pub fn classify(text: &str, dyn_at: Option<usize>, cwd: Option<&Path>, ctx: &Context) -> PathInfo {
-    let dynamic = || PathInfo {
-        display: text.to_string(),
-        classes: ClassSet::of(&[PathClass::Dynamic]),
-        scope: Scope::Full,
-    };
+    let dynamic =
+        || PathInfo { display: text.to_string(), classes: ClassSet::of(&[PathClass::Dynamic]), scope: Scope::Full };
     // A dynamic tail is as wide as "anything below the static directory before it".
     let (stat, dyn_tail) = match dyn_at {
         Some(0) => return dynamic(),
@@ -417,7 +512,13 @@ pub fn classify_abs(p: &Path, children: bool, ctx: &Context) -> ClassSet {
     if first == Some("dev") {
         match comps.get(1).map(String::as_str) {
             Some("tcp") | Some("udp") => set.insert(PathClass::Network),
-            Some(d) if BENIGN_DEV.contains(&d) || d.starts_with("tty") || d.starts_with("pty") || d.starts_with("nul") || d == "kmsg" || d == "log" => {}
+            Some(d)
+                if BENIGN_DEV.contains(&d)
+                    || d.starts_with("tty")
+                    || d.starts_with("pty")
+                    || d.starts_with("nul")
+                    || d == "kmsg"
+                    || d == "log" => {}
             Some(_) => set.insert(PathClass::Device),
             None => {
                 if children {
@@ -426,8 +527,7 @@ pub fn classify_abs(p: &Path, children: bool, ctx: &Context) -> ClassSet {
             }
         }
     }
-    if (first == Some("proc")
-        && matches!(comps.get(1).map(String::as_str), Some("sys") | Some("sysrq-trigger")))
+    if (first == Some("proc") && matches!(comps.get(1).map(String::as_str), Some("sys") | Some("sysrq-trigger")))
         || first == Some("sys")
     {
         set.insert(PathClass::Kernel);

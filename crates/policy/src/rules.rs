@@ -129,10 +129,11 @@ impl LazyRe {
     }
 
     pub fn validate(&self) -> Result<(), String> {
-        Regex::new(&self.src).map(|r| {
-            let _ = self.re.set(Some(r));
-        })
-        .map_err(|e| e.to_string())
+        Regex::new(&self.src)
+            .map(|r| {
+                let _ = self.re.set(Some(r));
+            })
+            .map_err(|e| e.to_string())
     }
 }
 
@@ -220,7 +221,9 @@ impl Matcher {
         let re = |r: &Option<String>, _f: &str| -> Result<Option<LazyRe>, String> { Ok(r.clone().map(LazyRe::new)) };
         let mut scopes = Vec::new();
         for s in &s.paths_scope {
-            scopes.push(Scope::parse(s).ok_or_else(|| format!("`paths_scope`: unknown scope `{s}` (full, bulk, selective)"))?);
+            scopes.push(
+                Scope::parse(s).ok_or_else(|| format!("`paths_scope`: unknown scope `{s}` (full, bulk, selective)"))?,
+            );
         }
         const FEATURES: &[&str] = &["fork-bomb", "interactive", "find-delete", "find-action", "wrapper"];
         for f in s.features_any.iter().chain(&s.features_none) {
@@ -230,7 +233,11 @@ impl Matcher {
         }
         Ok(Matcher {
             program: pats(&s.program)?,
-            subcommand: s.subcommand.iter().map(|a| pats(&a.split('|').map(str::to_string).collect::<Vec<_>>())).collect::<Result<_, _>>()?,
+            subcommand: s
+                .subcommand
+                .iter()
+                .map(|a| pats(&a.split('|').map(str::to_string).collect::<Vec<_>>()))
+                .collect::<Result<_, _>>()?,
             flags_any: pats(&s.flags_any)?,
             flags_all: pats(&s.flags_all)?,
             flags_none: pats(&s.flags_none)?,
@@ -282,7 +289,12 @@ impl Matcher {
             let pos: Vec<&String> = cmd.argv.iter().skip(1).filter(|a| !a.starts_with('-')).collect();
             let n = self.subcommand.len();
             let found = (0..=2usize).any(|start| {
-                start + n <= pos.len() && self.subcommand.iter().enumerate().all(|(k, alts)| alts.iter().any(|p| p.matches(pos[start + k])))
+                start + n <= pos.len()
+                    && self
+                        .subcommand
+                        .iter()
+                        .enumerate()
+                        .all(|(k, alts)| alts.iter().any(|p| p.matches(pos[start + k])))
             });
             if !found {
                 return None;
@@ -310,10 +322,14 @@ impl Matcher {
         if cmd.features.iter().any(|f| self.features_none.iter().any(|g| g == f)) {
             return None;
         }
-        if !self.code_from_any.is_empty() && !cmd.code_from.iter().any(|p| self.code_from_any.iter().any(|q| q.matches(p))) {
+        if !self.code_from_any.is_empty()
+            && !cmd.code_from.iter().any(|p| self.code_from_any.iter().any(|q| q.matches(p)))
+        {
             return None;
         }
-        if !self.stdin_from_any.is_empty() && !cmd.stdin_from.iter().any(|p| self.stdin_from_any.iter().any(|q| q.matches(p))) {
+        if !self.stdin_from_any.is_empty()
+            && !cmd.stdin_from.iter().any(|p| self.stdin_from_any.iter().any(|q| q.matches(p)))
+        {
             return None;
         }
         let mut hit_path = None;
@@ -500,9 +516,9 @@ fn allow_eligible(c: &Cmd) -> bool {
     c.opaque.is_none()
         && c.code_from.is_empty()
         && c.dyn_at.first().copied().flatten().is_none()
-        && c.redirects.iter().all(|r| {
-            !r.write || matches!(r.target.as_str(), "/dev/null" | "/dev/stdout" | "/dev/stderr" | "/dev/tty")
-        })
+        && c.redirects
+            .iter()
+            .all(|r| !r.write || matches!(r.target.as_str(), "/dev/null" | "/dev/stdout" | "/dev/stderr" | "/dev/tty"))
 }
 
 #[cfg(test)]
@@ -513,7 +529,14 @@ mod lazy_re_tests {
     #[test]
     fn plain_patterns_are_substring_searches_with_the_regex_answers() {
         let lines = ["echo b > /proc/sysrq-trigger", "sysrq-trigge", "SYSRQ-TRIGGER", "", "a b", "x/y_z-1"];
-        for (src, literal) in [("sysrq-trigger", true), ("a b", true), ("x/y_z-1", true), ("a.b", false), ("^echo", false), ("a|b", false)] {
+        for (src, literal) in [
+            ("sysrq-trigger", true),
+            ("a b", true),
+            ("x/y_z-1", true),
+            ("a.b", false),
+            ("^echo", false),
+            ("a|b", false),
+        ] {
             let lazy = LazyRe::new(src.to_string());
             assert_eq!(lazy.literal, literal, "{src}");
             let re = Regex::new(src).unwrap();

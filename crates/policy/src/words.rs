@@ -177,12 +177,8 @@ fn brace_expand(out: Out) -> Vec<EWord> {
     for p in pieces.iter().take(16) {
         let text = format!("{prefix}{p}{suffix}");
         let shift = text.len() as isize - out.text.len() as isize;
-        let braces: Vec<usize> = out
-            .braces
-            .iter()
-            .filter(|&&x| x > e)
-            .map(|&x| (x as isize + shift) as usize)
-            .collect();
+        let braces: Vec<usize> =
+            out.braces.iter().filter(|&&x| x > e).map(|&x| (x as isize + shift) as usize).collect();
         let dyn_at = out.dyn_at.map(|d| (d as isize + shift).max(0) as usize);
         res.extend(brace_expand(Out { text, dyn_at, braces }));
     }
@@ -333,7 +329,8 @@ fn dollar(chars: &[char], i: usize, out: &mut Out, subs: &mut Vec<String>, vars:
             if chars.get(i + 2) == Some(&'(') {
                 // Arithmetic: dynamic, no commands (nested $( ) inside is rare; still scanned).
                 let end = matching_paren(chars, i + 1).unwrap_or(chars.len());
-                let inner: String = chars[(i + 3).min(end)..end.saturating_sub(1).max(i + 3).min(chars.len())].iter().collect();
+                let inner: String =
+                    chars[(i + 3).min(end)..end.saturating_sub(1).max(i + 3).min(chars.len())].iter().collect();
                 if inner.contains("$(") || inner.contains('`') {
                     subs.push(inner);
                 }

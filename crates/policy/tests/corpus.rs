@@ -12,10 +12,7 @@ fn ctx() -> Context {
 fn lines(file: &str) -> Vec<String> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/corpus").join(file);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    text.lines()
-        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
-        .map(|l| l.replace("\\n", "\n"))
-        .collect()
+    text.lines().filter(|l| !l.trim().is_empty() && !l.starts_with('#')).map(|l| l.replace("\\n", "\n")).collect()
 }
 
 fn check(file: &str, want: Action) {
@@ -25,10 +22,23 @@ fn check(file: &str, want: Action) {
     for l in &all {
         let e = p.evaluate_str(l, &ctx());
         if e.decision.action != want {
-            bad.push(format!("{l:?} => {} ({:?}: {}) {:?}", e.decision.action.as_str(), e.decision.rule, e.decision.reason, e.commands));
+            bad.push(format!(
+                "{l:?} => {} ({:?}: {}) {:?}",
+                e.decision.action.as_str(),
+                e.decision.rule,
+                e.decision.reason,
+                e.commands
+            ));
         }
     }
-    assert!(bad.is_empty(), "{} of {} lines in {file} are not {}:\n{}", bad.len(), all.len(), want.as_str(), bad.join("\n"));
+    assert!(
+        bad.is_empty(),
+        "{} of {} lines in {file} are not {}:\n{}",
+        bad.len(),
+        all.len(),
+        want.as_str(),
+        bad.join("\n")
+    );
 }
 
 #[test]
@@ -44,7 +54,17 @@ fn corpus_transact() {
 #[test]
 fn allow_read_only() {
     let p = Policy::builtin();
-    for s in ["ls -la", "cat README.md | grep foo", "git status", "git log --oneline | head", "echo hi", "find . -name '*.rs'", "wc -l src/*.rs", "cd src && ls", "grep -rn TODO . 2>/dev/null"] {
+    for s in [
+        "ls -la",
+        "cat README.md | grep foo",
+        "git status",
+        "git log --oneline | head",
+        "echo hi",
+        "find . -name '*.rs'",
+        "wc -l src/*.rs",
+        "cd src && ls",
+        "grep -rn TODO . 2>/dev/null",
+    ] {
         let e = p.evaluate_str(s, &ctx());
         assert_eq!(e.decision.action, Action::Allow, "{s}: {:?}", e.decision);
     }
@@ -121,7 +141,8 @@ fn toml_errors_have_positions() {
     assert_eq!(e, "p.toml:3:6: rule `x.y`: example `ls` should match but does not");
     let e = err("version = 1\n\n[[rule]]\nid = \"x.z\"\naction = \"forbid\"\nreason = \"r\"\n[[rule.when]]\nprogram = [\"rm\"]\n");
     assert_eq!(e, "p.toml:4:6: rule `x.z`: unknown action `forbid` (deny, transact, allow)");
-    let e = err("version = 1\n[[rule]]\nid = \"x.r\"\naction = \"deny\"\nreason = \"r\"\n[[rule.when]]\nregex = \"(\"\n");
+    let e =
+        err("version = 1\n[[rule]]\nid = \"x.r\"\naction = \"deny\"\nreason = \"r\"\n[[rule.when]]\nregex = \"(\"\n");
     assert!(e.starts_with("p.toml:3:6: rule `x.r`: `regex`"), "{e}");
     let e = err("version = 1\n[[rule]]\nid = \"x.p\"\naction = \"deny\"\nreason = \"r\"\n[[rule.when]]\npaths_any = [\"moon\"]\n");
     assert!(e.contains("unknown path class `moon`"), "{e}");

@@ -54,10 +54,7 @@ pub enum CgroupError {
     Parse { what: &'static str, line: String },
     /// A limit needs a controller this process has no cgroup for (or may not use).
     #[error("cgroup: the {controller} controller is not available: {hint}")]
-    ControllerUnavailable {
-        controller: &'static str,
-        hint: String,
-    },
+    ControllerUnavailable { controller: &'static str, hint: String },
     #[error("cgroup: processes are still alive in {} after SIGKILL", path.display())]
     StillPopulated { path: PathBuf },
 }
@@ -159,11 +156,7 @@ impl CgroupLayout {
     /// Parse `/proc/self/cgroup` and `/proc/self/mountinfo` text. `root` prefixes every path
     /// (`/` on a real host, a temporary directory in tests). For cgroup v2 the controllers
     /// available to this process are read from `<its cgroup>/cgroup.controllers` under `root`.
-    pub fn parse(
-        proc_self_cgroup: &str,
-        mountinfo: &str,
-        root: &Path,
-    ) -> Result<CgroupLayout, CgroupError> {
+    pub fn parse(proc_self_cgroup: &str, mountinfo: &str, root: &Path) -> Result<CgroupLayout, CgroupError> {
         let memberships = parse_proc_cgroup(proc_self_cgroup)?;
         let mounts = parse_mountinfo(mountinfo)?;
 
@@ -202,16 +195,12 @@ impl CgroupLayout {
                 .filter(|m| m.hierarchy_id != "0" && m.controllers.contains(&c.name()))
                 .find_map(|m| locate(&mounts, CgroupVersion::V1, Some(c.name()), m.path, root));
             if let Some(dir) = v1 {
-                return Some(ControllerDir {
-                    version: CgroupVersion::V1,
-                    dir,
-                });
+                return Some(ControllerDir { version: CgroupVersion::V1, dir });
             }
             match &unified {
-                Some(dir) if v2_controllers.iter().any(|n| n == c.name()) => Some(ControllerDir {
-                    version: CgroupVersion::V2,
-                    dir: dir.clone(),
-                }),
+                Some(dir) if v2_controllers.iter().any(|n| n == c.name()) => {
+                    Some(ControllerDir { version: CgroupVersion::V2, dir: dir.clone() })
+                }
                 _ => None,
             }
         };
@@ -238,17 +227,10 @@ fn parse_proc_cgroup(text: &str) -> Result<Vec<Membership<'_>>, CgroupError> {
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
         let mut it = line.splitn(3, ':');
         let (Some(id), Some(ctrls), Some(path)) = (it.next(), it.next(), it.next()) else {
-            return Err(CgroupError::Parse {
-                what: "/proc/self/cgroup",
-                line: line.to_owned(),
-            });
+            return Err(CgroupError::Parse { what: "/proc/self/cgroup", line: line.to_owned() });
         };
         let controllers = ctrls.split(',').filter(|c| !c.is_empty()).collect();
-        out.push(Membership {
-            hierarchy_id: id,
-            controllers,
-            path,
-        });
+        out.push(Membership { hierarchy_id: id, controllers, path });
     }
     Ok(out)
 }
@@ -256,10 +238,7 @@ fn parse_proc_cgroup(text: &str) -> Result<Vec<Membership<'_>>, CgroupError> {
 fn parse_mountinfo(text: &str) -> Result<Vec<CgroupMount>, CgroupError> {
     let mut out = Vec::new();
     for line in text.lines().filter(|l| !l.trim().is_empty()) {
-        let bad = || CgroupError::Parse {
-            what: "/proc/self/mountinfo",
-            line: line.to_owned(),
-        };
+        let bad = || CgroupError::Parse { what: "/proc/self/mountinfo", line: line.to_owned() };
         let fields: Vec<&str> = line.split(' ').collect();
         let sep = fields.iter().position(|f| *f == "-").ok_or_else(bad)?;
         if sep < 6 || fields.len() < sep + 4 {
@@ -294,13 +273,8 @@ fn unescape_mountinfo(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        if b[i] == b'\\'
-            && i + 3 < b.len()
-            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
-        {
-            let v = (b[i + 1] - b'0') as u32 * 64
-                + (b[i + 2] - b'0') as u32 * 8
-                + (b[i + 3] - b'0') as u32;
+        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
+            let v = (b[i + 1] - b'0') as u32 * 64 + (b[i + 2] - b'0') as u32 * 8 + (b[i + 3] - b'0') as u32;
             if let Ok(byte) = u8::try_from(v) {
                 out.push(byte);
                 i += 4;
@@ -419,17 +393,8 @@ impl Cgroup {
     ///
     /// `name` must be unique among live txbox cgroups (e.g. the transaction id and step): an
     /// existing empty cgroup of that name is taken for a crashed run's leftover and replaced.
-    pub fn create(
-        layout: &CgroupLayout,
-        name: &str,
-        limits: &Limits,
-    ) -> Result<Cgroup, CgroupError> {
-        if name.is_empty()
-            || name == "."
-            || name == ".."
-            || name.contains('/')
-            || name.contains('\0')
-        {
+    pub fn create(layout: &CgroupLayout, name: &str, limits: &Limits) -> Result<Cgroup, CgroupError> {
+        if name.is_empty() || name == "." || name == ".." || name.contains('/') || name.contains('\0') {
             return Err(CgroupError::InvalidName(name.to_owned()));
         }
         let mut needed = Vec::new();
@@ -463,11 +428,7 @@ impl Cgroup {
             }
             let path = parent.dir.join(name);
             make_dir(&path)?;
-            cg.dirs.push(Dir {
-                version: parent.version,
-                path,
-                controllers,
-            });
+            cg.dirs.push(Dir { version: parent.version, path, controllers });
         }
         cg.write_limits(limits)?;
         Ok(cg)
@@ -492,8 +453,7 @@ impl Cgroup {
     pub fn add_pid(&self, pid: i32) -> Result<(), CgroupError> {
         for d in &self.dirs {
             let file = d.path.join("cgroup.procs");
-            write_file(&file, &pid.to_string())
-                .map_err(CgroupError::io("add process to", &file))?;
+            write_file(&file, &pid.to_string()).map_err(CgroupError::io("add process to", &file))?;
         }
         Ok(())
     }
@@ -563,11 +523,7 @@ impl Cgroup {
                 return Ok(());
             }
             if Instant::now() >= deadline {
-                let path = self
-                    .dirs
-                    .first()
-                    .map(|d| d.path.clone())
-                    .unwrap_or_default();
+                let path = self.dirs.first().map(|d| d.path.clone()).unwrap_or_default();
                 return Err(CgroupError::StillPopulated { path });
             }
             std::thread::sleep(Duration::from_millis(5));
@@ -653,11 +609,8 @@ fn write_limit(d: &Dir, c: Controller, limits: &Limits) -> Result<(), CgroupErro
 fn enable_v2_controllers(parent: &Path, controllers: &[Controller]) -> Result<(), CgroupError> {
     let subtree = parent.join("cgroup.subtree_control");
     let enabled = read_to_string("read", &subtree)?;
-    let missing: Vec<Controller> = controllers
-        .iter()
-        .copied()
-        .filter(|c| !enabled.split_whitespace().any(|e| e == c.name()))
-        .collect();
+    let missing: Vec<Controller> =
+        controllers.iter().copied().filter(|c| !enabled.split_whitespace().any(|e| e == c.name())).collect();
     if missing.is_empty() {
         return Ok(());
     }
@@ -675,21 +628,11 @@ fn enable_v2_controllers(parent: &Path, controllers: &[Controller]) -> Result<()
             });
         }
     }
-    let request = missing
-        .iter()
-        .map(|c| format!("+{}", c.name()))
-        .collect::<Vec<_>>()
-        .join(" ");
+    let request = missing.iter().map(|c| format!("+{}", c.name())).collect::<Vec<_>>().join(" ");
     match write_file(&subtree, &request) {
         Ok(()) => return Ok(()),
         Err(e) if e.raw_os_error() == Some(libc::EBUSY) => {}
-        Err(e) => {
-            return Err(CgroupError::Io {
-                step: "enable controllers in",
-                path: subtree,
-                source: e,
-            })
-        }
+        Err(e) => return Err(CgroupError::Io { step: "enable controllers in", path: subtree, source: e }),
     }
     // EBUSY: processes live in `parent`. Move txbox out of the way if it is alone there.
     let me = rustix::process::getpid().as_raw_nonzero().get();
@@ -709,19 +652,11 @@ fn enable_v2_controllers(parent: &Path, controllers: &[Controller]) -> Result<()
     match fs::create_dir(&leaf) {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-        Err(e) => {
-            return Err(CgroupError::Io {
-                step: "create supervisor leaf",
-                path: leaf,
-                source: e,
-            })
-        }
+        Err(e) => return Err(CgroupError::Io { step: "create supervisor leaf", path: leaf, source: e }),
     }
     let leaf_procs = leaf.join("cgroup.procs");
-    write_file(&leaf_procs, &me.to_string()).map_err(CgroupError::io(
-        "move txbox into supervisor leaf",
-        &leaf_procs,
-    ))?;
+    write_file(&leaf_procs, &me.to_string())
+        .map_err(CgroupError::io("move txbox into supervisor leaf", &leaf_procs))?;
     write_file(&subtree, &request).map_err(CgroupError::io("enable controllers in", &subtree))
 }
 
@@ -757,11 +692,7 @@ fn make_dir(path: &Path) -> Result<(), CgroupError> {
             fs::remove_dir(path).map_err(CgroupError::io("remove stale cgroup", path))?;
             fs::create_dir(path).map_err(CgroupError::io("create cgroup", path))
         }
-        Err(e) => Err(CgroupError::Io {
-            step: "create cgroup",
-            path: path.to_path_buf(),
-            source: e,
-        }),
+        Err(e) => Err(CgroupError::Io { step: "create cgroup", path: path.to_path_buf(), source: e }),
     }
 }
 
@@ -783,23 +714,14 @@ fn remove_dir_retrying(path: &Path) -> Result<(), CgroupError> {
                 }
                 std::thread::sleep(RMDIR_PAUSE);
             }
-            Err(e) => {
-                return Err(CgroupError::Io {
-                    step: "remove cgroup",
-                    path: path.to_path_buf(),
-                    source: e,
-                })
-            }
+            Err(e) => return Err(CgroupError::Io { step: "remove cgroup", path: path.to_path_buf(), source: e }),
         }
     }
 }
 
 /// One `write(2)` of the whole value, as cgroup files want; never creates the file.
 fn write_file(path: &Path, value: &str) -> io::Result<()> {
-    let mut f = fs::OpenOptions::new()
-        .write(true)
-        .truncate(true)
-        .open(path)?;
+    let mut f = fs::OpenOptions::new().write(true).truncate(true).open(path)?;
     f.write_all(value.as_bytes())
 }
 
@@ -813,11 +735,7 @@ fn read_opt(path: &Path) -> Option<String> {
 
 fn list_procs(dir: &Path) -> Vec<i32> {
     read_opt(&dir.join("cgroup.procs"))
-        .map(|s| {
-            s.split_whitespace()
-                .filter_map(|p| p.parse().ok())
-                .collect()
-        })
+        .map(|s| s.split_whitespace().filter_map(|p| p.parse().ok()).collect())
         .unwrap_or_default()
 }
 
@@ -825,23 +743,15 @@ fn list_procs(dir: &Path) -> Vec<i32> {
 fn keyed(text: &str, key: &str) -> Option<u64> {
     text.lines().find_map(|l| {
         let mut it = l.split_whitespace();
-        (it.next() == Some(key))
-            .then(|| it.next().and_then(|v| v.parse().ok()))
-            .flatten()
+        (it.next() == Some(key)).then(|| it.next().and_then(|v| v.parse().ok())).flatten()
     })
 }
 
 /// v1: `memory.oom_control` (`oom_kill N`, kernel ≥ 4.13) and `memory.failcnt`.
 fn memory_usage_v1(oom_control: Option<&str>, failcnt: Option<&str>) -> Exceeded {
     let oom_kills = oom_control.and_then(|t| keyed(t, "oom_kill")).unwrap_or(0);
-    let fails = failcnt
-        .and_then(|t| t.trim().parse::<u64>().ok())
-        .unwrap_or(0);
-    Exceeded {
-        memory: oom_kills > 0,
-        memory_limit_hit: fails > 0 || oom_kills > 0,
-        pids: false,
-    }
+    let fails = failcnt.and_then(|t| t.trim().parse::<u64>().ok()).unwrap_or(0);
+    Exceeded { memory: oom_kills > 0, memory_limit_hit: fails > 0 || oom_kills > 0, pids: false }
 }
 
 /// v2: `memory.events` (`max N`, `oom_kill N`).
@@ -849,11 +759,7 @@ fn memory_usage_v2(events: Option<&str>) -> Exceeded {
     let t = events.unwrap_or("");
     let oom_kills = keyed(t, "oom_kill").unwrap_or(0);
     let max = keyed(t, "max").unwrap_or(0);
-    Exceeded {
-        memory: oom_kills > 0,
-        memory_limit_hit: max > 0 || oom_kills > 0,
-        pids: false,
-    }
+    Exceeded { memory: oom_kills > 0, memory_limit_hit: max > 0 || oom_kills > 0, pids: false }
 }
 
 /// v1 and v2: `pids.events` (`max N`).
@@ -897,34 +803,23 @@ pub fn probe() -> CgroupSupport {
             layout: None,
             controllers: Vec::new(),
             limits_supported: false,
-            hint: Some(format!(
-                "cannot find this process's cgroups ({e}); is /proc mounted?"
-            )),
+            hint: Some(format!("cannot find this process's cgroups ({e}); is /proc mounted?")),
         },
     }
 }
 
 /// [`probe`] on a given layout (tests point it into a fake tree).
 pub fn probe_layout(layout: &CgroupLayout) -> CgroupSupport {
-    let controllers: Vec<ControllerSupport> = Controller::ALL
-        .iter()
-        .map(|&c| probe_controller(layout, c))
-        .collect();
-    let limited: Vec<&ControllerSupport> = controllers
-        .iter()
-        .filter(|s| matches!(s.controller, Controller::Memory | Controller::Pids))
-        .collect();
+    let controllers: Vec<ControllerSupport> = Controller::ALL.iter().map(|&c| probe_controller(layout, c)).collect();
+    let limited: Vec<&ControllerSupport> =
+        controllers.iter().filter(|s| matches!(s.controller, Controller::Memory | Controller::Pids)).collect();
     let limits_supported = limited.iter().all(|s| s.usable);
     let hint = if limits_supported {
         None
     } else {
         let problems: Vec<String> = limited
             .iter()
-            .filter_map(|s| {
-                s.problem
-                    .as_ref()
-                    .map(|p| format!("{}: {p}", s.controller.name()))
-            })
+            .filter_map(|s| s.problem.as_ref().map(|p| format!("{}: {p}", s.controller.name())))
             .collect();
         Some(format!(
             "{}. Without cgroups, --memory and --pids fall back to rlimits (per process, not \
@@ -932,13 +827,7 @@ pub fn probe_layout(layout: &CgroupLayout) -> CgroupSupport {
             problems.join("; ")
         ))
     };
-    CgroupSupport {
-        mode: layout.mode,
-        layout: Some(layout.clone()),
-        controllers,
-        limits_supported,
-        hint,
-    }
+    CgroupSupport { mode: layout.mode, layout: Some(layout.clone()), controllers, limits_supported, hint }
 }
 
 fn probe_controller(layout: &CgroupLayout, c: Controller) -> ControllerSupport {
@@ -963,12 +852,7 @@ fn probe_controller(layout: &CgroupLayout, c: Controller) -> ControllerSupport {
         }
         Err(e) => Some(create_problem(&loc.dir, loc.version, &e)),
     };
-    ControllerSupport {
-        controller: c,
-        location: Some(loc.clone()),
-        usable: problem.is_none(),
-        problem,
-    }
+    ControllerSupport { controller: c, location: Some(loc.clone()), usable: problem.is_none(), problem }
 }
 
 /// Why children of `dir` (v2) would not get controller `c`, if they would not.
@@ -1048,16 +932,8 @@ impl fmt::Display for CgroupSupport {
                 Some(l) => format!("{} at {}", l.version, l.dir.display()),
                 None => "not available".to_owned(),
             };
-            let note = if s.controller == Controller::Cpu {
-                " (cpu time is limited with RLIMIT_CPU)"
-            } else {
-                ""
-            };
-            writeln!(
-                f,
-                "  {:<7} {at}: {state}{note}",
-                format!("{}:", s.controller.name())
-            )?;
+            let note = if s.controller == Controller::Cpu { " (cpu time is limited with RLIMIT_CPU)" } else { "" };
+            writeln!(f, "  {:<7} {at}: {state}{note}", format!("{}:", s.controller.name()))?;
         }
         if let Some(h) = &self.hint {
             writeln!(f, "  hint: {h}")?;
@@ -1077,12 +953,9 @@ mod tests {
 
     impl Fake {
         fn new(tag: &str) -> Fake {
-            let nanos = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.as_nanos())
-                .unwrap_or(0);
-            let p = std::env::temp_dir()
-                .join(format!("txbox-cgtest-{}-{tag}-{nanos}", std::process::id()));
+            let nanos =
+                std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+            let p = std::env::temp_dir().join(format!("txbox-cgtest-{}-{tag}-{nanos}", std::process::id()));
             fs::create_dir_all(&p).unwrap();
             Fake(p)
         }
@@ -1136,26 +1009,18 @@ mod tests {
 41 31 0:38 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw
 ";
 
-    const V2_CGROUP: &str =
-        "0::/user.slice/user-1000.slice/user@1000.service/app.slice/run-r1.scope\n";
+    const V2_CGROUP: &str = "0::/user.slice/user-1000.slice/user@1000.service/app.slice/run-r1.scope\n";
     const V2_MOUNTINFO: &str = "\
 27 1 8:1 / / rw,relatime - ext4 /dev/vda rw
 30 23 0:26 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:4 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot
 ";
-    const V2_DIR: &str =
-        "sys/fs/cgroup/user.slice/user-1000.slice/user@1000.service/app.slice/run-r1.scope";
+    const V2_DIR: &str = "sys/fs/cgroup/user.slice/user-1000.slice/user@1000.service/app.slice/run-r1.scope";
 
     fn v1(dir: PathBuf) -> Option<ControllerDir> {
-        Some(ControllerDir {
-            version: CgroupVersion::V1,
-            dir,
-        })
+        Some(ControllerDir { version: CgroupVersion::V1, dir })
     }
     fn v2(dir: PathBuf) -> Option<ControllerDir> {
-        Some(ControllerDir {
-            version: CgroupVersion::V2,
-            dir,
-        })
+        Some(ControllerDir { version: CgroupVersion::V2, dir })
     }
 
     #[test]
@@ -1164,10 +1029,7 @@ mod tests {
         f.file("sys/fs/cgroup/unified/cgroup.controllers", "\n"); // no controllers
         let l = CgroupLayout::parse(HYBRID_CGROUP, HYBRID_MOUNTINFO, &f.0).unwrap();
         assert_eq!(l.mode, CgroupMode::Hybrid);
-        assert_eq!(
-            l.memory,
-            v1(f.path("sys/fs/cgroup/memory/process_api/bf92e4dc"))
-        );
+        assert_eq!(l.memory, v1(f.path("sys/fs/cgroup/memory/process_api/bf92e4dc")));
         assert_eq!(l.pids, v1(f.path("sys/fs/cgroup/pids")));
         assert_eq!(l.cpu, v1(f.path("sys/fs/cgroup/cpu")));
         assert_eq!(l.unified, Some(f.path("sys/fs/cgroup/unified")));
@@ -1176,17 +1038,9 @@ mod tests {
     #[test]
     fn layout_hybrid_works_without_reading_anything() {
         // The fake root has no files at all: v1 needs none, v2 just has no controllers.
-        let l = CgroupLayout::parse(
-            HYBRID_CGROUP,
-            HYBRID_MOUNTINFO,
-            Path::new("/nonexistent-root"),
-        )
-        .unwrap();
+        let l = CgroupLayout::parse(HYBRID_CGROUP, HYBRID_MOUNTINFO, Path::new("/nonexistent-root")).unwrap();
         assert_eq!(l.memory.map(|c| c.version), Some(CgroupVersion::V1));
-        assert_eq!(
-            l.unified,
-            Some(PathBuf::from("/nonexistent-root/sys/fs/cgroup/unified"))
-        );
+        assert_eq!(l.unified, Some(PathBuf::from("/nonexistent-root/sys/fs/cgroup/unified")));
     }
 
     #[test]
@@ -1238,25 +1092,8 @@ mod tests {
         assert_eq!(l.memory, None);
         assert_eq!(l.cpu, None);
         assert_eq!(l.pids, v2(f.path(V2_DIR)));
-        let err = Cgroup::create(
-            &l,
-            "t",
-            &Limits {
-                memory: Some(1 << 20),
-                ..Limits::default()
-            },
-        )
-        .unwrap_err();
-        assert!(
-            matches!(
-                err,
-                CgroupError::ControllerUnavailable {
-                    controller: "memory",
-                    ..
-                }
-            ),
-            "{err}"
-        );
+        let err = Cgroup::create(&l, "t", &Limits { memory: Some(1 << 20), ..Limits::default() }).unwrap_err();
+        assert!(matches!(err, CgroupError::ControllerUnavailable { controller: "memory", .. }), "{err}");
         assert!(err.to_string().contains("Delegate=yes"), "{err}");
     }
 
@@ -1284,26 +1121,10 @@ mod tests {
 
     #[test]
     fn layout_no_cgroups() {
-        let l = CgroupLayout::parse(
-            "0::/\n",
-            "27 1 8:1 / / rw - ext4 /dev/vda rw\n",
-            Path::new("/r"),
-        )
-        .unwrap();
+        let l = CgroupLayout::parse("0::/\n", "27 1 8:1 / / rw - ext4 /dev/vda rw\n", Path::new("/r")).unwrap();
         assert_eq!(l.mode, CgroupMode::None);
-        assert_eq!(
-            (&l.memory, &l.pids, &l.cpu, &l.unified),
-            (&None, &None, &None, &None)
-        );
-        let err = Cgroup::create(
-            &l,
-            "t",
-            &Limits {
-                pids: Some(3),
-                ..Limits::default()
-            },
-        )
-        .unwrap_err();
+        assert_eq!((&l.memory, &l.pids, &l.cpu, &l.unified), (&None, &None, &None, &None));
+        let err = Cgroup::create(&l, "t", &Limits { pids: Some(3), ..Limits::default() }).unwrap_err();
         assert!(err.to_string().contains("no cgroup filesystem"), "{err}");
     }
 
@@ -1327,15 +1148,7 @@ mod tests {
     #[test]
     fn create_without_cgroup_limits_creates_nothing() {
         let l = CgroupLayout::parse("0::/\n", "", Path::new("/r")).unwrap();
-        let cg = Cgroup::create(
-            &l,
-            "t",
-            &Limits {
-                cpu_seconds: Some(3),
-                ..Limits::default()
-            },
-        )
-        .unwrap();
+        let cg = Cgroup::create(&l, "t", &Limits { cpu_seconds: Some(3), ..Limits::default() }).unwrap();
         assert_eq!(cg.paths().count(), 0);
         assert_eq!(cg.usage(), Exceeded::default());
         cg.kill_all().unwrap();
@@ -1350,18 +1163,11 @@ mod tests {
         let mem = f.dir("sys/fs/cgroup/memory/process_api/bf92e4dc");
         let pids = f.dir("sys/fs/cgroup/pids");
         let l = CgroupLayout::parse(HYBRID_CGROUP, HYBRID_MOUNTINFO, &f.0).unwrap();
-        let limits = Limits {
-            memory: Some(64 << 20),
-            pids: Some(5),
-            cpu_seconds: None,
-        };
+        let limits = Limits { memory: Some(64 << 20), pids: Some(5), cpu_seconds: None };
         let err = Cgroup::create(&l, "tx1", &limits).unwrap_err();
         let msg = err.to_string();
         assert!(msg.contains("set memory limit"), "{msg}");
-        assert!(
-            msg.contains(&mem.join("tx1/memory.limit_in_bytes").display().to_string()),
-            "{msg}"
-        );
+        assert!(msg.contains(&mem.join("tx1/memory.limit_in_bytes").display().to_string()), "{msg}");
         assert!(!mem.join("tx1").exists());
         assert!(!pids.join("tx1").exists());
     }
@@ -1375,29 +1181,14 @@ mod tests {
         make_dir(&pids.join("tx1")).unwrap();
         assert!(pids.join("tx1").is_dir());
         f.file("sys/fs/cgroup/pids/tx1/cgroup.procs", "");
-        let err = Cgroup::create(
-            &l,
-            "tx1",
-            &Limits {
-                pids: Some(5),
-                ..Limits::default()
-            },
-        )
-        .unwrap_err();
+        let err = Cgroup::create(&l, "tx1", &Limits { pids: Some(5), ..Limits::default() }).unwrap_err();
         assert!(err.to_string().contains("remove stale cgroup"), "{err}");
     }
 
     /// A `Cgroup` over fake directories that already hold the kernel's interface files.
     fn fake_cgroup(dirs: Vec<(CgroupVersion, PathBuf, Vec<Controller>)>) -> Cgroup {
         Cgroup {
-            dirs: dirs
-                .into_iter()
-                .map(|(version, path, controllers)| Dir {
-                    version,
-                    path,
-                    controllers,
-                })
-                .collect(),
+            dirs: dirs.into_iter().map(|(version, path, controllers)| Dir { version, path, controllers }).collect(),
         }
     }
 
@@ -1419,11 +1210,7 @@ mod tests {
         let f = Fake::new("v1write");
         let mem = f.dir("memory/tx");
         let pids = f.dir("pids/tx");
-        for n in [
-            "memory.limit_in_bytes",
-            "memory.memsw.limit_in_bytes",
-            "cgroup.procs",
-        ] {
+        for n in ["memory.limit_in_bytes", "memory.memsw.limit_in_bytes", "cgroup.procs"] {
             f.file(&format!("memory/tx/{n}"), "9223372036854771712\n");
         }
         for n in ["pids.max", "cgroup.procs"] {
@@ -1433,12 +1220,7 @@ mod tests {
             (CgroupVersion::V1, mem.clone(), vec![Controller::Memory]),
             (CgroupVersion::V1, pids.clone(), vec![Controller::Pids]),
         ]);
-        cg.write_limits(&Limits {
-            memory: Some(67108864),
-            pids: Some(5),
-            cpu_seconds: Some(1),
-        })
-        .unwrap();
+        cg.write_limits(&Limits { memory: Some(67108864), pids: Some(5), cpu_seconds: Some(1) }).unwrap();
         assert_eq!(read(&mem.join("memory.limit_in_bytes")), "67108864");
         assert_eq!(read(&mem.join("memory.memsw.limit_in_bytes")), "67108864");
         assert_eq!(read(&pids.join("pids.max")), "5");
@@ -1458,16 +1240,8 @@ mod tests {
         let f = Fake::new("v1nosw");
         let mem = f.dir("memory/tx");
         f.file("memory/tx/memory.limit_in_bytes", "max");
-        let cg = fake_cgroup(vec![(
-            CgroupVersion::V1,
-            mem.clone(),
-            vec![Controller::Memory],
-        )]);
-        cg.write_limits(&Limits {
-            memory: Some(4096),
-            ..Limits::default()
-        })
-        .unwrap();
+        let cg = fake_cgroup(vec![(CgroupVersion::V1, mem.clone(), vec![Controller::Memory])]);
+        cg.write_limits(&Limits { memory: Some(4096), ..Limits::default() }).unwrap();
         assert_eq!(read(&mem.join("memory.limit_in_bytes")), "4096");
         assert!(!mem.join("memory.memsw.limit_in_bytes").exists());
         clear(&cg);
@@ -1477,26 +1251,11 @@ mod tests {
     fn v2_limits_written_in_one_directory() {
         let f = Fake::new("v2write");
         let d = f.dir("cg/tx");
-        for n in [
-            "memory.max",
-            "memory.swap.max",
-            "memory.oom.group",
-            "pids.max",
-            "cgroup.procs",
-        ] {
+        for n in ["memory.max", "memory.swap.max", "memory.oom.group", "pids.max", "cgroup.procs"] {
             f.file(&format!("cg/tx/{n}"), "max\n");
         }
-        let cg = fake_cgroup(vec![(
-            CgroupVersion::V2,
-            d.clone(),
-            vec![Controller::Memory, Controller::Pids],
-        )]);
-        cg.write_limits(&Limits {
-            memory: Some(1 << 30),
-            pids: Some(64),
-            cpu_seconds: None,
-        })
-        .unwrap();
+        let cg = fake_cgroup(vec![(CgroupVersion::V2, d.clone(), vec![Controller::Memory, Controller::Pids])]);
+        cg.write_limits(&Limits { memory: Some(1 << 30), pids: Some(64), cpu_seconds: None }).unwrap();
         assert_eq!(read(&d.join("memory.max")), "1073741824");
         assert_eq!(read(&d.join("memory.swap.max")), "0");
         assert_eq!(read(&d.join("memory.oom.group")), "1");
@@ -1513,31 +1272,16 @@ mod tests {
         f.file("cg/cgroup.subtree_control", "cpu\n");
         f.file("cg/cgroup.procs", "");
         enable_v2_controllers(&parent, &[Controller::Memory, Controller::Pids]).unwrap();
-        assert_eq!(
-            read(&parent.join("cgroup.subtree_control")),
-            "+memory +pids"
-        );
+        assert_eq!(read(&parent.join("cgroup.subtree_control")), "+memory +pids");
         // Already enabled: nothing written.
         f.file("cg/cgroup.subtree_control", "memory pids\n");
         enable_v2_controllers(&parent, &[Controller::Memory]).unwrap();
-        assert_eq!(
-            read(&parent.join("cgroup.subtree_control")),
-            "memory pids\n"
-        );
+        assert_eq!(read(&parent.join("cgroup.subtree_control")), "memory pids\n");
         // Not delegated.
         f.file("cg/cgroup.controllers", "pids\n");
         f.file("cg/cgroup.subtree_control", "");
         let err = enable_v2_controllers(&parent, &[Controller::Memory]).unwrap_err();
-        assert!(
-            matches!(
-                err,
-                CgroupError::ControllerUnavailable {
-                    controller: "memory",
-                    ..
-                }
-            ),
-            "{err}"
-        );
+        assert!(matches!(err, CgroupError::ControllerUnavailable { controller: "memory", .. }), "{err}");
         assert!(err.to_string().contains("cgroup.controllers"), "{err}");
     }
 
@@ -1545,10 +1289,7 @@ mod tests {
     fn usage_v1_parsing() {
         let oom0 = "oom_kill_disable 0\nunder_oom 0\noom_kill 0\n";
         let oom2 = "oom_kill_disable 0\nunder_oom 0\noom_kill 2\n";
-        assert_eq!(
-            memory_usage_v1(Some(oom0), Some("0\n")),
-            Exceeded::default()
-        );
+        assert_eq!(memory_usage_v1(Some(oom0), Some("0\n")), Exceeded::default());
         let e = memory_usage_v1(Some(oom2), Some("0\n"));
         assert!(e.memory && e.memory_limit_hit);
         // Old kernels: no oom_kill line; failcnt alone counts only with a SIGKILL death.
@@ -1575,20 +1316,9 @@ mod tests {
         assert!(!pids_hit(Some("max.imposed 3\nmax 0\n")));
         assert!(pids_hit(Some("max 1\nmax.imposed 0\n")));
         assert!(!pids_hit(None));
-        let both = Exceeded {
-            memory: true,
-            memory_limit_hit: true,
-            pids: true,
-        };
+        let both = Exceeded { memory: true, memory_limit_hit: true, pids: true };
         assert_eq!(both.limit_name(None), Some("memory"));
-        assert_eq!(
-            Exceeded {
-                pids: true,
-                ..Exceeded::default()
-            }
-            .limit_name(None),
-            Some("pids")
-        );
+        assert_eq!(Exceeded { pids: true, ..Exceeded::default() }.limit_name(None), Some("pids"));
     }
 
     #[test]
@@ -1597,10 +1327,7 @@ mod tests {
         let mem = f.dir("memory/tx");
         let pids = f.dir("pids/tx");
         let v2d = f.dir("unified/tx");
-        f.file(
-            "memory/tx/memory.oom_control",
-            "oom_kill_disable 0\nunder_oom 0\noom_kill 0\n",
-        );
+        f.file("memory/tx/memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 0\n");
         f.file("memory/tx/memory.failcnt", "0\n");
         f.file("pids/tx/pids.events", "max 0\n");
         let cg = fake_cgroup(vec![
@@ -1609,44 +1336,15 @@ mod tests {
         ]);
         assert_eq!(cg.usage(), Exceeded::default());
         f.file("pids/tx/pids.events", "max 3\n");
-        assert_eq!(
-            cg.usage(),
-            Exceeded {
-                pids: true,
-                ..Exceeded::default()
-            }
-        );
-        f.file(
-            "memory/tx/memory.oom_control",
-            "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n",
-        );
-        assert_eq!(
-            cg.usage(),
-            Exceeded {
-                memory: true,
-                memory_limit_hit: true,
-                pids: true
-            }
-        );
+        assert_eq!(cg.usage(), Exceeded { pids: true, ..Exceeded::default() });
+        f.file("memory/tx/memory.oom_control", "oom_kill_disable 0\nunder_oom 0\noom_kill 1\n");
+        assert_eq!(cg.usage(), Exceeded { memory: true, memory_limit_hit: true, pids: true });
         clear(&cg);
 
-        f.file(
-            "unified/tx/memory.events",
-            "low 0\nhigh 0\nmax 1\noom 0\noom_kill 0\n",
-        );
+        f.file("unified/tx/memory.events", "low 0\nhigh 0\nmax 1\noom 0\noom_kill 0\n");
         f.file("unified/tx/pids.events", "max 0\n");
-        let cg2 = fake_cgroup(vec![(
-            CgroupVersion::V2,
-            v2d,
-            vec![Controller::Memory, Controller::Pids],
-        )]);
-        assert_eq!(
-            cg2.usage(),
-            Exceeded {
-                memory_limit_hit: true,
-                ..Exceeded::default()
-            }
-        );
+        let cg2 = fake_cgroup(vec![(CgroupVersion::V2, v2d, vec![Controller::Memory, Controller::Pids])]);
+        assert_eq!(cg2.usage(), Exceeded { memory_limit_hit: true, ..Exceeded::default() });
         clear(&cg2);
     }
 
@@ -1674,15 +1372,9 @@ mod tests {
         assert_eq!(s.controllers.len(), 3);
         assert!(s.controllers.iter().all(|c| c.usable), "{s}");
         // Probing leaves nothing behind.
-        assert_eq!(
-            fs::read_dir(f.path("sys/fs/cgroup/pids")).unwrap().count(),
-            0
-        );
+        assert_eq!(fs::read_dir(f.path("sys/fs/cgroup/pids")).unwrap().count(), 0);
         let text = s.to_string();
-        assert!(
-            text.contains("hybrid") && text.contains("memory: v1 at"),
-            "{text}"
-        );
+        assert!(text.contains("hybrid") && text.contains("memory: v1 at"), "{text}");
 
         // v2: memory not delegated; pids delegated but the cgroup holds other processes.
         let g = Fake::new("probe2");
@@ -1693,15 +1385,9 @@ mod tests {
         let s = probe_layout(&l);
         assert!(!s.limits_supported);
         let hint = s.hint.clone().unwrap_or_default();
-        assert!(
-            hint.contains("memory: this process's cgroup does not have the memory controller"),
-            "{hint}"
-        );
+        assert!(hint.contains("memory: this process's cgroup does not have the memory controller"), "{hint}");
         assert!(hint.contains("holds other processes"), "{hint}");
-        assert!(
-            hint.contains("systemd-run --user --scope -p Delegate=yes"),
-            "{hint}"
-        );
+        assert!(hint.contains("systemd-run --user --scope -p Delegate=yes"), "{hint}");
     }
 
     #[test]
@@ -1746,13 +1432,8 @@ mod tests {
         }
         let layout = CgroupLayout::detect().unwrap();
         let name = format!("txbox-test-pids-{}", std::process::id());
-        let limits = Limits {
-            memory: Some(64 << 20),
-            pids: Some(5),
-            cpu_seconds: None,
-        };
-        let cg = Cgroup::create(&layout, &name, &limits)
-            .unwrap_or_else(|e| panic!("{e}\n{}", probe_layout(&layout)));
+        let limits = Limits { memory: Some(64 << 20), pids: Some(5), cpu_seconds: None };
+        let cg = Cgroup::create(&layout, &name, &limits).unwrap_or_else(|e| panic!("{e}\n{}", probe_layout(&layout)));
         let paths: Vec<PathBuf> = cg.paths().map(Path::to_path_buf).collect();
         assert!(!paths.is_empty());
         for p in &paths {
@@ -1766,19 +1447,7 @@ mod tests {
             CgroupVersion::V2 => "memory.max",
         };
         assert_eq!(read(&mem.dir.join(&name).join(mem_file)).trim(), "67108864");
-        assert_eq!(
-            read(
-                &layout
-                    .pids
-                    .as_ref()
-                    .unwrap()
-                    .dir
-                    .join(&name)
-                    .join("pids.max")
-            )
-            .trim(),
-            "5"
-        );
+        assert_eq!(read(&layout.pids.as_ref().unwrap().dir.join(&name).join("pids.max")).trim(), "5");
         assert_eq!(cg.usage(), Exceeded::default());
 
         let mut child = spawn_gated_into(&cg, "for i in 1 2 3 4 5 6 7 8; do sleep 5 & done; wait");
@@ -1791,11 +1460,7 @@ mod tests {
         let t = Instant::now();
         cg.kill_all().unwrap();
         assert!(!cg.is_populated());
-        assert!(
-            t.elapsed() < Duration::from_secs(4),
-            "kill took {:?}",
-            t.elapsed()
-        );
+        assert!(t.elapsed() < Duration::from_secs(4), "kill took {:?}", t.elapsed());
         // dash gives up (exit 2) when a fork fails; if it was still waiting, it was killed.
         let status = child.wait().unwrap();
         assert!(!status.success(), "{status:?}");
@@ -1813,18 +1478,10 @@ mod tests {
         }
         let layout = CgroupLayout::detect().unwrap();
         let name = format!("txbox-test-mem-{}", std::process::id());
-        let limits = Limits {
-            memory: Some(32 << 20),
-            pids: Some(32),
-            cpu_seconds: None,
-        };
-        let cg = Cgroup::create(&layout, &name, &limits)
-            .unwrap_or_else(|e| panic!("{e}\n{}", probe_layout(&layout)));
+        let limits = Limits { memory: Some(32 << 20), pids: Some(32), cpu_seconds: None };
+        let cg = Cgroup::create(&layout, &name, &limits).unwrap_or_else(|e| panic!("{e}\n{}", probe_layout(&layout)));
         // The shell keeps a command substitution's output in memory: 256 MiB of it.
-        let mut child = spawn_gated_into(
-            &cg,
-            "x=$(head -c 268435456 /dev/zero | tr '\\000' a); echo ${#x}",
-        );
+        let mut child = spawn_gated_into(&cg, "x=$(head -c 268435456 /dev/zero | tr '\\000' a); echo ${#x}");
         let status = child.wait().unwrap();
         use std::os::unix::process::ExitStatusExt;
         let usage = cg.usage();

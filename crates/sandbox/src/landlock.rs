@@ -18,8 +18,8 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
 use ::landlock::{
-    Access, AccessFs, CompatLevel, Compatible, PathBeneath, RestrictionStatus, Ruleset,
-    RulesetAttr, RulesetCreatedAttr, RulesetError, RulesetStatus, ABI,
+    Access, AccessFs, CompatLevel, Compatible, PathBeneath, RestrictionStatus, Ruleset, RulesetAttr,
+    RulesetCreatedAttr, RulesetError, RulesetStatus, ABI,
 };
 
 /// The newest Landlock ABI this code asks for. With ABI 9 this includes `RESOLVE_UNIX`, which
@@ -41,16 +41,9 @@ impl LandlockPlan {
     /// The sandbox's plan: read-only `/`; writable workspace view, `/tmp` (a private tmpfs),
     /// `/dev` (the sandbox's own minimal `/dev`: `/dev/null`, ttys, `/dev/shm`) and `extra`.
     pub fn new(workspace: &Path, extra_writable: &[PathBuf]) -> Self {
-        let mut writable = vec![
-            workspace.to_path_buf(),
-            PathBuf::from("/tmp"),
-            PathBuf::from("/dev"),
-        ];
+        let mut writable = vec![workspace.to_path_buf(), PathBuf::from("/tmp"), PathBuf::from("/dev")];
         writable.extend(extra_writable.iter().cloned());
-        LandlockPlan {
-            read_only: vec![PathBuf::from("/")],
-            writable,
-        }
+        LandlockPlan { read_only: vec![PathBuf::from("/")], writable }
     }
 }
 
@@ -135,38 +128,21 @@ pub fn apply(plan: &LandlockPlan) -> Result<LandlockStatus, LandlockError> {
                     skipped.push(path.clone());
                     continue;
                 }
-                Err(source) => {
-                    return Err(LandlockError::Open {
-                        path: path.clone(),
-                        source,
-                    })
-                }
+                Err(source) => return Err(LandlockError::Open { path: path.clone(), source }),
             };
             ruleset = ruleset
                 .add_rule(PathBeneath::new(fd, access))
-                .map_err(|source| LandlockError::AddRule {
-                    path: path.clone(),
-                    source,
-                })?;
+                .map_err(|source| LandlockError::AddRule { path: path.clone(), source })?;
         }
     }
 
-    let status = ruleset
-        .restrict_self()
-        .map_err(LandlockError::RestrictSelf)?;
-    Ok(LandlockStatus {
-        enforcement: enforcement(&status),
-        abi: effective_abi(&status),
-        skipped,
-    })
+    let status = ruleset.restrict_self().map_err(LandlockError::RestrictSelf)?;
+    Ok(LandlockStatus { enforcement: enforcement(&status), abi: effective_abi(&status), skipped })
 }
 
 /// An `O_PATH` descriptor: enough to name a hierarchy for Landlock, needs no read permission.
 fn open_path(path: &Path) -> io::Result<std::fs::File> {
-    OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_PATH | libc::O_CLOEXEC)
-        .open(path)
+    OpenOptions::new().read(true).custom_flags(libc::O_PATH | libc::O_CLOEXEC).open(path)
 }
 
 fn enforcement(status: &RestrictionStatus) -> Enforcement {
@@ -181,9 +157,7 @@ fn enforcement(status: &RestrictionStatus) -> Enforcement {
 /// the number (or "unsupported", which maps to 0).
 fn effective_abi(status: &RestrictionStatus) -> u32 {
     match status.landlock {
-        ::landlock::LandlockStatus::Available { effective_abi, .. } => {
-            effective_abi.to_string().parse().unwrap_or(0)
-        }
+        ::landlock::LandlockStatus::Available { effective_abi, .. } => effective_abi.to_string().parse().unwrap_or(0),
         ::landlock::LandlockStatus::NotEnabled | ::landlock::LandlockStatus::NotImplemented => 0,
     }
 }
@@ -227,16 +201,15 @@ mod tests {
     fn landlock_confines_writes() {
         let abi = kernel_abi();
         if abi == 0 {
-            println!("SKIP landlock_confines_writes: this kernel has no Landlock (not built in or not enabled at boot)");
+            println!(
+                "SKIP landlock_confines_writes: this kernel has no Landlock (not built in or not enabled at boot)"
+            );
             return;
         }
         let base = std::env::temp_dir().join(format!(
             "txbox-landlock-test-{}-{}",
             std::process::id(),
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos()
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
         ));
         std::fs::create_dir_all(base.join("inside")).unwrap();
         std::fs::create_dir_all(base.join("outside")).unwrap();
@@ -254,19 +227,9 @@ mod tests {
         let left_outside = base.join("outside/new").exists();
         std::fs::remove_dir_all(&base).unwrap();
         assert!(out.status.success(), "child failed:\n{stdout}\n{stderr}");
-        assert!(
-            stdout.contains(CHILD_OK),
-            "child did not run:\n{stdout}\n{stderr}"
-        );
-        assert!(
-            !left_outside,
-            "a write outside the writable dirs got through"
-        );
-        let reached = stdout
-            .split(CHILD_OK)
-            .nth(1)
-            .and_then(|s| s.lines().next())
-            .unwrap_or("");
+        assert!(stdout.contains(CHILD_OK), "child did not run:\n{stdout}\n{stderr}");
+        assert!(!left_outside, "a write outside the writable dirs got through");
+        let reached = stdout.split(CHILD_OK).nth(1).and_then(|s| s.lines().next()).unwrap_or("");
         println!("kernel Landlock ABI {abi}; child reached{reached}");
     }
 
@@ -280,10 +243,8 @@ mod tests {
         let inside = base.join("inside");
         let outside = base.join("outside");
         let missing = base.join("does-not-exist");
-        let plan = LandlockPlan {
-            read_only: vec![PathBuf::from("/")],
-            writable: vec![inside.clone(), missing.clone()],
-        };
+        let plan =
+            LandlockPlan { read_only: vec![PathBuf::from("/")], writable: vec![inside.clone(), missing.clone()] };
         let status = apply(&plan).unwrap();
         assert_ne!(status.enforcement, Enforcement::NotEnforced, "{status:?}");
         assert!(status.abi >= 1, "{status:?}");
@@ -299,14 +260,8 @@ mod tests {
         assert_eq!(err.raw_os_error(), Some(libc::EACCES), "{err}");
         let err = std::fs::remove_file(outside.join("existing")).unwrap_err();
         assert_eq!(err.raw_os_error(), Some(libc::EACCES), "{err}");
-        assert_eq!(
-            std::fs::read(outside.join("existing")).unwrap(),
-            b"readable"
-        );
+        assert_eq!(std::fs::read(outside.join("existing")).unwrap(), b"readable");
 
-        println!(
-            "{CHILD_OK} enforcement={} abi={}",
-            status.enforcement, status.abi
-        );
+        println!("{CHILD_OK} enforcement={} abi={}", status.enforcement, status.abi);
     }
 }

@@ -71,7 +71,6 @@ pub trait Watch {
     }
 }
 
-
 #[derive(Debug, Clone)]
 pub struct Finished {
     pub exit: Exit,
@@ -228,12 +227,17 @@ fn null_stdin(opts: &LaunchOptions) -> rustix::io::Result<Option<OwnedFd>> {
     if !opts.null_stdin {
         return Ok(None);
     }
-    rustix::fs::open("/dev/null", rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty()).map(Some)
+    rustix::fs::open("/dev/null", rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())
+        .map(Some)
 }
 
 /// Hand the command to the warm server on `socket`, with this process's stdin and either its
 /// stdout/stderr or capture pipes. Returns the connection and the pipes' read ends.
-fn try_warm(socket: &Path, spec: &SandboxSpec, opts: &LaunchOptions) -> Result<(Conn, Option<OwnedFd>, Option<OwnedFd>), NotWarm> {
+fn try_warm(
+    socket: &Path,
+    spec: &SandboxSpec,
+    opts: &LaunchOptions,
+) -> Result<(Conn, Option<OwnedFd>, Option<OwnedFd>), NotWarm> {
     use std::io::IsTerminal;
     // A terminal needs the caller's session (job control, /dev/tty), which only a sandbox
     // forked from the caller has; cgroup limits need stage 2 stopped before it starts.
@@ -259,7 +263,12 @@ fn try_warm(socket: &Path, spec: &SandboxSpec, opts: &LaunchOptions) -> Result<(
 }
 
 /// Run `spec` in a sandbox through the stage-2 helper at `exe` (normally `/proc/self/exe`).
-pub fn launch(exe: &Path, spec: &SandboxSpec, opts: &LaunchOptions, watch: &mut dyn Watch) -> Result<Finished, SandboxError> {
+pub fn launch(
+    exe: &Path,
+    spec: &SandboxSpec,
+    opts: &LaunchOptions,
+    watch: &mut dyn Watch,
+) -> Result<Finished, SandboxError> {
     let spawn_err = |source| SandboxError::Spawn { exe: exe.display().to_string(), source };
     let pipe = || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| spawn_err(e.into()));
     // The command gets the terminal's SIGINT/SIGQUIT itself; txbox stays to roll back.
@@ -389,7 +398,8 @@ fn supervise(
             }
             wait = Some(wait.map_or(left, |w| w.min(left)));
         }
-        let timeout = wait.map(|w| rustix::event::Timespec::try_from(w).unwrap_or(rustix::event::Timespec { tv_sec: 1, tv_nsec: 0 }));
+        let timeout = wait
+            .map(|w| rustix::event::Timespec::try_from(w).unwrap_or(rustix::event::Timespec { tv_sec: 1, tv_nsec: 0 }));
         let mut fds = Vec::with_capacity(3);
         let mut which = Vec::with_capacity(3);
         for (i, s) in [&out, &err, &report].into_iter().enumerate() {

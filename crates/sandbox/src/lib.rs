@@ -14,5 +14,5 @@ pub mod spec;
 pub mod stage2;
 pub mod warm;
 
-pub use launch::{launch, shell_argv, Exit, Finished, LaunchOptions, SandboxError, Watch, WarmUse};
+pub use launch::{launch, shell_argv, Exit, Finished, LaunchOptions, SandboxError, WarmUse, Watch};
 pub use spec::{MountOp, MountPlan, SandboxSpec};

@@ -21,8 +21,8 @@ use std::collections::BTreeMap;
 use std::io;
 
 use seccompiler::{
-    sock_filter, BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition,
-    SeccompFilter, SeccompRule, TargetArch,
+    sock_filter, BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter,
+    SeccompRule, TargetArch,
 };
 
 /// `open_tree_attr(2)` (Linux 6.15): `open_tree` plus `mount_setattr`, not yet in `libc`.
@@ -54,20 +54,11 @@ pub struct Rule {
 }
 
 const fn deny(syscall: &'static str, nr: i64, reason: &'static str) -> Rule {
-    Rule {
-        syscall,
-        nr,
-        when: None,
-        errno: libc::EPERM,
-        reason,
-    }
+    Rule { syscall, nr, when: None, errno: libc::EPERM, reason }
 }
 
 /// `clone`'s and `unshare`'s flags are argument 0 on every supported architecture.
-const NEWUSER_IN_ARG0: FlagsSet = FlagsSet {
-    arg: 0,
-    mask: libc::CLONE_NEWUSER as u64,
-};
+const NEWUSER_IN_ARG0: FlagsSet = FlagsSet { arg: 0, mask: libc::CLONE_NEWUSER as u64 };
 
 #[rustfmt::skip]
 const RULES: &[Rule] = &[
@@ -156,10 +147,7 @@ pub enum SeccompError {
     #[error("seccomp: unsupported architecture {0} (txbox supports x86_64 and aarch64)")]
     UnsupportedArch(&'static str),
     #[error("seccomp: compiling the rules that answer errno {errno}: {source}")]
-    Compile {
-        errno: i32,
-        source: seccompiler::BackendError,
-    },
+    Compile { errno: i32, source: seccompiler::BackendError },
     #[error("seccomp: the filter has {0} instructions, more than the kernel's limit of 4096")]
     TooLarge(usize),
     #[error("seccomp: prctl(PR_SET_NO_NEW_PRIVS): {0}")]
@@ -183,12 +171,7 @@ const SECCOMP_DATA_NR: u32 = 0;
 const BPF_MAX_LEN: usize = 4096;
 
 const fn stmt(code: u16, k: u32) -> sock_filter {
-    sock_filter {
-        code,
-        jt: 0,
-        jf: 0,
-        k,
-    }
+    sock_filter { code, jt: 0, jf: 0, k }
 }
 
 /// Compiles [`rules`] into one BPF program for the running architecture: default action allow,
@@ -243,16 +226,9 @@ fn compile_group(arch: TargetArch, errno: i32) -> Result<BpfProgram, SeccompErro
         if map.get(&r.nr).is_some_and(Vec::is_empty) {
             continue;
         }
-        let cond = SeccompCondition::new(
-            arg,
-            SeccompCmpArgLen::Qword,
-            SeccompCmpOp::MaskedEq(mask),
-            mask,
-        )
-        .map_err(compile)?;
-        map.entry(r.nr)
-            .or_default()
-            .push(SeccompRule::new(vec![cond]).map_err(compile)?);
+        let cond =
+            SeccompCondition::new(arg, SeccompCmpArgLen::Qword, SeccompCmpOp::MaskedEq(mask), mask).map_err(compile)?;
+        map.entry(r.nr).or_default().push(SeccompRule::new(vec![cond]).map_err(compile)?);
     }
     // errno is a small positive constant from libc.
     let action = SeccompAction::Errno(errno.unsigned_abs());
@@ -279,16 +255,8 @@ fn x32_guard(arch: TargetArch) -> BpfProgram {
     match arch {
         TargetArch::x86_64 => vec![
             stmt(BPF_LD_W_ABS, SECCOMP_DATA_NR),
-            sock_filter {
-                code: BPF_JMP_JGE_K,
-                jt: 0,
-                jf: 1,
-                k: X32_SYSCALL_BIT,
-            },
-            stmt(
-                BPF_RET_K,
-                libc::SECCOMP_RET_ERRNO | libc::ENOSYS.unsigned_abs(),
-            ),
+            sock_filter { code: BPF_JMP_JGE_K, jt: 0, jf: 1, k: X32_SYSCALL_BIT },
+            stmt(BPF_RET_K, libc::SECCOMP_RET_ERRNO | libc::ENOSYS.unsigned_abs()),
         ],
         _ => Vec::new(),
     }
@@ -380,31 +348,18 @@ mod tests {
         for name in ["unshare", "clone"] {
             let r = rule(name);
             assert_eq!(r.errno, libc::EPERM);
-            assert_eq!(
-                r.when,
-                Some(FlagsSet {
-                    arg: 0,
-                    mask: libc::CLONE_NEWUSER as u64
-                }),
-                "{name}"
-            );
+            assert_eq!(r.when, Some(FlagsSet { arg: 0, mask: libc::CLONE_NEWUSER as u64 }), "{name}");
         }
         assert_eq!(rule("clone3").errno, libc::ENOSYS);
         assert_eq!(rule("mount").nr, libc::SYS_mount);
-        for r in rules()
-            .iter()
-            .filter(|r| !["unshare", "clone"].contains(&r.syscall))
-        {
+        for r in rules().iter().filter(|r| !["unshare", "clone"].contains(&r.syscall)) {
             assert_eq!(r.when, None, "{} should be unconditional", r.syscall);
             if r.syscall != "clone3" {
                 assert_eq!(r.errno, libc::EPERM, "{}", r.syscall);
             }
         }
         for name in ["ptrace", "personality", "getpid"] {
-            assert!(
-                rules().iter().all(|r| r.syscall != name),
-                "{name} must stay allowed"
-            );
+            assert!(rules().iter().all(|r| r.syscall != name), "{name} must stay allowed");
         }
     }
 
@@ -422,20 +377,14 @@ mod tests {
         let prog = build().unwrap();
         assert!(!prog.is_empty() && prog.len() <= BPF_MAX_LEN);
         let errno_of = |e: i32| libc::SECCOMP_RET_ERRNO | e.unsigned_abs();
-        let ret_at = |k: u32| {
-            prog.iter()
-                .enumerate()
-                .filter(move |(_, i)| i.code == BPF_RET_K && i.k == k)
-                .map(|(n, _)| n)
-        };
+        let ret_at =
+            |k: u32| prog.iter().enumerate().filter(move |(_, i)| i.code == BPF_RET_K && i.k == k).map(|(n, _)| n);
         // Chained: the EPERM group allows nothing itself, so every "allow" comes after every
         // EPERM return (i.e. in the last, ENOSYS, group).
         let last_eperm = ret_at(errno_of(libc::EPERM)).max().unwrap();
         let first_allow = ret_at(libc::SECCOMP_RET_ALLOW).min().unwrap();
         assert!(first_allow > last_eperm);
-        assert!(prog
-            .iter()
-            .any(|i| i.code == BPF_RET_K && i.k == errno_of(libc::ENOSYS)));
+        assert!(prog.iter().any(|i| i.code == BPF_RET_K && i.k == errno_of(libc::ENOSYS)));
     }
 
     /// What each probe returned: 0 on success, `-errno` on failure.
@@ -485,19 +434,10 @@ mod tests {
             libc::close(fds[0]);
             libc::waitpid(pid, &mut status, 0);
         }
-        assert!(
-            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
-            "child status {status:#x}"
-        );
+        assert!(libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0, "child status {status:#x}");
         assert_eq!(got, buf.len(), "short report from the child");
-        let v: Vec<i64> = buf
-            .chunks_exact(8)
-            .map(|c| i64::from_ne_bytes(c.try_into().unwrap()))
-            .collect();
-        assert!(
-            v.iter().all(|&x| x != INSTALL_FAILED),
-            "installing the filter failed in the child"
-        );
+        let v: Vec<i64> = buf.chunks_exact(8).map(|c| i64::from_ne_bytes(c.try_into().unwrap())).collect();
+        assert!(v.iter().all(|&x| x != INSTALL_FAILED), "installing the filter failed in the child");
         Probes {
             getpid: v[0],
             mount: v[1],
@@ -544,17 +484,9 @@ mod tests {
                     std::ptr::null::<libc::c_void>(),
                 ));
                 // Without the filter: EBADF.
-                r[2] = result(libc::syscall(
-                    libc::SYS_setns,
-                    -1 as libc::c_int,
-                    0 as libc::c_int,
-                ));
+                r[2] = result(libc::syscall(libc::SYS_setns, -1 as libc::c_int, 0 as libc::c_int));
                 // Without the filter: EINVAL (null args, size 0).
-                r[3] = result(libc::syscall(
-                    libc::SYS_clone3,
-                    std::ptr::null::<libc::c_void>(),
-                    0 as libc::size_t,
-                ));
+                r[3] = result(libc::syscall(libc::SYS_clone3, std::ptr::null::<libc::c_void>(), 0 as libc::size_t));
                 r[4] = result(libc::syscall(0x4000_0000 | libc::SYS_getpid));
                 r[5] = result(libc::c_long::from(libc::unshare(libc::CLONE_FS)));
                 r[6] = result(libc::c_long::from(libc::unshare(libc::CLONE_NEWNS)));
@@ -591,10 +523,7 @@ mod tests {
         let eperm = -i64::from(libc::EPERM);
         assert_eq!(got.getpid, 0, "ordinary syscalls work");
         assert_eq!(got.mount, eperm);
-        assert_ne!(
-            base.mount, eperm,
-            "without the filter mount fails otherwise (ENOENT)"
-        );
+        assert_ne!(base.mount, eperm, "without the filter mount fails otherwise (ENOENT)");
         assert_eq!(got.setns, eperm);
         assert_eq!(got.clone3, -i64::from(libc::ENOSYS));
         assert_eq!(got.unshare_newuser, eperm);

@@ -197,36 +197,68 @@ pub enum MountOp {
     /// Make every mount private, so nothing done inside propagates to the host.
     PrivateRoot,
     /// A fresh tmpfs (`/tmp`, `/dev`, `/dev/shm`).
-    Tmpfs { target: PathBuf, mode: u32 },
+    Tmpfs {
+        target: PathBuf,
+        mode: u32,
+    },
     /// The workspace view: an overlay mounted on the workspace's own path. `lowers` are
     /// topmost first; the last is the workspace itself. Every layer is opened before the first
     /// mount, so a workspace below `/tmp` is still reachable after `/tmp` is replaced.
-    Overlay { target: PathBuf, lowers: Vec<PathBuf>, upper: PathBuf, work: PathBuf },
+    Overlay {
+        target: PathBuf,
+        lowers: Vec<PathBuf>,
+        upper: PathBuf,
+        work: PathBuf,
+    },
     /// Every mount read-only, recursively (`mount_setattr`).
     ReadOnlyRoot,
     /// Undo `ReadOnlyRoot` for one mount of our own (the workspace view, `/tmp`, extras).
-    Writable { target: PathBuf },
+    Writable {
+        target: PathBuf,
+    },
     /// Make one mount read-only (`/dev` once it is populated).
-    ReadOnly { target: PathBuf },
+    ReadOnly {
+        target: PathBuf,
+    },
     /// Bind a host object (opened before `/dev` was replaced) onto a path.
-    Bind { source: PathBuf, target: PathBuf },
+    Bind {
+        source: PathBuf,
+        target: PathBuf,
+    },
     /// A private devpts instance.
-    Devpts { target: PathBuf },
-    Symlink { target: PathBuf, points_to: PathBuf },
+    Devpts {
+        target: PathBuf,
+    },
+    Symlink {
+        target: PathBuf,
+        points_to: PathBuf,
+    },
     /// Make a path invisible: an empty read-only tmpfs over a directory, an empty read-only
     /// file over a file.
-    Hide { target: PathBuf },
+    Hide {
+        target: PathBuf,
+    },
     /// A procfs of the sandbox's own pid namespace; mounted by its init process.
-    Proc { target: PathBuf },
+    Proc {
+        target: PathBuf,
+    },
     /// Bind a path onto itself read-only (kernel knobs under /proc that root could turn).
-    ReadOnlyBind { target: PathBuf },
+    ReadOnlyBind {
+        target: PathBuf,
+    },
     /// A read-only sysfs of the sandbox's own network namespace (so /sys/class/net shows
     /// only its loopback).
-    Sysfs { target: PathBuf },
+    Sysfs {
+        target: PathBuf,
+    },
     /// Detach a mount and everything below it (a warm sandbox between two transactions).
-    Detach { target: PathBuf },
+    Detach {
+        target: PathBuf,
+    },
     /// The empty file that `Hide` binds over files ([`EMPTY_FILE`], in the sandbox's `/dev`).
-    EmptyFile { target: PathBuf },
+    EmptyFile {
+        target: PathBuf,
+    },
 }
 
 /// The empty file bound over hidden files; lives in the sandbox's own /dev, read-only once
@@ -272,7 +304,12 @@ impl MountPlan {
         ops.push(MountOp::Devpts { target: p("/dev/pts") });
         ops.push(MountOp::Symlink { target: p("/dev/ptmx"), points_to: p("pts/ptmx") });
         ops.push(MountOp::Tmpfs { target: p("/dev/shm"), mode: 0o1777 });
-        for (name, to) in [("fd", "/proc/self/fd"), ("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2")] {
+        for (name, to) in [
+            ("fd", "/proc/self/fd"),
+            ("stdin", "/proc/self/fd/0"),
+            ("stdout", "/proc/self/fd/1"),
+            ("stderr", "/proc/self/fd/2"),
+        ] {
             ops.push(MountOp::Symlink { target: Path::new("/dev").join(name), points_to: p(to) });
         }
         // Hidden paths last: one inside the workspace must cover the merged view.
@@ -394,10 +431,11 @@ pub fn overlay_options(lowers: &[PathBuf], upper: &OsStr, work: &OsStr) -> OsStr
 /// The default list of secrets hidden from every sandbox (DESIGN §5), for a user whose home
 /// directory is `home`.
 pub fn default_secrets(home: Option<&Path>) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = ["/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-", "/etc/sudoers", "/etc/sudoers.d", "/etc/ssh"]
-        .iter()
-        .map(PathBuf::from)
-        .collect();
+    let mut v: Vec<PathBuf> =
+        ["/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-", "/etc/sudoers", "/etc/sudoers.d", "/etc/ssh"]
+            .iter()
+            .map(PathBuf::from)
+            .collect();
     if let Some(h) = home {
         for rel in [
             ".ssh",
@@ -465,7 +503,9 @@ mod tests {
         // What a server is started with keeps the sandbox and drops the run.
         let only = a.sandbox_only();
         assert!(a.same_sandbox(&only));
-        assert!(only.layers.is_empty() && only.argv == [OsString::from("-")] && only.cpu_seconds.is_none() && !only.sync);
+        assert!(
+            only.layers.is_empty() && only.argv == [OsString::from("-")] && only.cpu_seconds.is_none() && !only.sync
+        );
         assert!(!only.to_args().iter().any(|x| x.as_bytes().windows(4).any(|w| w == b"echo")));
         let changes: [fn(&mut SandboxSpec); 6] = [
             |s| s.workspace = "/w/other".into(),
@@ -516,7 +556,10 @@ mod tests {
         let null = pos(&MountOp::Bind { source: "/dev/null".into(), target: "/dev/null".into() });
         let hide_state = pos(&MountOp::Hide { target: "/w/ws/.txbox".into() });
         assert_eq!(ops[0], MountOp::PrivateRoot);
-        assert!(tmp < overlay && overlay < ro && ro < ws_rw && ws_rw < dev && dev < null && null < hide_state, "{ops:#?}");
+        assert!(
+            tmp < overlay && overlay < ro && ro < ws_rw && ws_rw < dev && dev < null && null < hide_state,
+            "{ops:#?}"
+        );
         assert_eq!(ops[ops.len() - 2], MountOp::Hide { target: "/home/u/.ssh".into() });
         assert_eq!(ops.last(), Some(&MountOp::ReadOnly { target: "/dev".into() }));
         assert_eq!(plan.init[0], MountOp::Proc { target: "/proc".into() });
@@ -565,7 +608,9 @@ mod tests {
     #[test]
     fn secrets_cover_the_usual_credentials() {
         let s = default_secrets(Some(Path::new("/home/dev")));
-        for want in ["/home/dev/.ssh", "/home/dev/.aws", "/etc/shadow", "/home/dev/.docker/config.json", "/home/dev/.kube"] {
+        for want in
+            ["/home/dev/.ssh", "/home/dev/.aws", "/etc/shadow", "/home/dev/.docker/config.json", "/home/dev/.kube"]
+        {
             assert!(s.contains(&PathBuf::from(want)), "{want} missing");
         }
     }

@@ -98,7 +98,9 @@ pub(crate) fn hint(e: &StepError) -> String {
         );
     }
     if e.step.starts_with("mount overlay") {
-        return format!("{base}; overlayfs in a user namespace needs Linux ≥ 5.11 and an upper filesystem with user xattrs");
+        return format!(
+            "{base}; overlayfs in a user namespace needs Linux ≥ 5.11 and an upper filesystem with user xattrs"
+        );
     }
     base
 }
@@ -160,7 +162,11 @@ fn run(spec: &SandboxSpec) -> Result<i32, StepError> {
 pub(crate) fn enter_namespaces(spec: &SandboxSpec) -> Result<(), StepError> {
     // 1. New namespaces: mounts, pids, network (loopback only), IPC, hostname, cgroup view.
     //    Without root, a user namespace gives us the right to do the rest.
-    let mut flags = UnshareFlags::NEWNS | UnshareFlags::NEWPID | UnshareFlags::NEWIPC | UnshareFlags::NEWUTS | UnshareFlags::NEWCGROUP;
+    let mut flags = UnshareFlags::NEWNS
+        | UnshareFlags::NEWPID
+        | UnshareFlags::NEWIPC
+        | UnshareFlags::NEWUTS
+        | UnshareFlags::NEWCGROUP;
     if !spec.host_network {
         flags |= UnshareFlags::NEWNET;
     }
@@ -223,7 +229,10 @@ fn loopback_up() -> Result<(), StepError> {
     unsafe {
         let sock = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
         if sock < 0 {
-            return Err(StepError { step: "socket for loopback".into(), errno: rustix::io::Errno::from_raw_os_error(errno()) });
+            return Err(StepError {
+                step: "socket for loopback".into(),
+                errno: rustix::io::Errno::from_raw_os_error(errno()),
+            });
         }
         let mut ifr: libc::ifreq = std::mem::zeroed();
         for (i, b) in b"lo".iter().enumerate() {
@@ -258,7 +267,14 @@ fn mount_setattr(target: &std::path::Path, recursive: bool, set: u64, clr: u64) 
     let flags = if recursive { libc::AT_RECURSIVE as libc::c_uint } else { 0 };
     // SAFETY: valid NUL-terminated path and a properly sized, initialised mount_attr.
     let r = unsafe {
-        libc::syscall(libc::SYS_mount_setattr, libc::AT_FDCWD, c.as_ptr(), flags, &attr as *const MountAttr, std::mem::size_of::<MountAttr>())
+        libc::syscall(
+            libc::SYS_mount_setattr,
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            flags,
+            &attr as *const MountAttr,
+            std::mem::size_of::<MountAttr>(),
+        )
     };
     if r < 0 {
         return Err(StepError {
@@ -293,7 +309,8 @@ pub(crate) fn mount(op: &MountOp, pins: &Pins) -> Result<(), StepError> {
         }
         MountOp::Tmpfs { target, mode } => {
             mkdir_p(target);
-            let data = CString::new(format!("mode={mode:o}")).map_err(|_| StepError { step: "tmpfs options".into(), errno: rustix::io::Errno::INVAL })?;
+            let data = CString::new(format!("mode={mode:o}"))
+                .map_err(|_| StepError { step: "tmpfs options".into(), errno: rustix::io::Errno::INVAL })?;
             mnt("tmpfs", target.as_path(), "tmpfs", MountFlags::NOSUID | MountFlags::NODEV, Some(data.as_c_str()))
                 .map_err(at(format!("mount tmpfs on {}", target.display())))
         }
@@ -301,7 +318,8 @@ pub(crate) fn mount(op: &MountOp, pins: &Pins) -> Result<(), StepError> {
             let via = |p: &std::path::PathBuf| pins.name(p).unwrap_or_else(|| p.clone());
             let lowers: Vec<std::path::PathBuf> = lowers.iter().map(via).collect();
             let opts = overlay_options(&lowers, via(upper).as_os_str(), via(work).as_os_str());
-            let opts = CString::new(opts.as_bytes()).map_err(|_| StepError { step: "overlay options".into(), errno: rustix::io::Errno::INVAL })?;
+            let opts = CString::new(opts.as_bytes())
+                .map_err(|_| StepError { step: "overlay options".into(), errno: rustix::io::Errno::INVAL })?;
             mkdir_p(target);
             // nosuid, nodev: a command running as root must not make a device node or a
             // setuid binary in the workspace and use it.
@@ -319,12 +337,19 @@ pub(crate) fn mount(op: &MountOp, pins: &Pins) -> Result<(), StepError> {
         MountOp::Bind { source, target } => {
             let Some(src) = pins.name(source) else { return Ok(()) };
             let _ = std::fs::File::create(target);
-            mnt(src.as_path(), target.as_path(), "", MountFlags::BIND, None).map_err(at(format!("bind {}", target.display())))
+            mnt(src.as_path(), target.as_path(), "", MountFlags::BIND, None)
+                .map_err(at(format!("bind {}", target.display())))
         }
         MountOp::Devpts { target } => {
             mkdir_p(target);
-            mnt("devpts", target.as_path(), "devpts", MountFlags::NOSUID | MountFlags::NOEXEC, Some(c"newinstance,ptmxmode=0666,mode=620"))
-                .map_err(at(format!("mount devpts on {}", target.display())))
+            mnt(
+                "devpts",
+                target.as_path(),
+                "devpts",
+                MountFlags::NOSUID | MountFlags::NOEXEC,
+                Some(c"newinstance,ptmxmode=0666,mode=620"),
+            )
+            .map_err(at(format!("mount devpts on {}", target.display())))
         }
         MountOp::Symlink { target, points_to } => match std::os::unix::fs::symlink(points_to, target) {
             Ok(()) => Ok(()),
@@ -349,7 +374,8 @@ pub(crate) fn mount(op: &MountOp, pins: &Pins) -> Result<(), StepError> {
                 // A file: an empty file over it, read-only. (Not /dev/null: a device node on a
                 // read-only mount still accepts writes, which would look like success.)
                 let empty = std::path::Path::new(EMPTY_FILE);
-                mnt(empty, target.as_path(), "", MountFlags::BIND, None).map_err(at(format!("hide {}", target.display())))?;
+                mnt(empty, target.as_path(), "", MountFlags::BIND, None)
+                    .map_err(at(format!("hide {}", target.display())))?;
                 mount_setattr(target, false, MOUNT_ATTR_RDONLY, 0)
             }
         }
@@ -377,14 +403,10 @@ pub(crate) fn mount(op: &MountOp, pins: &Pins) -> Result<(), StepError> {
             Ok(()) | Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOENT) => Ok(()),
             Err(e) => Err(at(format!("detach {}", target.display()))(e)),
         },
-        MountOp::Proc { target } => mnt(
-            "proc",
-            target.as_path(),
-            "proc",
-            MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
-            None,
-        )
-        .map_err(at(format!("mount proc on {}", target.display()))),
+        MountOp::Proc { target } => {
+            mnt("proc", target.as_path(), "proc", MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC, None)
+                .map_err(at(format!("mount proc on {}", target.display())))
+        }
     }
 }
 
@@ -420,7 +442,10 @@ fn init(spec: &SandboxSpec, plan: &MountPlan) -> Result<i32, StepError> {
     let argv: Vec<CString> = spec
         .argv
         .iter()
-        .map(|a| CString::new(a.as_bytes()).map_err(|_| StepError { step: "argument with a NUL byte".into(), errno: rustix::io::Errno::INVAL }))
+        .map(|a| {
+            CString::new(a.as_bytes())
+                .map_err(|_| StepError { step: "argument with a NUL byte".into(), errno: rustix::io::Errno::INVAL })
+        })
         .collect::<Result<_, _>>()?;
     let cwd = CString::new(spec.cwd.as_os_str().as_bytes())
         .map_err(|_| StepError { step: "working directory".into(), errno: rustix::io::Errno::INVAL })?;
@@ -461,7 +486,8 @@ fn init(spec: &SandboxSpec, plan: &MountPlan) -> Result<i32, StepError> {
 /// SYS_MODULE, SYS_RAWIO, SYS_PTRACE, SYS_PACCT, SYS_ADMIN, SYS_BOOT, SYS_NICE, SYS_RESOURCE,
 /// SYS_TIME, SYS_TTY_CONFIG, MKNOD, LEASE, AUDIT_CONTROL, MAC_OVERRIDE, MAC_ADMIN, SYSLOG,
 /// WAKE_ALARM, BLOCK_SUSPEND, AUDIT_READ, PERFMON, BPF, CHECKPOINT_RESTORE.
-const DROPPED_CAPS: [u32; 26] = [9, 12, 14, 15, 16, 17, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 30, 32, 33, 34, 35, 36, 37, 38, 39, 40];
+const DROPPED_CAPS: [u32; 26] =
+    [9, 12, 14, 15, 16, 17, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 30, 32, 33, 34, 35, 36, 37, 38, 39, 40];
 
 /// In the command's process, last steps before exec: resource limits, then the kernel
 /// confinement that must come after every mount. `seccomp` is the filter if already built
@@ -485,14 +511,18 @@ pub(crate) fn confine(spec: &SandboxSpec, seccomp: Option<&seccompiler::BpfProgr
             // SAFETY: PR_CAPBSET_DROP with a capability number; no pointers involved.
             let r = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
             if r != 0 && errno() != libc::EINVAL {
-                return Err(StepError { step: format!("drop capability {cap}"), errno: rustix::io::Errno::from_raw_os_error(errno()) });
+                return Err(StepError {
+                    step: format!("drop capability {cap}"),
+                    errno: rustix::io::Errno::from_raw_os_error(errno()),
+                });
             }
         }
     }
     // Landlock: writes only beneath the workspace view, /tmp, /dev and configured extras —
     // a second wall behind the read-only mounts, best effort by kernel ABI.
     let plan = crate::landlock::LandlockPlan::new(&spec.workspace, &spec.writable);
-    crate::landlock::apply(&plan).map_err(|e| StepError { step: format!("landlock: {e}"), errno: rustix::io::Errno::PERM })?;
+    crate::landlock::apply(&plan)
+        .map_err(|e| StepError { step: format!("landlock: {e}"), errno: rustix::io::Errno::PERM })?;
     // seccomp last: it refuses mount and friends, which everything above needed.
     let seccomp_failed = |e| StepError { step: format!("seccomp: {e}"), errno: rustix::io::Errno::PERM };
     match seccomp {

@@ -8,14 +8,18 @@ use std::time::Duration;
 use anyhow::{bail, Context as _, Result};
 use clap::{Args, Parser, Subcommand};
 use txbox::engine::{self, Command, Io, RunRequest};
-use txbox::session;
 use txbox::render;
+use txbox::session;
 use txbox_policy::Policy;
 use txbox_txn::{audit, CrashHook, Recovered, StateDir};
 
 #[derive(Parser, Debug)]
-#[command(name = "txbox", version, about = "Run an AI agent's shell commands as transactions: \
-    committed atomically when they succeed, rolled back when they fail, refused when irreversible.")]
+#[command(
+    name = "txbox",
+    version,
+    about = "Run an AI agent's shell commands as transactions: \
+    committed atomically when they succeed, rolled back when they fail, refused when irreversible."
+)]
 struct Cli {
     /// State directory (journal, layers, audit log). Default: <workspace>/.txbox
     #[arg(long, global = true, env = "TXBOX_STATE_DIR", value_name = "DIR")]
@@ -227,7 +231,6 @@ impl PolicyArg {
     }
 }
 
-
 pub fn main(args: Vec<OsString>) -> Result<i32> {
     let cli = match Cli::try_parse_from(args) {
         Ok(c) => c,
@@ -273,7 +276,8 @@ pub fn main(args: Vec<OsString>) -> Result<i32> {
             let text = session::with_diff(&state, &tx, |env, cs, upper| {
                 Ok(if json {
                     let c = txbox::engine::Changes::of(cs);
-                    serde_json::json!({"tx": tx, "added": c.added, "modified": c.modified, "deleted": c.deleted}).to_string()
+                    serde_json::json!({"tx": tx, "added": c.added, "modified": c.modified, "deleted": c.deleted})
+                        .to_string()
                 } else if stat {
                     txbox::diff::stat(cs, &env.workspace, upper)
                 } else {
@@ -305,8 +309,14 @@ pub fn main(args: Vec<OsString>) -> Result<i32> {
                 println!("{}", serde_json::to_string(&txs)?);
             } else {
                 for t in &txs {
-                    println!("{}  {:<10} steps {:?}  {}{}", t.tx, t.status, t.steps, t.workspace,
-                        t.name.as_deref().map(|n| format!("  ({n})")).unwrap_or_default());
+                    println!(
+                        "{}  {:<10} steps {:?}  {}{}",
+                        t.tx,
+                        t.status,
+                        t.steps,
+                        t.workspace,
+                        t.name.as_deref().map(|n| format!("  ({n})")).unwrap_or_default()
+                    );
                 }
             }
             Ok(0)
@@ -526,7 +536,12 @@ fn cmd_policy_check(json: bool, ws: WorkspaceArg, policy: &PolicyArg, command: &
         );
     } else {
         let d = &ev.decision;
-        println!("{}: {}{}", d.action.as_str(), d.reason, d.rule.as_deref().map(|r| format!(" [{r}]")).unwrap_or_default());
+        println!(
+            "{}: {}{}",
+            d.action.as_str(),
+            d.reason,
+            d.rule.as_deref().map(|r| format!(" [{r}]")).unwrap_or_default()
+        );
     }
     Ok(0)
 }

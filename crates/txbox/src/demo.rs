@@ -37,7 +37,9 @@ fn step(ws: &Path, title: &str, script: &str) -> Result<engine::RunResult> {
 
 fn listing(ws: &Path) -> String {
     let mut names: Vec<String> = std::fs::read_dir(ws)
-        .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n != ".txbox").collect())
+        .map(|rd| {
+            rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n != ".txbox").collect()
+        })
         .unwrap_or_default();
     names.sort();
     names.join("  ")
@@ -51,12 +53,20 @@ pub fn run() -> Result<i32> {
     println!("txbox demo: a scratch workspace at {}", ws.display());
     println!("workspace: {}", listing(&ws));
 
-    let r = step(&ws, "1. a command that succeeds is committed", "echo \"## usage\" >> README.md && mkdir -p build && echo ok > build/out.txt")?;
+    let r = step(
+        &ws,
+        "1. a command that succeeds is committed",
+        "echo \"## usage\" >> README.md && mkdir -p build && echo ok > build/out.txt",
+    )?;
     let c = &r.changes;
     println!("   added {:?}, modified {:?}, deleted {:?}", c.added, c.modified, c.deleted);
     println!("workspace: {}", listing(&ws));
 
-    let r2 = step(&ws, "2. a command that fails is rolled back, as if it never ran", "rm -rf src && echo half-done > notes.txt && exit 3")?;
+    let r2 = step(
+        &ws,
+        "2. a command that fails is rolled back, as if it never ran",
+        "rm -rf src && echo half-done > notes.txt && exit 3",
+    )?;
     println!("   exit status {} passed through; src/ still there: {}", r2.exit_code, ws.join("src/main.rs").exists());
     println!("workspace: {}", listing(&ws));
 
@@ -71,6 +81,13 @@ pub fn run() -> Result<i32> {
         && r2.outcome == engine::Outcome::RolledBack
         && r3.outcome == engine::Outcome::Denied;
     let _ = txbox_txn::state::remove_tree(&ws);
-    println!("\n{}", if ok { "demo finished: commit, rollback and refusal all behaved." } else { "demo: something did not behave as expected (see above)." });
+    println!(
+        "\n{}",
+        if ok {
+            "demo finished: commit, rollback and refusal all behaved."
+        } else {
+            "demo: something did not behave as expected (see above)."
+        }
+    );
     Ok(if ok { 0 } else { 1 })
 }

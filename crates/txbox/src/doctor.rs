@@ -82,7 +82,10 @@ fn checks() -> Vec<Check> {
         ok: abi > 0,
         essential: false,
         detail: if abi > 0 { format!("ABI {abi}") } else { "not available".into() },
-        fix: (abi == 0).then(|| "boot with `lsm=landlock,...` (CONFIG_SECURITY_LANDLOCK=y); the read-only mounts still confine writes".into()),
+        fix: (abi == 0).then(|| {
+            "boot with `lsm=landlock,...` (CONFIG_SECURITY_LANDLOCK=y); the read-only mounts still confine writes"
+                .into()
+        }),
     });
     let seccomp = std::path::Path::new("/proc/sys/kernel/seccomp/actions_avail").exists();
     v.push(Check {
@@ -138,13 +141,22 @@ pub fn run(json: bool) -> Result<i32> {
         println!("{}", serde_json::json!({ "ok": healthy, "checks": all }));
     } else {
         for c in &all {
-            let mark = if c.ok { "ok  " } else if c.essential { "FAIL" } else { "warn" };
+            let mark = if c.ok {
+                "ok  "
+            } else if c.essential {
+                "FAIL"
+            } else {
+                "warn"
+            };
             println!("{mark} {:<17} {}", c.name, c.detail);
             if let Some(f) = &c.fix {
                 println!("     {:<17} fix: {f}", "");
             }
         }
-        println!("{}", if healthy { "txbox can run here." } else { "txbox cannot run here until the FAIL lines are fixed." });
+        println!(
+            "{}",
+            if healthy { "txbox can run here." } else { "txbox cannot run here until the FAIL lines are fixed." }
+        );
     }
     Ok(if healthy { 0 } else { 1 })
 }

@@ -224,7 +224,12 @@ struct Timeline {
 
 impl Timeline {
     fn new(started: Instant) -> Timeline {
-        Timeline { enabled: std::env::var_os("TXBOX_TIMING").is_some(), last: started, marks: Vec::new(), sandbox: None }
+        Timeline {
+            enabled: std::env::var_os("TXBOX_TIMING").is_some(),
+            last: started,
+            marks: Vec::new(),
+            sandbox: None,
+        }
     }
 
     fn mark(&mut self, phase: &'static str) {
@@ -239,7 +244,8 @@ impl Timeline {
 impl Drop for Timeline {
     fn drop(&mut self) {
         if self.enabled {
-            let parts: Vec<String> = self.marks.iter().map(|(p, d)| format!("{p} {:.3}", d.as_secs_f64() * 1e3)).collect();
+            let parts: Vec<String> =
+                self.marks.iter().map(|(p, d)| format!("{p} {:.3}", d.as_secs_f64() * 1e3)).collect();
             eprintln!("txbox timing (ms): {}", parts.join(", "));
             if let Some(s) = &self.sandbox {
                 eprintln!("txbox sandbox: {s}");
@@ -262,8 +268,13 @@ impl Env {
         let state = StateDir::for_workspace(state_dir, &workspace);
         state.ensure()?;
         let root = std::fs::canonicalize(&state.root).unwrap_or_else(|_| state.root.clone());
-        let exclude =
-            root.strip_prefix(&workspace).ok().filter(|p| !p.as_os_str().is_empty()).map(Path::to_path_buf).into_iter().collect();
+        let exclude = root
+            .strip_prefix(&workspace)
+            .ok()
+            .filter(|p| !p.as_os_str().is_empty())
+            .map(Path::to_path_buf)
+            .into_iter()
+            .collect();
         Ok(Env { workspace, state: StateDir { root }, exclude })
     }
 
@@ -277,7 +288,11 @@ impl Env {
     }
 
     fn cwd_for(&self, cwd: &Path) -> PathBuf {
-        if cwd.starts_with(&self.workspace) { cwd.to_path_buf() } else { self.workspace.clone() }
+        if cwd.starts_with(&self.workspace) {
+            cwd.to_path_buf()
+        } else {
+            self.workspace.clone()
+        }
     }
 }
 
@@ -365,7 +380,9 @@ pub(crate) fn execute(
     // The policy in force is neither readable for tricks nor writable for the command.
     spec.hide.extend(policy_file.and_then(|p| std::fs::canonicalize(p).ok()));
     let home = std::env::var_os("HOME").map(PathBuf::from);
-    spec.hide.extend(txbox_sandbox::spec::default_secrets(home.as_deref()).into_iter().filter(|p| !env.workspace.starts_with(p)));
+    spec.hide.extend(
+        txbox_sandbox::spec::default_secrets(home.as_deref()).into_iter().filter(|p| !env.workspace.starts_with(p)),
+    );
     spec.cwd = env.cwd_for(cwd);
     spec.userns = !rustix::process::geteuid().is_root();
     spec.uid = rustix::process::getuid().as_raw();
@@ -376,7 +393,8 @@ pub(crate) fn execute(
     let mut watch = crate::limits::Watcher::new(layers.upper, limits)?;
     spec.sync = watch.needs_sync();
     let opts = LaunchOptions {
-        capture: (io != Io::Inherit).then(|| limits.max_output.map_or(DEFAULT_CAPTURE, |m| usize::try_from(m).unwrap_or(usize::MAX))),
+        capture: (io != Io::Inherit)
+            .then(|| limits.max_output.map_or(DEFAULT_CAPTURE, |m| usize::try_from(m).unwrap_or(usize::MAX))),
         null_stdin: io == Io::Api,
         output_limit_kills: limits.max_output.is_some(),
         timeout: limits.timeout,
@@ -571,10 +589,16 @@ pub(crate) fn commit_upper(env: &Env, t: &Target<'_>, base: Base<'_>) -> Result<
     let other = |e: &dyn std::fmt::Display| TxError::Other(e.to_string());
     let _lock = env.state.lock_workspace(&env.workspace).map_err(|e| other(&e))?;
     let cs = txbox_txn::classify(t.upper, &env.workspace, &env.exclude).map_err(|e| other(&e))?;
-    let ours: Vec<PathBuf> =
-        cs.changes.iter().filter(|c| !matches!(c.op, txbox_txn::changeset::ChangeOp::DirMeta { .. })).map(|c| c.path.clone()).collect();
+    let ours: Vec<PathBuf> = cs
+        .changes
+        .iter()
+        .filter(|c| !matches!(c.op, txbox_txn::changeset::ChangeOp::DirMeta { .. }))
+        .map(|c| c.path.clone())
+        .collect();
     let mut paths = match base {
-        Base::Generation(g) => overlapping(&ours, &env.state.commits_since(&env.workspace, g).map_err(|e| other(&e))?.1),
+        Base::Generation(g) => {
+            overlapping(&ours, &env.state.commits_since(&env.workspace, g).map_err(|e| other(&e))?.1)
+        }
         Base::Fingerprints(f) => f.conflicts(&cs, &env.workspace).map_err(|e| other(&e))?,
     };
     paths.sort();
@@ -599,7 +623,10 @@ pub(crate) fn commit_upper(env: &Env, t: &Target<'_>, base: Base<'_>) -> Result<
         Ok(()) => Ok(cs),
         Err(CommitError::Conflict { path, what }) => {
             let p = display_rel(&path);
-            Err(TxError::Conflict(vec![p.clone()], format!("{p} changed in the workspace during the transaction ({what})")))
+            Err(TxError::Conflict(
+                vec![p.clone()],
+                format!("{p} changed in the workspace during the transaction ({what})"),
+            ))
         }
         Err(e) => Err(TxError::Other(format!("commit failed: {e}"))),
     }
@@ -642,10 +669,19 @@ pub(crate) fn drop_tx(state: &StateDir, tx: TxDir, collected: bool) {
         .spawn();
 }
 
-pub(crate) fn audit(env: &Env, command: &Command, r: &mut RunResult, started: Instant, durable: bool) -> Result<(), EngineError> {
+pub(crate) fn audit(
+    env: &Env,
+    command: &Command,
+    r: &mut RunResult,
+    started: Instant,
+    durable: bool,
+) -> Result<(), EngineError> {
     r.duration_ms = (started.elapsed().as_secs_f64() * 1e3 * 10.0).round() / 10.0;
     let entry = audit::Entry {
-        time_ms: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0),
+        time_ms: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis() as u64)
+            .unwrap_or(0),
         tx: r.tx.clone(),
         workspace: env.workspace.to_string_lossy().into_owned(),
         command: command.display(),

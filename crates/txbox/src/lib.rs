@@ -3,10 +3,10 @@
 //! - [`engine`]: one command → one transaction (policy, sandbox, classify, commit/rollback, audit);
 //! - [`render`]: the human summary line and the JSON of DESIGN §3.
 
+pub mod diff;
 pub mod engine;
 pub mod limits;
 pub mod progress;
-pub mod diff;
 pub mod render;
 pub mod session;
 pub mod size;

@@ -39,7 +39,9 @@ impl Watcher {
         let wanted = cgroup::Limits { memory: limits.memory, pids: limits.pids, cpu_seconds: None };
         let cgroup = if wanted.needs_cgroup() {
             let refuse = |e: cgroup::CgroupError| {
-                SandboxError::Setup(format!("--memory/--pids need a cgroup, and none can be made here: {e} (see `txbox doctor`)"))
+                SandboxError::Setup(format!(
+                    "--memory/--pids need a cgroup, and none can be made here: {e} (see `txbox doctor`)"
+                ))
             };
             let layout = cgroup::CgroupLayout::detect().map_err(refuse)?;
             static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);

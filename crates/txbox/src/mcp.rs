@@ -9,7 +9,10 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context as _, Result};
-use rmcp::model::{CallToolRequestParams, CallToolResponse, CallToolResult, ErrorData, ListToolsResult, PaginatedRequestParams, ServerConfig};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ErrorData, ListToolsResult, PaginatedRequestParams,
+    ServerConfig,
+};
 use rmcp::service::{RequestContext, RoleServer};
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
@@ -57,11 +60,11 @@ pub fn tools() -> Value {
         {
             "name": "run",
             "description": "Run one shell command (bash -c semantics) in the workspace as ONE transaction, in a sandbox. \
-If it exits 0 (and `validate`, if given, also exits 0) its file changes are committed atomically; \
-if it fails (non-zero exit, signal, timeout, limit) EVERY change it made is rolled back and the workspace is exactly as before. \
-Commands that would do irreversible harm (e.g. deleting outside the workspace, pushing, network exfiltration) are denied by policy: nothing runs, outcome is `denied` and `decision.reason` says why — do not retry the same command. \
-Result: a one-line summary, then JSON with outcome (committed|rolled_back|denied|pending|conflict|error), exit_code, stdout, stderr, changes {added, modified, deleted}. \
-With no_commit=true the changes are kept pending: review with `diff`, then `commit` or `rollback`.",
+    If it exits 0 (and `validate`, if given, also exits 0) its file changes are committed atomically; \
+    if it fails (non-zero exit, signal, timeout, limit) EVERY change it made is rolled back and the workspace is exactly as before. \
+    Commands that would do irreversible harm (e.g. deleting outside the workspace, pushing, network exfiltration) are denied by policy: nothing runs, outcome is `denied` and `decision.reason` says why — do not retry the same command. \
+    Result: a one-line summary, then JSON with outcome (committed|rolled_back|denied|pending|conflict|error), exit_code, stdout, stderr, changes {added, modified, deleted}. \
+    With no_commit=true the changes are kept pending: review with `diff`, then `commit` or `rollback`.",
             "inputSchema": schema(json!({
                 "command": {"type": "string", "description": "The shell command, e.g. \"make test\" or \"sed -i s/a/b/ f.txt\"."},
                 "workspace": ws,
@@ -199,7 +202,8 @@ pub(crate) struct Server {
 }
 
 fn convert<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, ErrorData> {
-    serde_json::from_value(v).map_err(|e| ErrorData::internal_error(format!("txbox: building the MCP reply: {e}"), None))
+    serde_json::from_value(v)
+        .map_err(|e| ErrorData::internal_error(format!("txbox: building the MCP reply: {e}"), None))
 }
 
 impl ServerHandler for Server {
@@ -246,7 +250,11 @@ pub(crate) fn http_service(api: Arc<Api>) -> StreamableHttpService<Server, Never
         .with_json_response(true)
         .with_sse_keep_alive(None)
         .disable_allowed_hosts();
-    StreamableHttpService::new(move || Ok(Server { api: api.clone() }), Arc::new(NeverSessionManager::default()), config)
+    StreamableHttpService::new(
+        move || Ok(Server { api: api.clone() }),
+        Arc::new(NeverSessionManager::default()),
+        config,
+    )
 }
 
 /// Serve MCP on stdin/stdout until the client closes stdin.

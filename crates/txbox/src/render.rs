@@ -46,11 +46,9 @@ pub fn summary(r: &RunResult) -> String {
             };
             format!("txbox: rolled back tx {}: {why}", short(&r.tx))
         }
-        Outcome::Denied => format!(
-            "txbox: denied by rule {}: {}",
-            r.decision.rule.as_deref().unwrap_or("policy"),
-            r.decision.reason
-        ),
+        Outcome::Denied => {
+            format!("txbox: denied by rule {}: {}", r.decision.rule.as_deref().unwrap_or("policy"), r.decision.reason)
+        }
         Outcome::Pending => format!("txbox: tx {} pending; review with `txbox diff {}`", short(&r.tx), r.tx),
         Outcome::Conflict => format!(
             "txbox: conflict, nothing applied in tx {}: {}",

@@ -454,7 +454,8 @@ fn unescape(s: &str) -> String {
         match b[i] {
             b'+' => out.push(b' '),
             b'%' if i + 2 < b.len() => {
-                match std::str::from_utf8(&b[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok()).ok_or(()) {
+                match std::str::from_utf8(&b[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok()).ok_or(())
+                {
                     Ok(v) => {
                         out.push(v);
                         i += 2;
@@ -540,7 +541,13 @@ pub fn router(api: Api, token: Vec<u8>) -> Router {
 }
 
 /// `txbox serve`: bind, print the address on stderr, serve until killed.
-pub fn main(listen: &str, workspaces: &[PathBuf], state_dir: Option<PathBuf>, token_file: Option<&Path>, policy_file: Option<PathBuf>) -> Result<i32> {
+pub fn main(
+    listen: &str,
+    workspaces: &[PathBuf],
+    state_dir: Option<PathBuf>,
+    token_file: Option<&Path>,
+    policy_file: Option<PathBuf>,
+) -> Result<i32> {
     let token = load_token(token_file)?;
     let api = Api::new(workspaces, state_dir, policy_file)?;
     let rt = tokio::runtime::Builder::new_multi_thread()

@@ -12,7 +12,7 @@ use txbox_txn::state::{remove_tree, TxMeta};
 use txbox_txn::{ChangeSet, StateDir};
 
 use crate::engine::{
-    audit, Base, commit_upper, deny, evaluate, execute, policy_context, record, settle, setup_failed, Changes, Command,
+    audit, commit_upper, deny, evaluate, execute, policy_context, record, settle, setup_failed, Base, Changes, Command,
     EngineError, Env, Io, Layers, Limits, Outcome, RollbackReason, RunRequest, RunResult, Target,
 };
 
@@ -98,7 +98,8 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
             return Ok(r);
         }
     };
-    std::fs::write(tx_dir.join("last_step"), n.to_string()).map_err(|e| EngineError::Usage(format!("recording step: {e}")))?;
+    std::fs::write(tx_dir.join("last_step"), n.to_string())
+        .map_err(|e| EngineError::Usage(format!("recording step: {e}")))?;
     if ok || req.keep_on_failure {
         // The base of every path this step touched, for conflict detection at commit.
         let fp_file = tx_dir.join("fingerprints");
@@ -117,7 +118,8 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
 
 /// Step numbers keep growing even when steps are undone, so a number names one step forever.
 fn next_step(tx_dir: &Path, layers: &[(u32, PathBuf)]) -> u32 {
-    let last = std::fs::read_to_string(tx_dir.join("last_step")).ok().and_then(|s| s.trim().parse::<u32>().ok()).unwrap_or(0);
+    let last =
+        std::fs::read_to_string(tx_dir.join("last_step")).ok().and_then(|s| s.trim().parse::<u32>().ok()).unwrap_or(0);
     last.max(layers.last().map(|(n, _)| *n).unwrap_or(0)) + 1
 }
 
@@ -151,7 +153,10 @@ pub fn commit(state: &StateDir, tx: &str) -> Result<RunResult, EngineError> {
         Some(upper) => {
             let fps = Fingerprints::load(&tx_dir.join("fingerprints"))?;
             let trash = tx_dir.join("trash");
-            settle(&mut r, commit_upper(&env, &Target { id: tx, upper: &upper, trash: &trash }, Base::Fingerprints(&fps)));
+            settle(
+                &mut r,
+                commit_upper(&env, &Target { id: tx, upper: &upper, trash: &trash }, Base::Fingerprints(&fps)),
+            );
         }
     }
     let _ = state.remove_tx(tx);
@@ -206,7 +211,8 @@ pub fn with_diff<T>(
     let tx_dir = state.tx_dir(tx);
     let scratch = tx_dir.join(format!("diff-{}", std::process::id()));
     let _ = remove_tree(&scratch);
-    std::fs::create_dir_all(&scratch).map_err(|e| EngineError::Usage(format!("creating {}: {e}", scratch.display())))?;
+    std::fs::create_dir_all(&scratch)
+        .map_err(|e| EngineError::Usage(format!("creating {}: {e}", scratch.display())))?;
     let result = (|| {
         let mut copies = Vec::new();
         for (n, upper) in session::layers(&tx_dir)? {

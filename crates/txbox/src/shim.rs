@@ -113,7 +113,8 @@ impl Config {
     }
 
     fn limits(&self, timeout: Option<f64>) -> Result<engine::Limits> {
-        let size = |s: &Option<String>| s.as_deref().map(txbox::size::parse_size).transpose().map_err(|e| anyhow::anyhow!(e));
+        let size =
+            |s: &Option<String>| s.as_deref().map(txbox::size::parse_size).transpose().map_err(|e| anyhow::anyhow!(e));
         Ok(engine::Limits {
             timeout: timeout.or(self.timeout).filter(|t| *t > 0.0).map(Duration::from_secs_f64),
             memory: size(&self.memory)?,
@@ -160,7 +161,10 @@ pub fn main(state_dir: Option<PathBuf>, args: Vec<OsString>) -> Result<i32> {
     // Speak only when the shell itself would not explain the result: a refusal, a failure of
     // txbox, a conflict, or a limit/timeout that killed the command.
     let killed = r.timed_out || r.limit_exceeded.is_some();
-    if killed || matches!(r.outcome, Outcome::Denied | Outcome::Error | Outcome::Conflict) || std::env::var_os("TXBOX_VERBOSE").is_some() {
+    if killed
+        || matches!(r.outcome, Outcome::Denied | Outcome::Error | Outcome::Conflict)
+        || std::env::var_os("TXBOX_VERBOSE").is_some()
+    {
         eprintln!("{}", render::summary(&r));
     }
     Ok(r.exit_code)
@@ -176,7 +180,8 @@ mod tests {
 
     #[test]
     fn config_file_keys_and_unknown_keys() {
-        let c: Config = toml::from_str("workspace = \"/w\"\ntimeout = 30\nmemory = \"2G\"\nnetwork = \"host\"\n").unwrap_or_default();
+        let c: Config = toml::from_str("workspace = \"/w\"\ntimeout = 30\nmemory = \"2G\"\nnetwork = \"host\"\n")
+            .unwrap_or_default();
         assert_eq!(c.workspace, Some(PathBuf::from("/w")));
         let l = c.limits(None).unwrap_or_default();
         assert_eq!((l.memory, l.host_network, l.timeout), (Some(2 << 30), true, Some(Duration::from_secs(30))));
@@ -195,7 +200,10 @@ mod tests {
         assert_eq!(p(&["-c", "-l", "make", "n"]), Some(("make".into(), os(&["-l", "-c", "make", "n"]))));
         assert_eq!(p(&["-o", "pipefail", "-c", "x"]).map(|x| x.1), Some(os(&["-o", "pipefail", "-c", "x", n])));
         assert_eq!(p(&["-eco", "pipefail", "x"]).map(|x| x.1), Some(os(&["-eo", "pipefail", "-c", "x", n])));
-        assert_eq!(p(&["--noprofile", "--norc", "-c", "x"]).map(|x| x.1), Some(os(&["--noprofile", "--norc", "-c", "x", n])));
+        assert_eq!(
+            p(&["--noprofile", "--norc", "-c", "x"]).map(|x| x.1),
+            Some(os(&["--noprofile", "--norc", "-c", "x", n]))
+        );
         assert_eq!(p(&["+o", "posix", "-c", "x"]).map(|x| x.1), Some(os(&["+o", "posix", "-c", "x", n])));
         // After `--` an operand that looks like an option is still the script.
         assert_eq!(p(&["-c", "--", "-x", "n"]), Some(("-x".into(), os(&["-c", "--", "-x", "n"]))));

@@ -71,7 +71,8 @@ fn escape_attempts_fail_inside_the_sandbox() {
                 .env("HOME", &home)
                 .output()
                 .unwrap();
-            let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{name}: {}", describe(&out)));
+            let j: serde_json::Value =
+                serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{name}: {}", describe(&out)));
             let printed = j["stdout"].as_str().unwrap_or_default();
             assert!(printed.contains("blocked") && !printed.contains("ESCAPED"), "{who:?} {name}: {j}");
             let _ = std::fs::remove_file(s.ws.join(format!("{name}.py")));
@@ -81,7 +82,11 @@ fn escape_attempts_fail_inside_the_sandbox() {
         victim.kill().unwrap();
         let _ = victim.wait();
         assert!(!std::path::Path::new("/etc/txbox-escape").exists());
-        assert_eq!(std::fs::read_to_string(s.ws.join("policy.toml")).unwrap(), "version = 1\n", "the policy file was changed");
+        assert_eq!(
+            std::fs::read_to_string(s.ws.join("policy.toml")).unwrap(),
+            "version = 1\n",
+            "the policy file was changed"
+        );
         let after = digest(&s.root, &["state"]);
         assert!(before == after, "{who:?}: something outside the sandbox changed:\n{}", diff(&before, &after));
         let audit = std::fs::read_to_string(s.state.join("audit.log")).unwrap();
@@ -111,12 +116,20 @@ fn run_limited(s: &Scratch, args: &[&str], script: &str) -> serde_json::Value {
 fn limits_stop_kill_and_roll_back() {
     let s = Scratch::new("limits");
     std::fs::write(s.ws.join("keep"), "k").unwrap();
-    let j = run_limited(&s, &["--max-output", "100K"], "import sys\nopen('junk','w').write('x')\nwhile True: sys.stdout.write('y' * 4096)\n");
+    let j = run_limited(
+        &s,
+        &["--max-output", "100K"],
+        "import sys\nopen('junk','w').write('x')\nwhile True: sys.stdout.write('y' * 4096)\n",
+    );
     assert_eq!((j["limit_exceeded"].as_str(), j["rollback_reason"].as_str()), (Some("output"), Some("limit")), "{j}");
     assert!(j["stdout"].as_str().unwrap().len() <= 100 * 1024 && j["stdout_truncated"] == true);
     let marker = format!("txbox-forkbomb-{}", std::process::id());
     if txbox_sandbox::cgroup::probe().limits_supported {
-        let j = run_limited(&s, &["--memory", "64M"], "x = bytearray(1 << 30)\nfor i in range(0, len(x), 4096): x[i] = 1\n");
+        let j = run_limited(
+            &s,
+            &["--memory", "64M"],
+            "x = bytearray(1 << 30)\nfor i in range(0, len(x), 4096): x[i] = 1\n",
+        );
         assert_eq!(j["limit_exceeded"], "memory", "{j}");
         let j = run_limited(
             &s,
@@ -128,20 +141,38 @@ fn limits_stop_kill_and_roll_back() {
         eprintln!("SKIP --memory/--pids: this host lets this user create no cgroup (see `txbox doctor`)");
         let ws = s.ws.to_str().unwrap().to_string();
         let out = txbox(As::Me, &s, &["run", "-C", &ws, "--memory", "64M", "--", "true"]);
-        assert_eq!(out.status.code(), Some(125), "a limit that cannot be enforced must refuse the run: {}", describe(&out));
+        assert_eq!(
+            out.status.code(),
+            Some(125),
+            "a limit that cannot be enforced must refuse the run: {}",
+            describe(&out)
+        );
     }
-    let j = run_limited(&s, &["--max-write", "20M"], "f = open('big', 'wb')\nfor _ in range(200): f.write(bytes(1 << 20))\n");
+    let j = run_limited(
+        &s,
+        &["--max-write", "20M"],
+        "f = open('big', 'wb')\nfor _ in range(200): f.write(bytes(1 << 20))\n",
+    );
     assert_eq!(j["limit_exceeded"], "write", "{j}");
     let j = run_limited(&s, &["--cpu", "1"], "while True: pass\n");
     assert_eq!(j["limit_exceeded"], "cpu", "{j}");
     let j = run_limited(&s, &["--timeout", "1"], "import time\ntime.sleep(100)\n");
     assert_eq!((j["timed_out"].as_bool(), j["exit_code"].as_i64()), (Some(true), Some(124)), "{j}");
     // Nothing of any of them reached the workspace, and nothing is left running.
-    let mut names: Vec<String> = std::fs::read_dir(&s.ws).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+    let mut names: Vec<String> =
+        std::fs::read_dir(&s.ws).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
     names.sort();
     assert_eq!(names, ["keep", "t.py"]);
     let mut ps = String::new();
-    std::process::Command::new("ps").arg("ax").stdout(std::process::Stdio::piped()).spawn().unwrap().stdout.unwrap().read_to_string(&mut ps).unwrap();
+    std::process::Command::new("ps")
+        .arg("ax")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+        .stdout
+        .unwrap()
+        .read_to_string(&mut ps)
+        .unwrap();
     let survivors: Vec<&str> = ps.lines().filter(|l| l.contains("python3 t.py") || l.contains(&marker)).collect();
     assert!(survivors.is_empty(), "processes survived: {survivors:?}");
 }

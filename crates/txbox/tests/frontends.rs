@@ -51,7 +51,13 @@ fn serve_with(s: &Scratch, workspaces: &[&Path], state_dir: Option<&Path>) -> Se
         if let Some(d) = state_dir {
             cmd.arg("--state-dir").arg(d);
         }
-        let child = cmd.env_remove("TXBOX_TOKEN").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap();
+        let child = cmd
+            .env_remove("TXBOX_TOKEN")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
         let mut server = Server { child, port };
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
@@ -73,11 +79,21 @@ fn http(port: u16, method: &str, path: &str, token: Option<&str>, body: Option<&
     http_with(port, method, path, token, body, &[])
 }
 
-fn http_with(port: u16, method: &str, path: &str, token: Option<&str>, body: Option<&Value>, headers: &[(&str, &str)]) -> (u16, Value) {
+fn http_with(
+    port: u16,
+    method: &str,
+    path: &str,
+    token: Option<&str>,
+    body: Option<&Value>,
+    headers: &[(&str, &str)],
+) -> (u16, Value) {
     let mut conn = TcpStream::connect(("127.0.0.1", port)).unwrap();
     conn.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
     let body = body.map(Value::to_string).unwrap_or_default();
-    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n", body.len());
+    let mut req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n",
+        body.len()
+    );
     if !body.is_empty() {
         req.push_str("Content-Type: application/json\r\n");
     }
@@ -161,13 +177,20 @@ fn http_run_commits_rolls_back_and_denies() {
     let s = Scratch::new("http-run");
     let srv = serve(&s, &[&s.ws]);
     let ws = s.ws.to_str().unwrap();
-    let (st, v) = http(srv.port, "POST", "/v1/run", auth(), Some(&json!({"command": "echo hi > a.txt; echo out", "workspace": ws})));
+    let (st, v) = http(
+        srv.port,
+        "POST",
+        "/v1/run",
+        auth(),
+        Some(&json!({"command": "echo hi > a.txt; echo out", "workspace": ws})),
+    );
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["outcome"], "committed", "{v}");
     assert_eq!(v["stdout"], "out\n");
     assert_eq!(v["changes"]["added"], json!(["a.txt"]));
     assert_eq!(std::fs::read_to_string(s.ws.join("a.txt")).unwrap(), "hi\n");
-    let (st, v) = http(srv.port, "POST", "/v1/run", auth(), Some(&json!({"command": "echo x > b.txt; rm a.txt; exit 3"})));
+    let (st, v) =
+        http(srv.port, "POST", "/v1/run", auth(), Some(&json!({"command": "echo x > b.txt; rm a.txt; exit 3"})));
     assert_eq!(st, 200, "{v}");
     assert_eq!(v["outcome"], "rolled_back", "{v}");
     assert_eq!(v["exit_code"], 3);
@@ -199,7 +222,9 @@ fn http_session_flow_and_conflict() {
         tx
     };
     let (a, b) = (begin(), begin());
-    let exec = |tx: &str, cmd: &str| http(srv.port, "POST", &format!("/v1/tx/{tx}/exec"), auth(), Some(&json!({"command": cmd})));
+    let exec = |tx: &str, cmd: &str| {
+        http(srv.port, "POST", &format!("/v1/tx/{tx}/exec"), auth(), Some(&json!({"command": cmd})))
+    };
     let (st, v) = exec(&a, "echo a > main.rs");
     assert_eq!((st, v["outcome"].as_str()), (200, Some("pending")), "{v}");
     let (st, v) = exec(&a, "echo broken > junk; exit 1");
@@ -247,7 +272,13 @@ fn http_concurrent_requests() {
     let handles: Vec<_> = (0..4)
         .map(|i| {
             std::thread::spawn(move || {
-                http(port, "POST", "/v1/run", auth(), Some(&json!({"command": format!("echo {i} > f{i}.txt; sleep 0.2")})))
+                http(
+                    port,
+                    "POST",
+                    "/v1/run",
+                    auth(),
+                    Some(&json!({"command": format!("echo {i} > f{i}.txt; sleep 0.2")})),
+                )
             })
         })
         .collect();
@@ -293,13 +324,19 @@ fn http_mcp_behind_the_token() {
     let names: Vec<&str> = v["result"]["tools"].as_array().unwrap().iter().filter_map(|t| t["name"].as_str()).collect();
     assert_eq!(names, ["run", "begin", "exec", "diff", "commit", "rollback", "log"]);
 
-    let payload = |v: &Value| -> Value { serde_json::from_str(v["result"]["content"][1]["text"].as_str().unwrap_or("null")).unwrap() };
+    let payload = |v: &Value| -> Value {
+        serde_json::from_str(v["result"]["content"][1]["text"].as_str().unwrap_or("null")).unwrap()
+    };
     let (st, v) = mcp_http(srv.port, auth(), &call(3, "run", json!({"command": "echo hi > a.txt"})));
     assert_eq!(st, 200, "{v}");
     assert_eq!(payload(&v)["outcome"], "committed", "{v}");
     assert_eq!(std::fs::read_to_string(s.ws.join("a.txt")).unwrap(), "hi\n");
     let (_, v) = mcp_http(srv.port, auth(), &call(4, "run", json!({"command": "rm a.txt; exit 4"})));
-    assert_eq!((payload(&v)["outcome"].as_str(), payload(&v)["exit_code"].as_i64()), (Some("rolled_back"), Some(4)), "{v}");
+    assert_eq!(
+        (payload(&v)["outcome"].as_str(), payload(&v)["exit_code"].as_i64()),
+        (Some("rolled_back"), Some(4)),
+        "{v}"
+    );
     assert!(s.ws.join("a.txt").exists());
     // Stateless: a transaction begun in one request is used by later ones.
     let (_, v) = mcp_http(srv.port, auth(), &call(5, "begin", json!({})));
@@ -388,7 +425,11 @@ impl Mcp {
         let r = &v["result"];
         let content = r["content"].as_array().unwrap_or_else(|| panic!("{v}"));
         let summary = content[0]["text"].as_str().unwrap().to_string();
-        let payload = content.get(1).and_then(|c| c["text"].as_str()).and_then(|t| serde_json::from_str(t).ok()).unwrap_or(Value::Null);
+        let payload = content
+            .get(1)
+            .and_then(|c| c["text"].as_str())
+            .and_then(|t| serde_json::from_str(t).ok())
+            .unwrap_or(Value::Null);
         (r["isError"] == true, summary, payload)
     }
 }
@@ -507,13 +548,28 @@ fn claude_code_hook_routes_bash_through_txbox() {
         assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
         let v: Value = serde_json::from_slice(&out.stdout).unwrap();
         let o = &v["hookSpecificOutput"];
-        assert_eq!((o["hookEventName"].as_str(), o["permissionDecision"].as_str()), (Some("PreToolUse"), Some("allow")), "{v}");
+        assert_eq!(
+            (o["hookEventName"].as_str(), o["permissionDecision"].as_str()),
+            (Some("PreToolUse"), Some("allow")),
+            "{v}"
+        );
         assert_eq!(o["updatedInput"]["description"], "a step", "other tool input must be kept: {v}");
         let wrapped = o["updatedInput"]["command"].as_str().unwrap();
-        Command::new("bash").arg("-c").arg(wrapped).current_dir(&s.ws).env("TXBOX_STATE_DIR", &s.state).output().unwrap()
+        Command::new("bash")
+            .arg("-c")
+            .arg(wrapped)
+            .current_dir(&s.ws)
+            .env("TXBOX_STATE_DIR", &s.state)
+            .output()
+            .unwrap()
     };
     let out = bash_tool("echo \"it's\" > a.txt; echo out; echo err >&2");
-    assert_eq!((out.status.code(), out.stdout.as_slice(), out.stderr.as_slice()), (Some(0), &b"out\n"[..], &b"err\n"[..]), "{}", describe(&out));
+    assert_eq!(
+        (out.status.code(), out.stdout.as_slice(), out.stderr.as_slice()),
+        (Some(0), &b"out\n"[..], &b"err\n"[..]),
+        "{}",
+        describe(&out)
+    );
     assert_eq!(std::fs::read_to_string(s.ws.join("a.txt")).unwrap(), "it's\n");
     let out = bash_tool("echo x > b.txt; rm a.txt; exit 3");
     assert_eq!(out.status.code(), Some(3), "{}", describe(&out));

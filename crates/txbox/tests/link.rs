@@ -15,7 +15,11 @@ fn repo() -> PathBuf {
 fn fake_cc(dir: &Path, fail_static: bool) -> PathBuf {
     let log = dir.join("calls");
     let cc = dir.join("cc");
-    let refuse = if fail_static { r#"for a in "$@"; do [ "$a" = -static ] && { echo "cannot find -lc" >&2; exit 1; }; done"# } else { "" };
+    let refuse = if fail_static {
+        r#"for a in "$@"; do [ "$a" = -static ] && { echo "cannot find -lc" >&2; exit 1; }; done"#
+    } else {
+        ""
+    };
     let script = format!("#!/bin/sh\nprintf '%s\\n' \"$@\" -- >> '{}'\n{refuse}\nexit 0\n", log.display());
     std::fs::write(&cc, script).expect("write fake cc");
     let status = Command::new("chmod").arg("+x").arg(&cc).status().expect("chmod");
@@ -57,8 +61,20 @@ fn tempdir() -> PathBuf {
 }
 
 /// The library part of a dynamic rustc link line, as rustc 1.9x writes it for this target.
-const RUSTC_ARGS: [&str; 12] =
-    ["-m64", "main.o", "-Wl,-Bdynamic", "-lgcc_s", "-lutil", "-lc", "-o", "OUT", "-pie", "-Wl,-z,relro,-z,now", "-nodefaultlibs", "-no-pie"];
+const RUSTC_ARGS: [&str; 12] = [
+    "-m64",
+    "main.o",
+    "-Wl,-Bdynamic",
+    "-lgcc_s",
+    "-lutil",
+    "-lc",
+    "-o",
+    "OUT",
+    "-pie",
+    "-Wl,-z,relro,-z,now",
+    "-nodefaultlibs",
+    "-no-pie",
+];
 
 fn with_output(out: &str) -> Vec<&str> {
     RUSTC_ARGS.iter().map(|a| if *a == "OUT" { out } else { a }).collect()
@@ -66,7 +82,11 @@ fn with_output(out: &str) -> Vec<&str> {
 
 #[test]
 fn other_links_reach_cc_unchanged() {
-    for out in ["target/release/deps/serde_derive-1234.so", "target/debug/deps/run-abcd", "target/release/build/x/build_script_build-9"] {
+    for out in [
+        "target/release/deps/serde_derive-1234.so",
+        "target/debug/deps/run-abcd",
+        "target/release/build/x/build_script_build-9",
+    ] {
         let args = with_output(out);
         let calls = link(&args, false, &[]);
         assert_eq!(calls, vec![args.iter().map(|s| s.to_string()).collect::<Vec<_>>()], "{out}");
@@ -118,7 +138,10 @@ fn the_binary_under_test_is_static() {
         eprintln!("SKIP: TXBOX_DYNAMIC/TXBOX_PIE set, a dynamic txbox was asked for");
         return;
     }
-    let libc_a = Command::new("cc").arg("-print-file-name=libc.a").output().map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
+    let libc_a = Command::new("cc")
+        .arg("-print-file-name=libc.a")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string());
     if !libc_a.as_deref().is_ok_and(|p| Path::new(p).is_absolute() && Path::new(p).exists()) {
         eprintln!("SKIP: no static libc (libc.a) on this machine; tools/link-txbox links txbox dynamically here");
         return;

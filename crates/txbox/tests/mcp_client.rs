@@ -57,7 +57,11 @@ async fn rmcp_client_runs_transactions() {
         assert_eq!(schema["type"], "object", "{}: {schema}", t.name);
         assert!(schema["properties"].is_object(), "{}: {schema}", t.name);
         for key in schema["required"].as_array().into_iter().flatten() {
-            assert!(schema["properties"].get(key.as_str().unwrap()).is_some(), "{}: required {key} is not a property", t.name);
+            assert!(
+                schema["properties"].get(key.as_str().unwrap()).is_some(),
+                "{}: required {key} is not a property",
+                t.name
+            );
         }
     }
     let required = |name: &str| tools.iter().find(|t| t.name == name).map(|t| t.input_schema.get("required").cloned());
@@ -73,7 +77,8 @@ async fn rmcp_client_runs_transactions() {
 
     // A failing command: non-zero exit, every change undone.
     let before = digest(&s.ws, &[]);
-    let (err, summary, r) = call(&client, "run", json!({"command": "echo x > b.txt; rm keep.txt; echo c >> a.txt; exit 7"})).await;
+    let (err, summary, r) =
+        call(&client, "run", json!({"command": "echo x > b.txt; rm keep.txt; echo c >> a.txt; exit 7"})).await;
     assert!(!err && summary.contains("rolled back"), "{summary}");
     assert_eq!((r["outcome"].as_str(), r["exit_code"].as_i64()), (Some("rolled_back"), Some(7)), "{r}");
     assert_eq!(r["rollback_reason"], "exit_status", "{r}");
@@ -85,9 +90,15 @@ async fn rmcp_client_runs_transactions() {
     let tx = b["tx"].as_str().unwrap().to_string();
     let (_, _, r) = call(&client, "exec", json!({"tx": tx, "command": "echo one > one.txt"})).await;
     assert_eq!(r["outcome"], "pending", "{r}");
-    let (_, _, r) = call(&client, "exec", json!({"tx": tx, "command": "echo two > two.txt; rm one.txt keep.txt; exit 1"})).await;
+    let (_, _, r) =
+        call(&client, "exec", json!({"tx": tx, "command": "echo two > two.txt; rm one.txt keep.txt; exit 1"})).await;
     assert_eq!((r["outcome"].as_str(), r["exit_code"].as_i64()), (Some("rolled_back"), Some(1)), "{r}");
-    let (_, _, r) = call(&client, "exec", json!({"tx": tx, "command": "test -e one.txt && test ! -e two.txt && echo base >> keep.txt"})).await;
+    let (_, _, r) = call(
+        &client,
+        "exec",
+        json!({"tx": tx, "command": "test -e one.txt && test ! -e two.txt && echo base >> keep.txt"}),
+    )
+    .await;
     assert_eq!(r["outcome"], "pending", "the failed step was not undone alone: {r}");
     let (err, summary, d) = call(&client, "diff", json!({"tx": tx})).await;
     assert!(!err, "{summary}");
@@ -115,6 +126,7 @@ async fn rmcp_client_runs_transactions() {
 
     // Closing the client closes stdin; the server exits by itself, successfully.
     client.cancel().await.unwrap();
-    let status = tokio::time::timeout(Duration::from_secs(10), child.wait()).await.expect("txbox mcp did not exit").unwrap();
+    let status =
+        tokio::time::timeout(Duration::from_secs(10), child.wait()).await.expect("txbox mcp did not exit").unwrap();
     assert!(status.success(), "txbox mcp exited with {status}");
 }

@@ -30,7 +30,8 @@ fn op(links: bool) -> impl Strategy<Value = String> {
         name().prop_map(|p| format!("rm -rf \"$(dirname {p})\"")),
         name().prop_map(|p| format!("rm -rf {p} && mkdir -p {p}")),
         (name(), name()).prop_map(|(a, b)| format!("mkdir -p \"$(dirname {b})\" && mv {a} {b}")),
-        (name(), proptest::sample::select(vec!["755", "700", "750", "775"])).prop_map(|(p, m)| format!("chmod {m} {p}")),
+        (name(), proptest::sample::select(vec!["755", "700", "750", "775"]))
+            .prop_map(|(p, m)| format!("chmod {m} {p}")),
         (name(), name()).prop_map(|(a, b)| format!("mkdir -p \"$(dirname {b})\" && ln -sfn {a} {b}")),
         link,
         name().prop_map(|p| format!("test -f {p} && truncate -s 100000 {p}")),

@@ -74,10 +74,15 @@ fn commit_reproduces_native_execution_exactly() {
         let want = digest(&reference, &[]);
         assert!(got == want, "{who:?}: committed tree differs from native execution:\n{}", diff(&got, &want));
         let added: Vec<&str> = j["changes"]["added"].as_array().unwrap().iter().filter_map(|v| v.as_str()).collect();
-        let modified: Vec<&str> = j["changes"]["modified"].as_array().unwrap().iter().filter_map(|v| v.as_str()).collect();
-        let deleted: Vec<&str> = j["changes"]["deleted"].as_array().unwrap().iter().filter_map(|v| v.as_str()).collect();
+        let modified: Vec<&str> =
+            j["changes"]["modified"].as_array().unwrap().iter().filter_map(|v| v.as_str()).collect();
+        let deleted: Vec<&str> =
+            j["changes"]["deleted"].as_array().unwrap().iter().filter_map(|v| v.as_str()).collect();
         assert!(added.contains(&"new.txt") && added.contains(&"gen/a/b/c.txt") && added.contains(&"emptynew"), "{j}");
-        assert!(modified.contains(&"src/main.rs") && modified.contains(&"empty") && modified.contains(&"keepdir"), "{j}");
+        assert!(
+            modified.contains(&"src/main.rs") && modified.contains(&"empty") && modified.contains(&"keepdir"),
+            "{j}"
+        );
         assert!(deleted.contains(&"build.sh") && deleted.contains(&"old/keep.txt"), "{j}");
         for untouched in ["README.md", "README.hardlink", "src", "docs/a b.txt.missing", "keepdir/sub/k.txt"] {
             assert!(!added.contains(&untouched) && !modified.contains(&untouched), "{untouched} reported: {j}");
@@ -87,11 +92,18 @@ fn commit_reproduces_native_execution_exactly() {
         assert_eq!(md.len(), 64 << 20);
         assert!(md.blocks() * 512 < 1 << 20, "sparse file was filled in: {} blocks", md.blocks());
         if let As::User(uid) = who {
-            assert_eq!(std::fs::metadata(s.ws.join("new.txt")).unwrap().uid(), uid, "committed file not owned by the user");
+            assert_eq!(
+                std::fs::metadata(s.ws.join("new.txt")).unwrap().uid(),
+                uid,
+                "committed file not owned by the user"
+            );
         }
         // No overlay bookkeeping reaches the workspace.
         let listing = format!("{:?}", digest(&s.ws, &[]));
-        assert!(!listing.contains("user.overlay.overlay") && !listing.contains("\"user.overlay.opaque"), "overlay xattrs committed");
+        assert!(
+            !listing.contains("user.overlay.overlay") && !listing.contains("\"user.overlay.opaque"),
+            "overlay xattrs committed"
+        );
     }
 }
 

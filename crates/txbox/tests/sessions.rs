@@ -31,7 +31,15 @@ fn steps_are_savepoints_and_failed_steps_are_undone_alone() {
         let tx = begin(who, &s);
         assert_eq!(exec(who, &s, &tx, "echo one > one.txt"), 0);
         assert_eq!(exec(who, &s, &tx, "echo two > two.txt; rm keep.txt; exit 4"), 4);
-        assert_eq!(exec(who, &s, &tx, "test -f one.txt && test ! -f two.txt && test -f keep.txt && echo three > three.txt && rm -r d"), 0);
+        assert_eq!(
+            exec(
+                who,
+                &s,
+                &tx,
+                "test -f one.txt && test ! -f two.txt && test -f keep.txt && echo three > three.txt && rm -r d"
+            ),
+            0
+        );
         assert!(digest(&s.ws, &[]) == before, "{who:?}: an open transaction touched the workspace");
         let out = txbox(who, &s, &["--json", "diff", &tx]);
         let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", describe(&out)));
@@ -126,7 +134,11 @@ fn run_validate_and_no_commit() {
     let ws = s.ws.to_str().unwrap().to_string();
     let out = txbox(As::Me, &s, &["--json", "run", "-C", &ws, "--validate", "test -f ok", "-c", "echo x > made"]);
     let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", describe(&out)));
-    assert_eq!((j["outcome"].as_str(), j["rollback_reason"].as_str()), (Some("rolled_back"), Some("validation")), "{j}");
+    assert_eq!(
+        (j["outcome"].as_str(), j["rollback_reason"].as_str()),
+        (Some("rolled_back"), Some("validation")),
+        "{j}"
+    );
     assert_ne!(out.status.code(), Some(0));
     assert!(!s.ws.join("made").exists());
     let out = txbox(As::Me, &s, &["--json", "run", "-C", &ws, "--validate", "test -f made", "-c", "echo x > made"]);
@@ -266,7 +278,10 @@ fn a_directory_swapped_for_a_symlink_or_a_file_is_refused_never_followed() {
         }
         let out = txbox(As::Me, &s, &["--json", "commit", &tx]);
         assert!(matches!(out.status.code(), Some(3) | Some(125)), "{swap}: commit went through: {}", describe(&out));
-        assert!(std::fs::read_dir(&outside).unwrap().next().is_none(), "{swap}: a write was redirected outside the workspace");
+        assert!(
+            std::fs::read_dir(&outside).unwrap().next().is_none(),
+            "{swap}: a write was redirected outside the workspace"
+        );
         let md = std::fs::symlink_metadata(s.ws.join("d")).unwrap();
         assert_eq!(md.file_type().is_symlink(), swap == "symlink", "{swap}: the swapped object was replaced");
     }
@@ -296,7 +311,11 @@ fn sessions_work_with_the_default_state_dir_inside_the_workspace() {
         let out = run(&["commit", &tx]);
         assert_eq!(out.status.code(), Some(0), "{who:?}: {}", describe(&out));
         assert_eq!(std::fs::read_to_string(s.ws.join("three")).unwrap(), "1\n2\n");
-        let leftovers: Vec<_> = std::fs::read_dir(&s.root).unwrap().map(|e| e.unwrap().file_name()).filter(|n| n.to_string_lossy().contains("txbox-layers")).collect();
+        let leftovers: Vec<_> = std::fs::read_dir(&s.root)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .filter(|n| n.to_string_lossy().contains("txbox-layers"))
+            .collect();
         assert!(leftovers.is_empty(), "{who:?}: session layers left next to the workspace: {leftovers:?}");
     }
 }

@@ -31,7 +31,13 @@ fn same_as_bash<A: AsRef<OsStr> + std::fmt::Debug>(s: &Scratch, args: &[A]) -> O
     let ours = sh(s, args);
     let theirs = bash(s, args);
     assert_eq!(ours.status.code(), theirs.status.code(), "{args:?}: {}", describe(&ours));
-    assert!(ours.stdout == theirs.stdout, "{args:?}: stdout differs ({} vs {} bytes): {}", ours.stdout.len(), theirs.stdout.len(), describe(&ours));
+    assert!(
+        ours.stdout == theirs.stdout,
+        "{args:?}: stdout differs ({} vs {} bytes): {}",
+        ours.stdout.len(),
+        theirs.stdout.len(),
+        describe(&ours)
+    );
     assert!(ours.stderr == theirs.stderr, "{args:?}: stderr differs: {}\nbash: {}", describe(&ours), describe(&theirs));
     ours
 }
@@ -57,7 +63,9 @@ fn output_and_status_are_what_bash_gives() {
 #[test]
 fn exit_statuses() {
     let s = Scratch::new("shim-status");
-    for (script, code) in [("true", 0), ("false", 1), ("exit 42", 42), ("(exit 255)", 255), ("no-such-command-anywhere", 127)] {
+    for (script, code) in
+        [("true", 0), ("false", 1), ("exit 42", 42), ("(exit 255)", 255), ("no-such-command-anywhere", 127)]
+    {
         let out = same_as_bash(&s, &["-c", script]);
         assert_eq!(out.status.code(), Some(code), "{script}");
     }
@@ -95,7 +103,13 @@ fn invocations_agents_use() {
         same_as_bash(&s, &args);
     }
     // Quoting: single, double, $'…' (ANSI-C), backslash escapes, a glob that matches nothing.
-    same_as_bash(&s, &["-c", r#"printf '<%s>\n' 'single $HOME "q"' "double $((1+1)) 'q' \$ \" \\" $'tab\there\nnl\x41\u00e9' a\ b nomatch-*"#]);
+    same_as_bash(
+        &s,
+        &[
+            "-c",
+            r#"printf '<%s>\n' 'single $HOME "q"' "double $((1+1)) 'q' \$ \" \\" $'tab\there\nnl\x41\u00e9' a\ b nomatch-*"#,
+        ],
+    );
     // A script that is not UTF-8 reaches the shell byte for byte.
     let script = OsString::from_vec(b"printf '%s' '\xff\xfe'; echo \x80".to_vec());
     let out = same_as_bash(&s, &[OsString::from("-c"), script]);
@@ -140,7 +154,9 @@ fn configuration_file_and_environment() {
     std::fs::write(&cfg, format!("workspace = {:?}\n", other.to_str().unwrap())).unwrap();
     let run = |extra: &[(&str, &str)]| {
         let mut c = Command::new(binary());
-        c.args(["--state-dir", s.state.to_str().unwrap(), "sh", "-c", "echo x > made"]).current_dir(&s.root).env("TXBOX_CONFIG", &cfg);
+        c.args(["--state-dir", s.state.to_str().unwrap(), "sh", "-c", "echo x > made"])
+            .current_dir(&s.root)
+            .env("TXBOX_CONFIG", &cfg);
         for (k, v) in extra {
             c.env(k, v);
         }

@@ -59,7 +59,8 @@ fn a_warm_run_commits_and_rolls_back_like_a_cold_one() {
             s.chown(uid);
         }
         warm_up(who, &s);
-        let o = run_timed(who, &s, "echo new > keep.txt && mkdir -p d && echo x > d/f && echo out && echo err >&2", &[]);
+        let o =
+            run_timed(who, &s, "echo new > keep.txt && mkdir -p d && echo x > d/f && echo out && echo err >&2", &[]);
         assert!(served_warm(&o), "{}", describe(&o));
         assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
         assert_eq!(String::from_utf8_lossy(&o.stdout), "out\n");
@@ -96,7 +97,13 @@ fn a_warm_run_gets_the_callers_environment_directory_umask_and_limits() {
             As::Me => Command::new("bash"),
             As::User(uid) => {
                 let mut c = Command::new("setpriv");
-                c.args([format!("--reuid={uid}"), format!("--regid={uid}"), "--clear-groups".into(), "--".into(), "bash".into()]);
+                c.args([
+                    format!("--reuid={uid}"),
+                    format!("--regid={uid}"),
+                    "--clear-groups".into(),
+                    "--".into(),
+                    "bash".into(),
+                ]);
                 c.env("HOME", &s.root);
                 c
             }
@@ -157,7 +164,11 @@ fn nothing_of_one_warm_transaction_reaches_the_next() {
         let out = String::from_utf8_lossy(&o.stdout).to_string();
         assert!(!out.contains("left"), "{who:?}: scratch files carried over: {out}");
         let lines: Vec<&str> = out.lines().collect();
-        assert_eq!(lines.get(lines.len().wrapping_sub(2)).map(|l| l.trim()), Some("0"), "{who:?}: SysV memory carried over: {out}");
+        assert_eq!(
+            lines.get(lines.len().wrapping_sub(2)).map(|l| l.trim()),
+            Some("0"),
+            "{who:?}: SysV memory carried over: {out}"
+        );
         // Only the shell pipeline itself (ps, wc, bash) and init remain.
         let procs: usize = out.lines().last().and_then(|l| l.trim().parse().ok()).unwrap_or(99);
         assert!(procs <= 5, "{who:?}: processes visible in the next transaction: {out}");
@@ -194,9 +205,12 @@ fn a_timeout_in_a_warm_sandbox_kills_every_process_and_rolls_back() {
 
 /// The run's own transaction directory (not a spare, not a retired one) while it runs.
 fn running_tx_work(s: &Scratch) -> Option<std::path::PathBuf> {
-    std::fs::read_dir(s.state.join("tx")).ok()?.flatten().map(|e| e.path()).find(|p| {
-        p.file_name().is_some_and(|n| !n.to_string_lossy().starts_with('.')) && p.join("work").is_dir()
-    }).map(|p| p.join("work"))
+    std::fs::read_dir(s.state.join("tx"))
+        .ok()?
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.file_name().is_some_and(|n| !n.to_string_lossy().starts_with('.')) && p.join("work").is_dir())
+        .map(|p| p.join("work"))
 }
 
 fn flock_free(dir: &std::path::Path) -> bool {
@@ -278,7 +292,11 @@ fn a_secret_replaced_after_the_server_started_is_still_hidden() {
     std::fs::write(home.join(".git-credentials.lock"), "https://new:NEWTOKEN@example.com\n").unwrap();
     std::fs::rename(home.join(".git-credentials.lock"), home.join(".git-credentials")).unwrap();
     let o = run_timed(As::Me, &s, "cat ~/.git-credentials", &[("HOME", h)]);
-    assert!(!String::from_utf8_lossy(&o.stdout).contains("NEWTOKEN"), "a file renamed over a secret showed: {}", describe(&o));
+    assert!(
+        !String::from_utf8_lossy(&o.stdout).contains("NEWTOKEN"),
+        "a file renamed over a secret showed: {}",
+        describe(&o)
+    );
 
     warm_up_with_home(&s, h);
     std::fs::remove_dir_all(home.join(".ssh")).unwrap();

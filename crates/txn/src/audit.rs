@@ -114,8 +114,11 @@ pub fn read_all(path: &Path) -> Result<Vec<Entry>, AuditError> {
     let mut out = Vec::new();
     for (i, line) in io::BufReader::new(f).lines().enumerate() {
         let line = line.map_err(io_err(path))?;
-        let e = serde_json::from_str(&line)
-            .map_err(|e| AuditError::Broken { path: path.to_path_buf(), line: i + 1, what: e.to_string() })?;
+        let e = serde_json::from_str(&line).map_err(|e| AuditError::Broken {
+            path: path.to_path_buf(),
+            line: i + 1,
+            what: e.to_string(),
+        })?;
         out.push(e);
     }
     Ok(out)

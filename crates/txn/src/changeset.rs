@@ -123,11 +123,7 @@ fn is_opaque(path: &Path) -> Result<bool, ClassifyError> {
         let name = OsString::from(String::from_utf8_lossy(name).into_owned());
         match meta::get_xattr(path, &name) {
             Ok(v) => return Ok(v == b"y"),
-            Err(e)
-                if matches!(
-                    e.raw_os_error(),
-                    Some(libc::ENODATA) | Some(libc::ENOTSUP) | Some(libc::EPERM)
-                ) => {}
+            Err(e) if matches!(e.raw_os_error(), Some(libc::ENODATA) | Some(libc::ENOTSUP) | Some(libc::EPERM)) => {}
             Err(e) => return Err(e).at(path),
         }
     }
@@ -297,9 +293,13 @@ impl Classifier<'_> {
             entries.push((entry.file_name(), md));
         }
         entries.sort_by(|a, b| a.0.cmp(&b.0));
-        let handle = rustix::fs::open(&dir, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())
-            .map_err(io::Error::from)
-            .at(&dir)?;
+        let handle = rustix::fs::open(
+            &dir,
+            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(io::Error::from)
+        .at(&dir)?;
         for (name, u) in entries {
             let p = rel.join(&name);
             if meta::is_whiteout(&u) {
@@ -327,7 +327,12 @@ impl Classifier<'_> {
     }
 
     /// Record the repairs the object at `p` (metadata `u`) needs; `xattrs` lists its xattr names.
-    fn fixups_for(&mut self, p: &Path, u: &Metadata, xattrs: impl FnOnce() -> io::Result<Vec<OsString>>) -> Result<(), ClassifyError> {
+    fn fixups_for(
+        &mut self,
+        p: &Path,
+        u: &Metadata,
+        xattrs: impl FnOnce() -> io::Result<Vec<OsString>>,
+    ) -> Result<(), ClassifyError> {
         // Names of one inode share its attributes: repair each inode once.
         if u.nlink() > 1 && !u.is_dir() && !self.fixed_inodes.insert(u.ino()) {
             return Ok(());

@@ -186,7 +186,9 @@ fn identify(ws: &mut Beneath, up: &mut Beneath, step: Step) -> Result<JournalSte
     let up_ino = |up: &mut Beneath| -> Result<u64, CommitError> {
         match stat_at(up, &path).map_err(io_err("stat upper", &path))? {
             Some(st) => Ok(st.st_ino),
-            None => Err(CommitError::Io { step: "stat upper", path: path.clone(), source: io::ErrorKind::NotFound.into() }),
+            None => {
+                Err(CommitError::Io { step: "stat upper", path: path.clone(), source: io::ErrorKind::NotFound.into() })
+            }
         }
     };
     let (ino, old_ino) = match &step {
@@ -263,7 +265,9 @@ fn apply_step(
             match current(ws)? {
                 Some(st) if st.st_ino == js.ino => return Ok(()),
                 Some(st) if st.st_ino == js.old_ino => {}
-                _ => return Err(CommitError::Conflict { path: path.clone(), what: "changed before replacement".into() }),
+                _ => {
+                    return Err(CommitError::Conflict { path: path.clone(), what: "changed before replacement".into() })
+                }
             }
             hook.tick()?;
             let (udir, uname) = up.parent(path).map_err(io_err("open upper parent", path))?;
@@ -288,14 +292,19 @@ fn copy_dir_meta(ws: &mut Beneath, upper_dir: &Path, rel: &Path) -> Result<(), C
     let fd = open_beneath(ws.root(), rel, OFlags::RDONLY | OFlags::DIRECTORY).map_err(io_err("open dir", rel))?;
     let cur = rustix::fs::fstat(&fd).map_err(|e| io_err("stat dir", rel)(e.into()))?;
     if (cur.st_uid, cur.st_gid) != (u.uid(), u.gid()) {
-        rustix::fs::fchown(&fd, Some(rustix::process::Uid::from_raw(u.uid())), Some(rustix::process::Gid::from_raw(u.gid())))
-            .map_err(|e| io_err("chown dir", rel)(e.into()))?;
+        rustix::fs::fchown(
+            &fd,
+            Some(rustix::process::Uid::from_raw(u.uid())),
+            Some(rustix::process::Gid::from_raw(u.gid())),
+        )
+        .map_err(|e| io_err("chown dir", rel)(e.into()))?;
     }
     rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(u.mode() & meta::COMMIT_MODE_MASK))
         .map_err(|e| io_err("chmod dir", rel)(e.into()))?;
     sync_xattrs(&fd, upper_dir, rel)?;
     let ts = |s: i64, ns: i64| rustix::fs::Timespec { tv_sec: s, tv_nsec: ns as _ };
-    let times = Timestamps { last_access: ts(u.atime(), u.atime_nsec()), last_modification: ts(u.mtime(), u.mtime_nsec()) };
+    let times =
+        Timestamps { last_access: ts(u.atime(), u.atime_nsec()), last_modification: ts(u.mtime(), u.mtime_nsec()) };
     rustix::fs::futimens(&fd, &times).map_err(|e| io_err("set dir times", rel)(e.into()))
 }
 
@@ -341,12 +350,14 @@ pub fn apply_fixups(upper: &Path, fixups: &[Fixup]) -> Result<(), CommitError> {
                 let value = meta::get_xattr(&full, escaped).map_err(io_err("read escaped xattr", &full))?;
                 rustix::fs::lsetxattr(&full, real.as_os_str(), &value, rustix::fs::XattrFlags::empty())
                     .map_err(|e| io_err("unescape xattr", &full)(e.into()))?;
-                rustix::fs::lremovexattr(&full, escaped.as_os_str()).map_err(|e| io_err("unescape xattr", &full)(e.into()))?;
+                rustix::fs::lremovexattr(&full, escaped.as_os_str())
+                    .map_err(|e| io_err("unescape xattr", &full)(e.into()))?;
             }
             Fixup::Chmod(p, mode) => {
                 use std::os::unix::fs::PermissionsExt;
                 let full = upper.join(p);
-                std::fs::set_permissions(&full, std::fs::Permissions::from_mode(*mode)).map_err(io_err("strip mode bits", &full))?;
+                std::fs::set_permissions(&full, std::fs::Permissions::from_mode(*mode))
+                    .map_err(io_err("strip mode bits", &full))?;
             }
         }
     }

@@ -91,14 +91,9 @@ impl CommitRecord {
                     format!("remove {} {} {} {}", kind.as_str(), js.ino, slot, hex_path(path))
                 }
                 Step::Create { path, kind } => format!("create {} {} {}", kind.as_str(), js.ino, hex_path(path)),
-                Step::Replace { path, new, old } => format!(
-                    "replace {} {} {} {} {}",
-                    new.as_str(),
-                    old.as_str(),
-                    js.ino,
-                    js.old_ino,
-                    hex_path(path)
-                ),
+                Step::Replace { path, new, old } => {
+                    format!("replace {} {} {} {} {}", new.as_str(), old.as_str(), js.ino, js.old_ino, hex_path(path))
+                }
                 Step::DirMeta { path } => format!("dirmeta {}", hex_path(path)),
             };
             body.push_str(&line);
@@ -193,13 +188,24 @@ mod tests {
             upper: PathBuf::from("/st/tx/abc123/upper"),
             trash: PathBuf::from("/st/tx/abc123/trash"),
             steps: vec![
-                JournalStep { step: Step::Remove { path: "old dir".into(), kind: Kind::Dir, slot: 0 }, ino: 7, old_ino: 0 },
                 JournalStep {
-                    step: Step::Create { path: PathBuf::from(std::ffi::OsString::from_vec(b"nl\nname\xff".to_vec())), kind: Kind::File },
+                    step: Step::Remove { path: "old dir".into(), kind: Kind::Dir, slot: 0 },
+                    ino: 7,
+                    old_ino: 0,
+                },
+                JournalStep {
+                    step: Step::Create {
+                        path: PathBuf::from(std::ffi::OsString::from_vec(b"nl\nname\xff".to_vec())),
+                        kind: Kind::File,
+                    },
                     ino: 9,
                     old_ino: 0,
                 },
-                JournalStep { step: Step::Replace { path: "empty".into(), new: Kind::File, old: Kind::Dir }, ino: 11, old_ino: 12 },
+                JournalStep {
+                    step: Step::Replace { path: "empty".into(), new: Kind::File, old: Kind::Dir },
+                    ino: 11,
+                    old_ino: 12,
+                },
                 JournalStep { step: Step::DirMeta { path: "".into() }, ino: 0, old_ino: 0 },
             ],
         }

@@ -50,7 +50,11 @@ pub const RETIRED_GRACE: std::time::Duration = std::time::Duration::from_secs(60
 /// Finish or undo interrupted commits. With `workspace`, only records of that workspace are
 /// touched and the caller must already hold its lock; without, each record's workspace is
 /// locked in turn.
-pub fn recover(state: &StateDir, workspace: Option<&Path>, hook: &mut CrashHook) -> Result<Vec<Recovered>, RecoverError> {
+pub fn recover(
+    state: &StateDir,
+    workspace: Option<&Path>,
+    hook: &mut CrashHook,
+) -> Result<Vec<Recovered>, RecoverError> {
     let mut out = Vec::new();
     for record_path in state.pending_records()? {
         let record = journal::read(&record_path)?;

@@ -5,10 +5,10 @@ use std::ffi::{CStr, CString, OsStr, OsString};
 use std::fs::Metadata;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The type of a filesystem object, as far as a commit cares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -116,7 +116,14 @@ fn listxattrat(dir: BorrowedFd<'_>, name: &CStr, buf: &mut [u8]) -> Result<usize
     // SAFETY: the kernel reads the NUL-terminated `name` and writes at most `buf.len()` bytes
     // to `buf`; both outlive the call, and `dir` is an open descriptor for its duration.
     let r = unsafe {
-        libc::syscall(SYS_LISTXATTRAT, dir.as_raw_fd(), name.as_ptr(), libc::AT_SYMLINK_NOFOLLOW, buf.as_mut_ptr(), buf.len())
+        libc::syscall(
+            SYS_LISTXATTRAT,
+            dir.as_raw_fd(),
+            name.as_ptr(),
+            libc::AT_SYMLINK_NOFOLLOW,
+            buf.as_mut_ptr(),
+            buf.len(),
+        )
     };
     match usize::try_from(r) {
         Ok(n) => Ok(n),

@@ -88,7 +88,9 @@ pub fn layers(tx_dir: &Path) -> Result<Vec<(u32, PathBuf)>, LayerError> {
     // for in their turn).
     if let Some(work) = out.last().and_then(|(_, upper)| upper.parent()).map(|step| step.join("work")) {
         match crate::state::wait_unlocked(&work) {
-            Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(at(&work, "wait for the warm server to release")(e)),
+            Err(e) if e.kind() != io::ErrorKind::NotFound => {
+                return Err(at(&work, "wait for the warm server to release")(e))
+            }
             _ => {}
         }
     }
@@ -123,7 +125,11 @@ pub fn mirror_root(upper: &Path, ws_md: &std::fs::Metadata) -> io::Result<()> {
 /// Drop step `n` (a failed step, or one rolled back to an earlier savepoint).
 pub fn drop_step(tx_dir: &Path, n: u32) -> Result<(), LayerError> {
     let step = steps_root(tx_dir).join(n.to_string());
-    remove_tree(&step).map_err(|e| LayerError { path: step.clone(), what: "remove step", source: io::Error::other(e.to_string()) })
+    remove_tree(&step).map_err(|e| LayerError {
+        path: step.clone(),
+        what: "remove step",
+        source: io::Error::other(e.to_string()),
+    })
 }
 
 fn is_opaque(p: &Path) -> bool {
@@ -161,7 +167,11 @@ fn squash_dir(bottom: &Path, top: &Path, rel: &Path) -> Result<(), LayerError> {
         // Whiteouts, opaque directories, files, symlinks and directories with nothing below:
         // the top entry replaces whatever the bottom layer had.
         if bmd.is_some() {
-            remove_tree(&b).map_err(|e| LayerError { path: b.clone(), what: "replace", source: io::Error::other(e.to_string()) })?;
+            remove_tree(&b).map_err(|e| LayerError {
+                path: b.clone(),
+                what: "replace",
+                source: io::Error::other(e.to_string()),
+            })?;
         }
         std::fs::rename(&t, &b).map_err(at(&t, "move into lower layer"))?;
         // A plain directory over a whiteout (or a file) in the layer below hid everything
@@ -188,7 +198,8 @@ pub fn link_copy(src: &Path, dst: &Path) -> Result<(), LayerError> {
     for (name, value) in meta::xattrs_of_lower(src).map_err(at(src, "read xattrs"))? {
         let _ = rustix::fs::lsetxattr(dst, name.as_os_str(), &value, rustix::fs::XattrFlags::empty());
     }
-    let entries: Vec<_> = std::fs::read_dir(src).map_err(at(src, "list"))?.collect::<Result<_, _>>().map_err(at(src, "list"))?;
+    let entries: Vec<_> =
+        std::fs::read_dir(src).map_err(at(src, "list"))?.collect::<Result<_, _>>().map_err(at(src, "list"))?;
     for e in entries {
         let s = e.path();
         let d = dst.join(e.file_name());
@@ -230,7 +241,9 @@ impl Fingerprint {
                 ctime_ns: i128::from(md.ctime()) * 1_000_000_000 + i128::from(md.ctime_nsec()),
                 size: md.size(),
             }),
-            Err(e) if e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ENOTDIR) => Ok(Fingerprint::Absent),
+            Err(e) if e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ENOTDIR) => {
+                Ok(Fingerprint::Absent)
+            }
             Err(e) => Err(e),
         }
     }
@@ -240,7 +253,10 @@ impl Fingerprint {
     pub fn unchanged(&self, now: &Fingerprint) -> bool {
         match (self, now) {
             (Fingerprint::Absent, Fingerprint::Absent) => true,
-            (Fingerprint::Present { kind: Kind::Dir, ino: a, .. }, Fingerprint::Present { kind: Kind::Dir, ino: b, .. }) => a == b,
+            (
+                Fingerprint::Present { kind: Kind::Dir, ino: a, .. },
+                Fingerprint::Present { kind: Kind::Dir, ino: b, .. },
+            ) => a == b,
             (a, b) => a == b,
         }
     }
@@ -322,7 +338,9 @@ impl Fingerprints {
                     fp
                 }
             };
-            if e.file_type().map_err(at(&p, "stat"))?.is_dir() && matches!(fp, Fingerprint::Present { kind: Kind::Dir, .. }) {
+            if e.file_type().map_err(at(&p, "stat"))?.is_dir()
+                && matches!(fp, Fingerprint::Present { kind: Kind::Dir, .. })
+            {
                 self.walk(upper, workspace, &p)?;
             }
         }

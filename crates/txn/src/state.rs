@@ -119,7 +119,8 @@ impl StateDir {
     pub fn lock_workspace(&self, workspace: &Path) -> Result<Lock, StateError> {
         let name = hex(&Sha256::digest(workspace.as_os_str().as_bytes())[..8]);
         let path = self.root.join("locks").join(format!("{name}.lock"));
-        flock(&path, FlockOperation::LockExclusive)?.ok_or_else(|| io_at(&path, "lock")(io::ErrorKind::WouldBlock.into()))
+        flock(&path, FlockOperation::LockExclusive)?
+            .ok_or_else(|| io_at(&path, "lock")(io::ErrorKind::WouldBlock.into()))
     }
 
     fn commit_log(&self, workspace: &Path) -> PathBuf {
@@ -166,7 +167,8 @@ impl StateDir {
         }
         line.push('\n');
         let log = self.commit_log(workspace);
-        let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&log).map_err(io_at(&log, "open commit log"))?;
+        let mut f =
+            std::fs::OpenOptions::new().create(true).append(true).open(&log).map_err(io_at(&log, "open commit log"))?;
         f.write_all(line.as_bytes()).map_err(io_at(&log, "append commit log"))?;
         Ok(generation)
     }
@@ -427,8 +429,8 @@ fn reusable(dir: &Path) -> bool {
     // about the view (unlike opaque, impure, redirect or origin) and a persistent overlay
     // keeps it across mounts, as a reused upper does here.
     let harmless = |x: &std::ffi::OsString| x == "user.overlay.uuid" || x == "trusted.overlay.uuid";
-    let empty_upper =
-        names(&upper).is_some_and(|n| n.is_empty()) && crate::meta::list_xattrs(&upper).is_ok_and(|x| x.iter().all(harmless));
+    let empty_upper = names(&upper).is_some_and(|n| n.is_empty())
+        && crate::meta::list_xattrs(&upper).is_ok_and(|x| x.iter().all(harmless));
     let work = dir.join("work");
     let clean_work = match names(&work) {
         Some(n) if n.is_empty() => true,
@@ -542,7 +544,10 @@ pub fn new_tx_id() -> String {
             // getrandom cannot fail on Linux ≥ 3.17 once the pool is initialised; fall back to
             // the clock rather than panic.
             Err(_) => {
-                let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+                let t = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos())
+                    .unwrap_or(0);
                 b.copy_from_slice(&(t as u64 ^ u64::from(std::process::id())).to_le_bytes());
                 break;
             }
@@ -575,7 +580,10 @@ impl TxDir {
         let upper = dir.join("upper");
         let work = dir.join("work");
         if !reused {
-            std::fs::DirBuilder::new().mode(ws_md.mode() & 0o7777).create(&upper).map_err(io_at(&upper, "create upper"))?;
+            std::fs::DirBuilder::new()
+                .mode(ws_md.mode() & 0o7777)
+                .create(&upper)
+                .map_err(io_at(&upper, "create upper"))?;
             std::fs::DirBuilder::new().mode(0o700).create(&work).map_err(io_at(&work, "create work"))?;
         }
         // Mode (exactly: DirBuilder's is filtered by the umask), times and owner of the
@@ -600,7 +608,11 @@ pub(crate) mod lock_tests {
 
     /// Run `f` on a thread: it must not finish while `held` is held (then `meanwhile` runs),
     /// and must finish once it is dropped. Returns what `f` returned.
-    pub(crate) fn waits_for_release<T: Send + 'static>(held: File, f: impl FnOnce() -> T + Send + 'static, meanwhile: impl FnOnce()) -> T {
+    pub(crate) fn waits_for_release<T: Send + 'static>(
+        held: File,
+        f: impl FnOnce() -> T + Send + 'static,
+        meanwhile: impl FnOnce(),
+    ) -> T {
         let (done, finished) = std::sync::mpsc::channel();
         let worker = std::thread::spawn(move || {
             let out = f();
@@ -608,10 +620,16 @@ pub(crate) mod lock_tests {
             out
         });
         // Something that did not wait would be done at once.
-        assert!(finished.recv_timeout(std::time::Duration::from_millis(300)).is_err(), "went ahead while a warm server held the lock");
+        assert!(
+            finished.recv_timeout(std::time::Duration::from_millis(300)).is_err(),
+            "went ahead while a warm server held the lock"
+        );
         meanwhile();
         drop(held);
-        assert!(finished.recv_timeout(std::time::Duration::from_secs(20)).is_ok(), "still waiting after the lock was released");
+        assert!(
+            finished.recv_timeout(std::time::Duration::from_secs(20)).is_ok(),
+            "still waiting after the lock was released"
+        );
         match worker.join() {
             Ok(out) => out,
             Err(panic) => std::panic::resume_unwind(panic),
@@ -637,9 +655,13 @@ mod tests {
         assert!(state.recycle_tx(&a.id));
         drop(a);
         let (st, ws) = (state.clone(), root.clone());
-        let b = waits_for_release(held, move || TxDir::create(&st, &ws, "run"), || {
-            assert!(!spare_work.exists(), "the claim renamed the spare before waiting");
-        })?;
+        let b = waits_for_release(
+            held,
+            move || TxDir::create(&st, &ws, "run"),
+            || {
+                assert!(!spare_work.exists(), "the claim renamed the spare before waiting");
+            },
+        )?;
         assert!(b.work.is_dir());
         drop(b);
         std::fs::remove_dir_all(&root).map_err(io_at(&root, "cleanup"))
@@ -681,15 +703,23 @@ mod tests {
         let b = TxDir::create(&state, &root, "run")?;
         assert_eq!(ino(&b.upper), upper_ino, "the spare was not reused");
         assert_eq!(TxMeta::read(&b.dir)?.workspace, root, "meta not rewritten");
-        let (up, want) = (std::fs::metadata(&b.upper).map_err(io_at(&b.upper, "stat"))?, std::fs::metadata(&root).map_err(io_at(&root, "stat"))?);
-        assert_eq!((up.uid(), up.gid(), up.mode()), (want.uid(), want.gid(), want.mode()), "the spare's upper mirrors the new workspace root");
+        let (up, want) = (
+            std::fs::metadata(&b.upper).map_err(io_at(&b.upper, "stat"))?,
+            std::fs::metadata(&root).map_err(io_at(&root, "stat"))?,
+        );
+        assert_eq!(
+            (up.uid(), up.gid(), up.mode()),
+            (want.uid(), want.gid(), want.mode()),
+            "the spare's upper mirrors the new workspace root"
+        );
         assert!(std::fs::read_dir(&b.upper).map(|mut d| d.next().is_none()).unwrap_or(false));
 
         // What a run left behind keeps a directory from serving again.
         std::fs::write(b.upper.join("f"), "x").map_err(io_at(&b.upper, "write"))?;
         assert!(!state.recycle_tx(&b.id));
         std::fs::remove_file(b.upper.join("f")).map_err(io_at(&b.upper, "rm"))?;
-        rustix::fs::lsetxattr(&b.upper, "user.overlay.opaque", b"y", rustix::fs::XattrFlags::empty()).map_err(|e| io_at(&b.upper, "xattr")(e.into()))?;
+        rustix::fs::lsetxattr(&b.upper, "user.overlay.opaque", b"y", rustix::fs::XattrFlags::empty())
+            .map_err(|e| io_at(&b.upper, "xattr")(e.into()))?;
         assert!(!state.recycle_tx(&b.id), "an opaque upper would hide the workspace");
         drop(b);
         let c = TxDir::create(&state, &ws, "run")?;
@@ -736,8 +766,16 @@ mod tests {
             assert_eq!(g, 3000);
             let want: Vec<PathBuf> = (since + 1..=3000).map(|g| PathBuf::from(format!("f{g}"))).collect();
             // The `f<g>` path of each entry (Path::starts_with compares whole components).
-            let got: Vec<PathBuf> = paths.into_iter().filter(|p| p.to_str().is_some_and(|s| s.starts_with('f'))).collect();
-            assert!(got == want, "since {since}: {} paths, first {:?}, want {} from {:?}", got.len(), got.first(), want.len(), want.first());
+            let got: Vec<PathBuf> =
+                paths.into_iter().filter(|p| p.to_str().is_some_and(|s| s.starts_with('f'))).collect();
+            assert!(
+                got == want,
+                "since {since}: {} paths, first {:?}, want {} from {:?}",
+                got.len(),
+                got.first(),
+                want.len(),
+                want.first()
+            );
         }
         // A line cut by a crash (no newline) is no commit.
         let log = state.commit_log(ws);

@@ -48,7 +48,8 @@ fn an_opaque_directory_replaces_the_lower_one_entirely() {
     write(&f.lower.join("d/sub/old2"), "2");
     write(&f.lower.join("d/same"), "same");
     std::fs::create_dir_all(f.upper.join("d")).unwrap();
-    rustix::fs::lsetxattr(f.upper.join("d").as_path(), "user.overlay.opaque", b"y", rustix::fs::XattrFlags::empty()).unwrap();
+    rustix::fs::lsetxattr(f.upper.join("d").as_path(), "user.overlay.opaque", b"y", rustix::fs::XattrFlags::empty())
+        .unwrap();
     write(&f.upper.join("d/new"), "n");
     copy_up(&f, "d/same");
     let cs = f.classify();
@@ -88,7 +89,11 @@ fn overlay_xattrs_are_dropped_and_escaped_ones_restored() {
     set("user.overlay.overlay.mine", b"escaped");
     set("user.plain", b"kept");
     let cs = f.classify();
-    assert!(cs.fixups.contains(&Fixup::RemoveXattr("f".into(), OsString::from("user.overlay.origin"))), "{:#?}", cs.fixups);
+    assert!(
+        cs.fixups.contains(&Fixup::RemoveXattr("f".into(), OsString::from("user.overlay.origin"))),
+        "{:#?}",
+        cs.fixups
+    );
     assert!(
         cs.fixups.contains(&Fixup::Unescape {
             path: "f".into(),
@@ -123,8 +128,16 @@ fn overlay_xattrs_and_setuid_bits_inside_new_directories_are_repaired() {
     for p in ["gen", "gen/x", "gen/sub", "gen/sub/y"] {
         assert!(cs.added.contains(&PathBuf::from(p)), "{p}: {:?}", cs.added);
     }
-    assert!(cs.fixups.contains(&Fixup::RemoveXattr("gen/x".into(), OsString::from("user.overlay.origin"))), "{:#?}", cs.fixups);
-    assert!(cs.fixups.contains(&Fixup::RemoveXattr("gen/sub".into(), OsString::from("user.overlay.impure"))), "{:#?}", cs.fixups);
+    assert!(
+        cs.fixups.contains(&Fixup::RemoveXattr("gen/x".into(), OsString::from("user.overlay.origin"))),
+        "{:#?}",
+        cs.fixups
+    );
+    assert!(
+        cs.fixups.contains(&Fixup::RemoveXattr("gen/sub".into(), OsString::from("user.overlay.impure"))),
+        "{:#?}",
+        cs.fixups
+    );
     assert!(
         cs.fixups.contains(&Fixup::Unescape {
             path: "gen/sub/y".into(),
@@ -146,7 +159,13 @@ fn type_changes_in_both_directions() {
     std::os::unix::fs::symlink("target", f.lower.join("was_link")).unwrap();
     write(&f.upper.join("was_dir"), "now a file");
     std::fs::create_dir_all(f.upper.join("was_file")).unwrap();
-    rustix::fs::lsetxattr(f.upper.join("was_file").as_path(), "user.overlay.opaque", b"y", rustix::fs::XattrFlags::empty()).unwrap();
+    rustix::fs::lsetxattr(
+        f.upper.join("was_file").as_path(),
+        "user.overlay.opaque",
+        b"y",
+        rustix::fs::XattrFlags::empty(),
+    )
+    .unwrap();
     write(&f.upper.join("was_file/x"), "x");
     write(&f.upper.join("was_link"), "a file where a symlink was");
     let cs = f.classify();
@@ -155,7 +174,11 @@ fn type_changes_in_both_directions() {
     assert!(has(&cs, "was_link", ChangeOp::Put { new: Kind::File, old: Some(Kind::Symlink) }), "{cs:#?}");
     // The new directory moves whole; its content is reported and its opaque marker dropped.
     assert!(cs.added.contains(&PathBuf::from("was_file/x")));
-    assert!(cs.fixups.contains(&Fixup::RemoveXattr("was_file".into(), OsString::from("user.overlay.opaque"))), "{:#?}", cs.fixups);
+    assert!(
+        cs.fixups.contains(&Fixup::RemoveXattr("was_file".into(), OsString::from("user.overlay.opaque"))),
+        "{:#?}",
+        cs.fixups
+    );
 }
 
 #[test]
@@ -163,7 +186,14 @@ fn special_files_and_stray_whiteouts_inside_new_directories_are_not_moved() {
     let f = Fixture::new("special");
     std::fs::create_dir_all(f.upper.join("gen")).unwrap();
     write(&f.upper.join("gen/ok"), "ok");
-    rustix::fs::mknodat(rustix::fs::CWD, f.upper.join("gen/fifo").as_path(), rustix::fs::FileType::Fifo, rustix::fs::Mode::from_raw_mode(0o644), 0).unwrap();
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        f.upper.join("gen/fifo").as_path(),
+        rustix::fs::FileType::Fifo,
+        rustix::fs::Mode::from_raw_mode(0o644),
+        0,
+    )
+    .unwrap();
     let wh = whiteout(&f.upper.join("gen/wh"));
     let cs = f.classify();
     assert!(has(&cs, "gen", ChangeOp::Put { new: Kind::Dir, old: None }));

@@ -57,7 +57,8 @@ fn build(root: &Path) -> Option<(PathBuf, StateDir, String)> {
     TxMeta { workspace: ws.clone(), kind: "run".into() }.write(&tx).unwrap();
     let up = tx.join("upper");
     std::fs::create_dir_all(&up).unwrap();
-    std::fs::set_permissions(&up, std::fs::Permissions::from_mode(std::fs::metadata(&ws).unwrap().mode() & 0o7777)).unwrap();
+    std::fs::set_permissions(&up, std::fs::Permissions::from_mode(std::fs::metadata(&ws).unwrap().mode() & 0o7777))
+        .unwrap();
     for i in (0..30).step_by(3) {
         write(&up.join(format!("src/f{i}.rs")), &format!("new {i}\n"));
     }
@@ -65,13 +66,22 @@ fn build(root: &Path) -> Option<(PathBuf, StateDir, String)> {
         write(&up.join(format!("gen/g{i}.txt")), &format!("gen {i}\n"));
     }
     write(&up.join("replaced/new.txt"), "new");
-    rustix::fs::lsetxattr(up.join("replaced").as_path(), "user.overlay.opaque", b"y", rustix::fs::XattrFlags::empty()).unwrap();
+    rustix::fs::lsetxattr(up.join("replaced").as_path(), "user.overlay.opaque", b"y", rustix::fs::XattrFlags::empty())
+        .unwrap();
     std::fs::create_dir_all(up.join("typechange")).unwrap();
     write(&up.join("typechange/inside.txt"), "now a dir");
     std::os::unix::fs::symlink("src/f3.rs", up.join("link")).unwrap();
     // Whiteouts: 0:0 character devices. Creating them needs CAP_MKNOD.
     for w in ["doomed", "gone.txt"] {
-        if rustix::fs::mknodat(rustix::fs::CWD, up.join(w).as_path(), rustix::fs::FileType::CharacterDevice, rustix::fs::Mode::empty(), 0).is_err() {
+        if rustix::fs::mknodat(
+            rustix::fs::CWD,
+            up.join(w).as_path(),
+            rustix::fs::FileType::CharacterDevice,
+            rustix::fs::Mode::empty(),
+            0,
+        )
+        .is_err()
+        {
             eprintln!("SKIP crash injection: cannot create whiteouts (mknod needs CAP_MKNOD; run as root)");
             return None;
         }
@@ -169,7 +179,10 @@ fn recovery_refuses_a_created_name_someone_else_took() {
     assert_eq!(state.pending_records().unwrap().len(), 1, "the commit record is durable");
     assert!(!ws.join("gen").exists(), "nothing applied yet");
     write(&ws.join("gen"), "someone else's\n");
-    assert!(txbox_txn::recover(&state, None, &mut CrashHook::default()).is_err(), "recovery took a foreign gen for its own");
+    assert!(
+        txbox_txn::recover(&state, None, &mut CrashHook::default()).is_err(),
+        "recovery took a foreign gen for its own"
+    );
     assert_eq!(std::fs::read_to_string(ws.join("gen")).unwrap(), "someone else's\n");
     let _ = std::fs::remove_dir_all(&base);
 }

@@ -10,7 +10,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rustix::fs::{FlockOperation, Mode, OFlags};
-use rustix::net::{AddressFamily, SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType};
+use rustix::net::{
+    AddressFamily, SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
+};
 
 use super::server::{ServerArgs, RESOURCES};
 use super::wire::{Answer, Request, FIXED_FDS, MAX_LAYERS};
@@ -60,14 +62,19 @@ pub fn claim(socket: &Path, spec: &SandboxSpec, stdio: [BorrowedFd<'_>; 3]) -> R
         return Err(NotWarm::Unsuitable);
     }
     // Only one client at a time; the others build their own sandboxes rather than wait.
-    let busy = match rustix::fs::open(with_suffix(socket, ".busy"), OFlags::CREATE | OFlags::RDWR | OFlags::CLOEXEC, Mode::from_raw_mode(0o600)) {
+    let busy = match rustix::fs::open(
+        with_suffix(socket, ".busy"),
+        OFlags::CREATE | OFlags::RDWR | OFlags::CLOEXEC,
+        Mode::from_raw_mode(0o600),
+    ) {
         Ok(fd) => fd,
         Err(_) => return Err(NotWarm::Absent),
     };
     if rustix::fs::flock(&busy, FlockOperation::NonBlockingLockExclusive).is_err() {
         return Err(NotWarm::Busy);
     }
-    let stream = rustix::net::socket_with(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC, None).map_err(|_| NotWarm::Absent)?;
+    let stream = rustix::net::socket_with(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC, None)
+        .map_err(|_| NotWarm::Absent)?;
     let addr = SocketAddrUnix::new(socket).map_err(|_| NotWarm::Unsuitable)?;
     if rustix::net::connect(&stream, &addr).is_err() {
         return Err(NotWarm::Absent);
@@ -97,7 +104,8 @@ pub fn claim(socket: &Path, spec: &SandboxSpec, stdio: [BorrowedFd<'_>; 3]) -> R
         .map_err(|e| refused("sending the request", e))?;
     write_all(&stream, &frame[sent..]).map_err(|e| refused("sending the request", e))?;
     drop(dirs);
-    let _ = rustix::net::sockopt::set_socket_timeout(&stream, rustix::net::sockopt::Timeout::Recv, Some(ANSWER_TIMEOUT));
+    let _ =
+        rustix::net::sockopt::set_socket_timeout(&stream, rustix::net::sockopt::Timeout::Recv, Some(ANSWER_TIMEOUT));
     let line = read_line(&stream).map_err(|e| refused("reading the answer", e))?;
     let _ = rustix::net::sockopt::set_socket_timeout(&stream, rustix::net::sockopt::Timeout::Recv, None);
     match Answer::parse(&line) {
@@ -153,7 +161,9 @@ fn environment() -> Vec<OsString> {
 fn umask() -> u32 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find_map(|l| l.strip_prefix("Umask:").and_then(|v| u32::from_str_radix(v.trim(), 8).ok())))
+        .and_then(|s| {
+            s.lines().find_map(|l| l.strip_prefix("Umask:").and_then(|v| u32::from_str_radix(v.trim(), 8).ok()))
+        })
         .unwrap_or(0o022)
 }
 
@@ -178,7 +188,9 @@ pub fn spawn(exe: &Path, socket: &Path, state: &Path, idle: Duration, spec: &San
     // starting one per run would cost every run a process for nothing.
     let failed = std::fs::metadata(with_suffix(socket, ".failed")).and_then(|m| m.modified());
     if failed.is_ok_and(|t| t.elapsed().is_ok_and(|age| age < FAILED_BACKOFF)) {
-        return Err(std::io::Error::other("the last warm server failed to start; see the .failed file beside its socket"));
+        return Err(std::io::Error::other(
+            "the last warm server failed to start; see the .failed file beside its socket",
+        ));
     }
     if let Some(dir) = socket.parent() {
         std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700).create(dir)?;

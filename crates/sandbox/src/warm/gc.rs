@@ -66,7 +66,9 @@ fn remove(parent: &OwnedFd, name: &OsStr, stop: &mut dyn FnMut() -> bool) -> boo
             }
             rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR).is_ok()
         }
-        Err(rustix::io::Errno::NOTDIR | rustix::io::Errno::LOOP) => rustix::fs::unlinkat(parent, name, AtFlags::empty()).is_ok(),
+        Err(rustix::io::Errno::NOTDIR | rustix::io::Errno::LOOP) => {
+            rustix::fs::unlinkat(parent, name, AtFlags::empty()).is_ok()
+        }
         Err(rustix::io::Errno::NOENT) => true,
         Err(_) => false,
     }

@@ -23,7 +23,9 @@ use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags};
 use rustix::fs::{FlockOperation, Mode, OFlags};
-use rustix::net::{AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SocketAddrUnix, SocketFlags, SocketType};
+use rustix::net::{
+    AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SocketAddrUnix, SocketFlags, SocketType,
+};
 
 use super::client::with_suffix;
 use super::wire::{Answer, Request, FIXED_FDS, MAX_LAYERS, MAX_REQUEST};
@@ -65,7 +67,12 @@ impl ServerArgs {
             [s, socket, t, state, i, idle, rest @ ..] if s == "--socket" && t == "--state" && i == "--idle" => {
                 let idle = idle.to_str().and_then(|t| t.parse::<u64>().ok()).ok_or("bad --idle")?;
                 let spec = SandboxSpec::from_args(rest).map_err(|e| e.to_string())?;
-                Ok(ServerArgs { socket: PathBuf::from(socket), state: PathBuf::from(state), idle: Duration::from_secs(idle), spec })
+                Ok(ServerArgs {
+                    socket: PathBuf::from(socket),
+                    state: PathBuf::from(state),
+                    idle: Duration::from_secs(idle),
+                    spec,
+                })
             }
             _ => Err("usage: __warm --socket PATH --state DIR --idle SECS SPEC…".into()),
         }
@@ -112,8 +119,9 @@ fn record_failure(dir: &OwnedFd, name: &OsString, e: &StepError) {
 fn serve(args: &ServerArgs) -> Result<(), StepError> {
     // 1. One server per socket: the lock is held by this process and its init for their lives.
     let lock_path = with_suffix(&args.socket, ".lock");
-    let lock = rustix::fs::open(&lock_path, OFlags::CREATE | OFlags::WRONLY | OFlags::CLOEXEC, Mode::from_raw_mode(0o600))
-        .map_err(at(format!("open {}", lock_path.display())))?;
+    let lock =
+        rustix::fs::open(&lock_path, OFlags::CREATE | OFlags::WRONLY | OFlags::CLOEXEC, Mode::from_raw_mode(0o600))
+            .map_err(at(format!("open {}", lock_path.display())))?;
     if rustix::fs::flock(&lock, FlockOperation::NonBlockingLockExclusive).is_err() {
         return Ok(()); // another server has it
     }
@@ -137,11 +145,16 @@ fn listen_build_and_serve(args: &ServerArgs, dir_fd: &OwnedFd, name: &OsString) 
     let _ = rustix::fs::unlinkat(dir_fd, name.as_os_str(), rustix::fs::AtFlags::empty());
     let listener = rustix::net::socket_with(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC, None)
         .map_err(at("socket"))?;
-    let addr = SocketAddrUnix::new(args.socket.as_path()).map_err(at(format!("socket address {}", args.socket.display())))?;
+    let addr =
+        SocketAddrUnix::new(args.socket.as_path()).map_err(at(format!("socket address {}", args.socket.display())))?;
     rustix::net::bind(&listener, &addr).map_err(at(format!("bind {}", args.socket.display())))?;
     rustix::fs::chmod(&args.socket, Mode::from_raw_mode(0o600)).map_err(at("chmod socket"))?;
     rustix::net::listen(&listener, 8).map_err(at("listen"))?;
-    let bound = Bound { dir: rustix::io::fcntl_dupfd_cloexec(dir_fd, 3).map_err(at("dup"))?, name: name.clone(), ino: inode(&args.socket) };
+    let bound = Bound {
+        dir: rustix::io::fcntl_dupfd_cloexec(dir_fd, 3).map_err(at("dup"))?,
+        name: name.clone(),
+        ino: inode(&args.socket),
+    };
     // 3. Namespaces, private copies of the two trees every transaction's layers come from,
     //    and every mount that does not depend on the transaction.
     stage2::enter_namespaces(spec)?;
@@ -201,8 +214,12 @@ impl Roots {
     fn clone_from(state: &Path, workspace: &Path) -> Result<Roots, StepError> {
         use rustix::mount::OpenTreeFlags;
         let clone = |p: &Path| {
-            rustix::mount::open_tree(rustix::fs::CWD, p, OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC)
-                .map_err(at(format!("clone {}", p.display())))
+            rustix::mount::open_tree(
+                rustix::fs::CWD,
+                p,
+                OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+            )
+            .map_err(at(format!("clone {}", p.display())))
         };
         Ok(Roots { state_path: state.to_path_buf(), state: clone(state)?, workspace: clone(workspace)? })
     }
@@ -211,7 +228,8 @@ impl Roots {
     /// resolved without following symlinks, and checked to be the one the client opened.
     fn resolve(&self, p: &Path, client: &OwnedFd) -> Result<OwnedFd, String> {
         use rustix::fs::ResolveFlags;
-        let rel = p.strip_prefix(&self.state_path).map_err(|_| format!("{} is not in the state directory", p.display()))?;
+        let rel =
+            p.strip_prefix(&self.state_path).map_err(|_| format!("{} is not in the state directory", p.display()))?;
         let fd = rustix::fs::openat2(
             &self.state,
             rel,
@@ -226,8 +244,12 @@ impl Roots {
     /// Delete retired transaction directories until a client knocks on `listener`. Returns
     /// whether none is left.
     fn collect_garbage(&self, listener: &OwnedFd) -> bool {
-        let Ok(tx) = rustix::fs::openat(&self.state, "tx", OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())
-        else {
+        let Ok(tx) = rustix::fs::openat(
+            &self.state,
+            "tx",
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) else {
             return true;
         };
         super::gc::collect(&tx, &mut || {
@@ -263,7 +285,13 @@ struct Hidden(Vec<(PathBuf, Option<(u64, u64)>)>);
 
 impl Hidden {
     fn now(spec: &SandboxSpec) -> Hidden {
-        Hidden(spec.hide.iter().filter(|h| !h.starts_with(&spec.workspace)).map(|h| (h.clone(), Self::identity(h))).collect())
+        Hidden(
+            spec.hide
+                .iter()
+                .filter(|h| !h.starts_with(&spec.workspace))
+                .map(|h| (h.clone(), Self::identity(h)))
+                .collect(),
+        )
     }
 
     fn identity(p: &Path) -> Option<(u64, u64)> {
@@ -285,7 +313,9 @@ struct Bound {
 
 impl Bound {
     fn still_ours(&self) -> bool {
-        let now = rustix::fs::statat(&self.dir, self.name.as_os_str(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW).ok().map(|s| s.st_ino);
+        let now = rustix::fs::statat(&self.dir, self.name.as_os_str(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+            .ok()
+            .map(|s| s.st_ino);
         now.is_some() && now == self.ino
     }
 
@@ -318,7 +348,8 @@ fn init(
     for op in &plan.base.init {
         mount(op, &Pins::default())?;
     }
-    let seccomp = crate::seccomp::build().map_err(|e| StepError { step: format!("seccomp: {e}"), errno: rustix::io::Errno::PERM })?;
+    let seccomp = crate::seccomp::build()
+        .map_err(|e| StepError { step: format!("seccomp: {e}"), errno: rustix::io::Errno::PERM })?;
     let stack = ChildStack::new()?;
     let ready = Ready { base: spec, plan, roots, seccomp: &seccomp, stack: &stack, hidden };
     let mut last_used = Instant::now();
@@ -398,7 +429,9 @@ fn receive(conn: &OwnedFd) -> Result<(Request, Vec<OwnedFd>), String> {
         let mut control = RecvAncillaryBuffer::new(&mut space);
         let n = {
             let mut iov = [std::io::IoSliceMut::new(&mut chunk)];
-            rustix::net::recvmsg(conn, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC).map_err(|e| format!("reading the request: {e}"))?.bytes
+            rustix::net::recvmsg(conn, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC)
+                .map_err(|e| format!("reading the request: {e}"))?
+                .bytes
         };
         for msg in control.drain() {
             if let RecvAncillaryMessage::ScmRights(received) = msg {
@@ -454,7 +487,10 @@ fn serve_one(ready: &Ready<'_>, conn: &OwnedFd, in_use: &mut Option<OwnedFd>) ->
         return true;
     }
     if let Some(p) = hidden.changed() {
-        say(conn, &Answer::Refuse(format!("{} appeared or was replaced after this server started", p.display())).line());
+        say(
+            conn,
+            &Answer::Refuse(format!("{} appeared or was replaced after this server started", p.display())).line(),
+        );
         return false;
     }
     let spec = &req.spec;
@@ -542,14 +578,25 @@ struct Command {
 
 impl Command {
     fn of(req: &Request) -> Result<Command, StepError> {
-        let cstr = |b: &[u8], what: &str| CString::new(b).map_err(|_| StepError { step: what.to_string(), errno: rustix::io::Errno::INVAL });
+        let cstr = |b: &[u8], what: &str| {
+            CString::new(b).map_err(|_| StepError { step: what.to_string(), errno: rustix::io::Errno::INVAL })
+        };
         let argv: Vec<CString> =
             req.spec.argv.iter().map(|a| cstr(a.as_bytes(), "argument with a NUL byte")).collect::<Result<_, _>>()?;
-        let env: Vec<CString> =
-            req.env.iter().map(|e| cstr(e.as_bytes(), "environment entry with a NUL byte")).collect::<Result<_, _>>()?;
+        let env: Vec<CString> = req
+            .env
+            .iter()
+            .map(|e| cstr(e.as_bytes(), "environment entry with a NUL byte"))
+            .collect::<Result<_, _>>()?;
         // The CStrings' buffers do not move when the vectors holding them do.
         let (argp, envp) = (stage2::nul_terminated(&argv), stage2::nul_terminated(&env));
-        Ok(Command { _argv: argv, _env: env, cwd: cstr(req.spec.cwd.as_os_str().as_bytes(), "working directory with a NUL byte")?, argp, envp })
+        Ok(Command {
+            _argv: argv,
+            _env: env,
+            cwd: cstr(req.spec.cwd.as_os_str().as_bytes(), "working directory with a NUL byte")?,
+            argp,
+            envp,
+        })
     }
 }
 
@@ -570,7 +617,8 @@ fn run_command(
     // The command has its own copies; ours would keep the client's pipes open.
     drop(stdio);
     let pidfd = rustix::process::pidfd_open(
-        rustix::process::Pid::from_raw(child).ok_or(StepError { step: "command pid".into(), errno: rustix::io::Errno::SRCH })?,
+        rustix::process::Pid::from_raw(child)
+            .ok_or(StepError { step: "command pid".into(), errno: rustix::io::Errno::SRCH })?,
         rustix::process::PidfdFlags::empty(),
     )
     .map_err(at("pidfd_open"))?;
@@ -605,7 +653,11 @@ fn run_command(
     // What the command left running goes with it, as when a cold sandbox's init exits.
     kill_all();
     reap_all();
-    Ok(if libc::WIFSIGNALED(st) { format!("signal {}\n", libc::WTERMSIG(st)) } else { format!("exit {}\n", libc::WEXITSTATUS(st)) })
+    Ok(if libc::WIFSIGNALED(st) {
+        format!("signal {}\n", libc::WTERMSIG(st))
+    } else {
+        format!("exit {}\n", libc::WEXITSTATUS(st))
+    })
 }
 
 /// SIGKILL to every process of this pid namespace but its init.
@@ -661,10 +713,18 @@ fn spawn(child: &Child<'_>, stack: &ChildStack) -> Result<i32, StepError> {
     // CLONE_THREAD); pid 1 is single-threaded and installs no signal handlers, so no lock or
     // handler of ours can be caught half-way in the shared memory.
     let pid = unsafe {
-        libc::clone(main, stack.top(), libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD, child as *const Child<'_> as *mut libc::c_void)
+        libc::clone(
+            main,
+            stack.top(),
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            child as *const Child<'_> as *mut libc::c_void,
+        )
     };
     if pid < 0 {
-        return Err(StepError { step: "start the command (clone)".into(), errno: rustix::io::Errno::from_raw_os_error(errno()) });
+        return Err(StepError {
+            step: "start the command (clone)".into(),
+            errno: rustix::io::Errno::from_raw_os_error(errno()),
+        });
     }
     Ok(pid)
 }
@@ -684,15 +744,28 @@ impl ChildStack {
     fn new() -> Result<ChildStack, StepError> {
         // SAFETY: a fresh anonymous private mapping; no existing memory is involved.
         let base = unsafe {
-            libc::mmap(std::ptr::null_mut(), Self::LEN, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK, -1, 0)
+            libc::mmap(
+                std::ptr::null_mut(),
+                Self::LEN,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_STACK,
+                -1,
+                0,
+            )
         };
         if base == libc::MAP_FAILED {
-            return Err(StepError { step: "map the command's stack".into(), errno: rustix::io::Errno::from_raw_os_error(errno()) });
+            return Err(StepError {
+                step: "map the command's stack".into(),
+                errno: rustix::io::Errno::from_raw_os_error(errno()),
+            });
         }
         let stack = ChildStack { base, len: Self::LEN };
         // SAFETY: the lowest page of the mapping just made.
         if unsafe { libc::mprotect(base, Self::GUARD, libc::PROT_NONE) } != 0 {
-            return Err(StepError { step: "guard the command's stack".into(), errno: rustix::io::Errno::from_raw_os_error(errno()) });
+            return Err(StepError {
+                step: "guard the command's stack".into(),
+                errno: rustix::io::Errno::from_raw_os_error(errno()),
+            });
         }
         Ok(stack)
     }
@@ -719,8 +792,10 @@ fn prepare_child(req: &Request, stdio: &[i32], seccomp: &seccompiler::BpfProgram
     }
     let _ = rustix::process::setsid();
     // SAFETY: no flag here changes state the standard library caches.
-    unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWIPC | rustix::thread::UnshareFlags::NEWUTS) }
-        .map_err(at("unshare IPC and UTS"))?;
+    unsafe {
+        rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWIPC | rustix::thread::UnshareFlags::NEWUTS)
+    }
+    .map_err(at("unshare IPC and UTS"))?;
     rustix::process::umask(Mode::from_raw_mode(req.umask & 0o777));
     for &(res, soft, hard) in &req.rlimits {
         // Best effort: a limit the server cannot raise back stays at the server's.
@@ -748,7 +823,8 @@ mod tests {
     #[test]
     fn server_arguments_round_trip() {
         let spec = SandboxSpec::new("/w".into(), "/u".into(), "/k".into(), vec![OsString::from("true")]);
-        let a = ServerArgs { socket: "/s/warm/0123.sock".into(), state: "/s".into(), idle: Duration::from_secs(60), spec };
+        let a =
+            ServerArgs { socket: "/s/warm/0123.sock".into(), state: "/s".into(), idle: Duration::from_secs(60), spec };
         assert_eq!(ServerArgs::from_args(&a.to_args()), Ok(a));
         assert!(ServerArgs::from_args(&[OsString::from("--idle")]).is_err());
     }

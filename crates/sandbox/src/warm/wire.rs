@@ -59,7 +59,8 @@ impl Request {
     /// The whole frame: length prefix and body.
     pub fn encode(&self) -> Vec<u8> {
         let num = |v: Option<u64>| v.map_or_else(|| "-".to_string(), |n| n.to_string());
-        let rlimits: Vec<String> = self.rlimits.iter().map(|(r, c, m)| format!("{r}:{}:{}", num(*c), num(*m))).collect();
+        let rlimits: Vec<String> =
+            self.rlimits.iter().map(|(r, c, m)| format!("{r}:{}:{}", num(*c), num(*m))).collect();
         let spec = self.spec.to_args();
         let mut items: Vec<Vec<u8>> = vec![
             VERSION.to_vec(),
@@ -108,7 +109,8 @@ impl Request {
         let mut rlimits = Vec::new();
         for part in text(it.next(), "rlimits")?.split(';').filter(|p| !p.is_empty()) {
             let f: Vec<&str> = part.split(':').collect();
-            let opt = |s: &str| if s == "-" { Ok(None) } else { s.parse::<u64>().map(Some).map_err(|_| bad("rlimit value")) };
+            let opt =
+                |s: &str| if s == "-" { Ok(None) } else { s.parse::<u64>().map(Some).map_err(|_| bad("rlimit value")) };
             match f.as_slice() {
                 [r, c, m] => rlimits.push((r.parse::<u32>().map_err(|_| bad("rlimit resource"))?, opt(c)?, opt(m)?)),
                 _ => return Err(bad("rlimit")),
@@ -168,7 +170,11 @@ mod tests {
         spec.hide = vec!["/s".into()];
         Request {
             spec,
-            env: vec![OsString::from("PATH=/usr/bin:/bin"), OsString::from_vec(b"ODD=\xfe=x".to_vec()), OsString::from("EMPTY=")],
+            env: vec![
+                OsString::from("PATH=/usr/bin:/bin"),
+                OsString::from_vec(b"ODD=\xfe=x".to_vec()),
+                OsString::from("EMPTY="),
+            ],
             umask: 0o027,
             rlimits: vec![(7, Some(1024), Some(4096)), (3, Some(8 << 20), None)],
         }

@@ -199,7 +199,13 @@ pub fn digest(root: &Path, skip: &[&str]) -> BTreeMap<Vec<u8>, Entry> {
     out
 }
 
-fn walk(root: &Path, dir: &Path, skip: &[&str], out: &mut BTreeMap<Vec<u8>, Entry>, inodes: &mut BTreeMap<u64, Vec<Vec<u8>>>) {
+fn walk(
+    root: &Path,
+    dir: &Path,
+    skip: &[&str],
+    out: &mut BTreeMap<Vec<u8>, Entry>,
+    inodes: &mut BTreeMap<u64, Vec<Vec<u8>>>,
+) {
     for e in std::fs::read_dir(dir).unwrap() {
         let e = e.unwrap();
         let p = e.path();
@@ -238,7 +244,10 @@ fn walk(root: &Path, dir: &Path, skip: &[&str], out: &mut BTreeMap<Vec<u8>, Entr
             }
             xattrs.sort();
         }
-        out.insert(rel, Entry { kind, mode: md.mode() & 0o7777, uid: md.uid(), gid: md.gid(), data, xattrs, link_group: 0 });
+        out.insert(
+            rel,
+            Entry { kind, mode: md.mode() & 0o7777, uid: md.uid(), gid: md.gid(), data, xattrs, link_group: 0 },
+        );
         if ft.is_dir() {
             walk(root, &p, skip, out, inodes);
         }
