@@ -50,8 +50,7 @@ version = 1
 [[rule]]
 id = "team.release-builds"
 action = "transact"
-reason = "release builds get ten minutes"
-limits = { timeout = 600 }
+reason = "release builds run as transactions"
 examples.match = ["cargo build --release"]
 examples.no_match = ["cargo fmt"]
 [[rule.when]]

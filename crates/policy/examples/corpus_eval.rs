@@ -1,7 +1,9 @@
 //! The policy evaluation report: scores the engine on the labelled public corpora and on the
 //! repo's own evasion corpus, per category, with latency, and writes it as Markdown.
 //!
-//! `cargo run --release -p txbox-policy --example corpus_eval -- ../shared/corpus [--out docs/POLICY.md] [-v]`
+//! `cargo run --release -p txbox-policy --example corpus_eval -- ../shared/corpus [--out docs/POLICY.md] [-v]
+//! [--dump FILE]`; `--dump` writes every evaluated string with its action and rule, one per line,
+//! so two builds can be compared decision by decision (a refactoring must leave it unchanged).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -87,6 +89,7 @@ struct Eval {
     policy: Policy,
     ctx: txbox_policy::Context,
     latencies: Vec<u64>,
+    dump: Option<String>,
 }
 
 impl Eval {
@@ -94,6 +97,15 @@ impl Eval {
         let t = Instant::now();
         let e = self.policy.evaluate_str(cmd, &self.ctx);
         self.latencies.push(t.elapsed().as_nanos() as u64);
+        if let Some(d) = &mut self.dump {
+            let _ = writeln!(
+                d,
+                "{}\t{}\t{}",
+                e.decision.action.as_str(),
+                e.decision.rule.as_deref().unwrap_or("-"),
+                cmd.replace('\\', "\\\\").replace('\n', "\\n").replace('\t', "\\t")
+            );
+        }
         e
     }
 }
@@ -107,7 +119,13 @@ fn main() {
         .unwrap_or_else(|| PathBuf::from("../shared/corpus"));
     let out = args.iter().position(|a| a == "--out").and_then(|i| args.get(i + 1)).map(PathBuf::from);
     let verbose = args.iter().any(|a| a == "-v");
-    let mut ev = Eval { policy: Policy::builtin(), ctx: example_context(), latencies: Vec::new() };
+    let dump = args.iter().position(|a| a == "--dump").and_then(|i| args.get(i + 1)).map(PathBuf::from);
+    let mut ev = Eval {
+        policy: Policy::builtin(),
+        ctx: example_context(),
+        latencies: Vec::new(),
+        dump: dump.as_ref().map(|_| String::new()),
+    };
     let mut md = String::new();
     let _ = writeln!(md, "# Policy evaluation\n");
     let _ = writeln!(
@@ -237,6 +255,42 @@ fn main() {
         md.push_str(&t.row(fam));
     }
 
+    // Real agent commands (unlabelled): what share a policy would refuse, and by which rule.
+    let mut agent: BTreeMap<String, Tally> = BTreeMap::new();
+    let mut agent_all = Tally::default();
+    let mut agent_fp: BTreeMap<String, usize> = BTreeMap::new();
+    let mut agent_denied = Vec::new();
+    for r in tsv(&dir.join("agent_commands.tsv")).iter().filter(|r| r.len() >= 3) {
+        let cmd = unescape(&r[2]);
+        let e = ev.eval(&cmd);
+        agent_all.add(&e);
+        let source = r[0].split('/').next().unwrap_or(&r[0]).to_string();
+        agent.entry(source).or_default().add(&e);
+        if e.decision.action == Action::Deny {
+            *agent_fp.entry(e.decision.rule.clone().unwrap_or_default()).or_default() += 1;
+            agent_denied.push((cmd, e.decision.rule.clone().unwrap_or_default()));
+        }
+    }
+    let _ = write!(
+        md,
+        "\n## Real agent commands (`agent_commands.tsv`)\n\nUnlabelled commands that coding agents ran, or that \
+         benchmarks ship as solutions, in throw-away containers as root: a deny here is a refusal an agent \
+         would meet (target ≤ 1%).\n\n{HEADER}{}",
+        agent_all.row("all")
+    );
+    for (src, t) in &agent {
+        md.push_str(&t.row(src));
+    }
+    let _ = writeln!(
+        md,
+        "\nDenied by rule: {}\n",
+        agent_fp.iter().map(|(r, n)| format!("`{r}` {n}")).collect::<Vec<_>>().join(", ")
+    );
+    for (cmd, rule) in &agent_denied {
+        let one: String = cmd.replace('`', "'").replace('\n', "⏎").chars().take(110).collect();
+        let _ = writeln!(md, "- `{one}` (`{rule}`)");
+    }
+
     // The repo's own corpus of evasion classes.
     let own = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus");
     let _ = write!(md, "\n## txbox's own corpus (`crates/policy/tests/corpus`)\n\n{HEADER}");
@@ -268,6 +322,12 @@ fn main() {
             q(0.99),
             q(1.0)
         );
+    }
+    if let (Some(p), Some(d)) = (&dump, &ev.dump) {
+        if let Err(e) = std::fs::write(p, d) {
+            eprintln!("writing {}: {e}", p.display());
+            std::process::exit(1);
+        }
     }
     match out {
         Some(p) => {

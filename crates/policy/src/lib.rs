@@ -11,7 +11,7 @@ pub mod paths;
 mod rules;
 mod words;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
@@ -270,9 +270,6 @@ impl Policy {
                         merged.examples = b_examples;
                     }
                 }
-                if merged.limits.is_empty() {
-                    merged.limits = b.limits.clone();
-                }
                 *b = merged;
             } else {
                 specs.push(r);
@@ -369,25 +366,6 @@ impl Policy {
     /// Ids of the enabled rules, in order.
     pub fn rule_ids(&self) -> Vec<String> {
         self.inner.rules.iter().map(|r| r.id.clone()).collect()
-    }
-
-    /// Per-rule limits (`limits = { timeout = 60 }`) of an enabled or disabled rule.
-    pub fn rule_limits(&self, id: &str) -> Option<BTreeMap<String, String>> {
-        let s = self.inner.specs.iter().find(|s| s.id.get_ref() == id)?;
-        Some(
-            s.limits
-                .iter()
-                .map(|(k, v)| {
-                    (
-                        k.clone(),
-                        match v {
-                            toml::Value::String(s) => s.clone(),
-                            other => other.to_string(),
-                        },
-                    )
-                })
-                .collect(),
-        )
     }
 
     /// Evaluate a shell string as `bash -c` would run it.

@@ -1,11 +1,9 @@
 //! The rule language: TOML specs, compiled matchers, and matching against extracted commands.
 
-use std::collections::BTreeMap;
-
 use regex::Regex;
 use serde::{Deserialize, Serialize};
 
-use crate::extract::Cmd;
+use crate::extract::{Cmd, Feature};
 use crate::glob::Glob;
 use crate::paths::{self, ClassSet, PathClass, PathInfo, Scope};
 use crate::{Action, Context};
@@ -30,8 +28,6 @@ pub(crate) struct RuleSpec {
     pub action: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub limits: BTreeMap<String, toml::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub examples: Option<Examples>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -93,7 +89,7 @@ pub(crate) struct MatchSpec {
     /// One of these programs feeds the command's stdin.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stdin_from_any: Vec<String>,
-    /// Engine features (`fork-bomb`, `interactive`, `find-delete`, `wrapper`).
+    /// Engine features (`fork-bomb`, `interactive`, `find-delete`, `find-action`, `wrapper`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub features_any: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -195,8 +191,8 @@ pub(crate) struct Matcher {
     redirect_any: Option<ClassSet>,
     code_from_any: Vec<Pat>,
     stdin_from_any: Vec<Pat>,
-    features_any: Vec<String>,
-    features_none: Vec<String>,
+    features_any: Vec<Feature>,
+    features_none: Vec<Feature>,
 }
 
 impl Matcher {
@@ -218,18 +214,11 @@ impl Matcher {
                 classes(v, f).map(Some)
             }
         };
-        let re = |r: &Option<String>, _f: &str| -> Result<Option<LazyRe>, String> { Ok(r.clone().map(LazyRe::new)) };
         let mut scopes = Vec::new();
         for s in &s.paths_scope {
             scopes.push(
                 Scope::parse(s).ok_or_else(|| format!("`paths_scope`: unknown scope `{s}` (full, bulk, selective)"))?,
             );
-        }
-        const FEATURES: &[&str] = &["fork-bomb", "interactive", "find-delete", "find-action", "wrapper"];
-        for f in s.features_any.iter().chain(&s.features_none) {
-            if !FEATURES.contains(&f.as_str()) {
-                return Err(format!("unknown feature `{f}` (known: {})", FEATURES.join(", ")));
-            }
         }
         Ok(Matcher {
             program: pats(&s.program)?,
@@ -243,16 +232,16 @@ impl Matcher {
             flags_none: pats(&s.flags_none)?,
             args_any: pats(&s.args_any)?,
             args_none: pats(&s.args_none)?,
-            args_regex: re(&s.args_regex, "args_regex")?,
-            regex: re(&s.regex, "regex")?,
+            args_regex: s.args_regex.clone().map(LazyRe::new),
+            regex: s.regex.clone().map(LazyRe::new),
             paths_any: opt_classes(&s.paths_any, "paths_any")?,
             paths_scope: scopes,
             redirect_write_any: opt_classes(&s.redirect_write_any, "redirect_write_any")?,
             redirect_any: opt_classes(&s.redirect_any, "redirect_any")?,
             code_from_any: pats(&s.code_from_any)?,
             stdin_from_any: pats(&s.stdin_from_any)?,
-            features_any: s.features_any.clone(),
-            features_none: s.features_none.clone(),
+            features_any: s.features_any.iter().map(|f| Feature::parse(f)).collect::<Result<_, _>>()?,
+            features_none: s.features_none.iter().map(|f| Feature::parse(f)).collect::<Result<_, _>>()?,
         })
     }
 

@@ -90,7 +90,7 @@ pub(crate) fn expand(raw: &str, vars: &Vars) -> Expansion {
                             i += 2;
                         }
                         '\\' if i + 1 < chars.len() && chars[i + 1] == '\n' => i += 2,
-                        '$' => i = dollar(&chars, i, &mut out, &mut subs, vars, true),
+                        '$' => i = dollar(&chars, i, &mut out, &mut subs, vars),
                         '`' => i = backtick(&chars, i, &mut out, &mut subs),
                         ch => {
                             out.text.push(ch);
@@ -117,7 +117,7 @@ pub(crate) fn expand(raw: &str, vars: &Vars) -> Expansion {
                 // Locale string: treat like "..." by skipping the `$`.
                 i += 1;
             }
-            '$' => i = dollar(&chars, i, &mut out, &mut subs, vars, false),
+            '$' => i = dollar(&chars, i, &mut out, &mut subs, vars),
             '`' => i = backtick(&chars, i, &mut out, &mut subs),
             '{' | ',' | '}' => {
                 out.braces.push(out.text.len());
@@ -322,7 +322,7 @@ fn lookup(name: &str, vars: &Vars) -> Option<String> {
 }
 
 /// Expand `$…` at `i`; returns the index after it.
-fn dollar(chars: &[char], i: usize, out: &mut Out, subs: &mut Vec<String>, vars: &Vars, _dq: bool) -> usize {
+fn dollar(chars: &[char], i: usize, out: &mut Out, subs: &mut Vec<String>, vars: &Vars) -> usize {
     let next = chars.get(i + 1).copied();
     match next {
         Some('(') => {

@@ -104,7 +104,6 @@ enabled = false
 id = "team.no-make-deploy"
 action = "deny"
 reason = "deploys go through CI"
-limits = { timeout = 60 }
 examples.match = ["make deploy"]
 examples.no_match = ["make test"]
 [[rule.when]]
@@ -115,7 +114,6 @@ subcommand = ["deploy"]
     assert_eq!(p.evaluate_str("git push -f", &ctx()).decision.action, Action::Transact);
     let e = p.evaluate_str("make deploy", &ctx());
     assert_eq!(e.decision.rule.as_deref(), Some("team.no-make-deploy"));
-    assert_eq!(p.rule_limits("team.no-make-deploy").and_then(|l| l.get("timeout").cloned()).as_deref(), Some("60"));
     // The effective policy round-trips.
     let again = Policy::from_toml_str(&p.to_toml(), "shown.toml").unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(again.to_toml(), p.to_toml());

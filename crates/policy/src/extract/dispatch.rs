@@ -1,0 +1,228 @@
+//! What one expanded command is: a wrapper to look through, a shell or interpreter, a builtin
+//! that changes the extractor's state (`cd`, `export`, `eval`, `source`), or a plain program.
+//! Owns the order of those checks; per-program models live in `programs`.
+
+use std::path::PathBuf;
+
+use super::flags::{basename, canon_argv};
+use super::programs::{is_interp, is_shell};
+use super::wrappers::{wrapper_inner, Inner};
+use super::{Cmd, Extractor, Feature, Raw};
+use crate::paths;
+use crate::words::{EWord, Var};
+
+impl Extractor<'_> {
+    pub(super) fn command(&mut self, raw: Raw) {
+        let Some(first) = raw.words.first() else { return };
+        if !first.is_static() {
+            let argv: Vec<String> = raw.words.iter().map(|w| w.text.clone()).collect();
+            let why = format!("the program `{}` is not known statically", first.text);
+            self.opaque(argv, why);
+            return;
+        }
+        let path = first.text.clone();
+        let prog = basename(&path).to_string();
+        let mut argv: Vec<String> = raw.words.iter().map(|w| w.text.clone()).collect();
+        argv[0] = prog.clone();
+        let mut dyn_at: Vec<Option<usize>> = raw.words.iter().map(|w| w.dyn_at).collect();
+        // Everything but the wrapper/shell handling uses the canonical argv.
+        let raw_argv = argv.clone();
+        canon_argv(&mut argv, &mut dyn_at);
+        let mut cmd = Cmd {
+            argv,
+            dyn_at,
+            path,
+            redirects: raw.redirects.clone(),
+            cwd: self.cwd.clone(),
+            stdin_from: raw.stdin_from.clone(),
+            features: raw.features.clone(),
+            input: raw.input.clone(),
+            ..Cmd::default()
+        };
+        // Fork bombs: a function calling itself in a pipeline or in the background.
+        if self.defining.contains(&prog) && self.in_pipeline_or_bg {
+            cmd.features.push(Feature::ForkBomb);
+        }
+        let rest = &raw.words[1..];
+        match prog.as_str() {
+            "cd" | "pushd" => {
+                self.cd(rest.iter().find(|w| !w.text.starts_with('-') || w.text == "-"));
+            }
+            "export" | "declare" | "typeset" | "local" | "readonly" => {
+                for w in rest {
+                    if let Some((n, v)) = w.text.split_once('=') {
+                        let val = if w.dyn_at.is_none_or(|d| d <= n.len()) && w.dyn_at.is_some() {
+                            Var::Dynamic
+                        } else if w.is_static() {
+                            Var::Static(v.to_string())
+                        } else {
+                            Var::Dynamic
+                        };
+                        self.vars.map.insert(n.to_string(), val);
+                    }
+                }
+            }
+            "read" | "mapfile" | "readarray" => {
+                for w in rest.iter().filter(|w| !w.text.starts_with('-')) {
+                    self.vars.map.insert(w.text.clone(), Var::Dynamic);
+                }
+            }
+            "unset" => {
+                for w in rest {
+                    self.vars.map.remove(&w.text);
+                }
+            }
+            _ => {}
+        }
+        if self.funcs.contains(&prog) && self.defining.contains(&prog) {
+            // Recursive call inside its own definition: nothing more to see.
+            self.push(cmd);
+            return;
+        }
+        if let Some(inner) = wrapper_inner(&prog, rest) {
+            cmd.features.push(Feature::Wrapper);
+            let inner_words: Vec<EWord> = match inner {
+                Inner::Words(k) => {
+                    let end = (k + 2).min(raw.words.len());
+                    let mut a: Vec<String> = raw.words[..end].iter().map(|w| w.text.clone()).collect();
+                    a[0] = prog.clone();
+                    if let Some(last) = a.last_mut().filter(|_| end > 1) {
+                        *last = basename(last).to_string();
+                    }
+                    let mut d = vec![None; a.len()];
+                    canon_argv(&mut a, &mut d);
+                    cmd.argv = a;
+                    cmd.dyn_at = d;
+                    rest[k..].to_vec()
+                }
+                Inner::Shell(code) => {
+                    self.push(cmd);
+                    self.shell_code(code, Vec::new());
+                    return;
+                }
+                Inner::None => {
+                    self.push(cmd);
+                    return;
+                }
+            };
+            // env assignments
+            let mut inner_words = inner_words;
+            if prog == "env" {
+                while inner_words.first().is_some_and(|w| w.text.contains('=') && !w.text.starts_with('=')) {
+                    inner_words.remove(0);
+                }
+            }
+            if prog == "watch" && inner_words.len() > 1 && !raw_argv.iter().any(|a| a == "-x" || a == "--exec") {
+                // watch runs its arguments through `sh -c`.
+                let joined = inner_words.iter().map(|w| w.text.clone()).collect::<Vec<_>>().join(" ");
+                let srcs: Vec<String> = inner_words.iter().flat_map(|w| w.sources.clone()).collect();
+                self.push(cmd);
+                self.shell_code(&EWord { text: joined, dyn_at: None, sources: srcs }, Vec::new());
+                return;
+            }
+            self.push(cmd);
+            if inner_words.is_empty() {
+                return;
+            }
+            self.command(Raw {
+                words: inner_words,
+                redirects: raw.redirects,
+                stdin_from: raw.stdin_from,
+                input: raw.input,
+                stdin_other: raw.stdin_other,
+                features: Vec::new(),
+            });
+            return;
+        }
+        if is_shell(&prog) || is_interp(&prog) {
+            self.shell_or_interp(cmd, &prog, rest, &raw);
+            return;
+        }
+        match prog.as_str() {
+            "eval" => {
+                let joined = rest.iter().map(|w| w.text.clone()).collect::<Vec<_>>().join(" ");
+                let dynamic = rest.iter().any(|w| !w.is_static());
+                let srcs: Vec<String> = rest.iter().flat_map(|w| w.sources.clone()).collect();
+                let code = EWord { text: joined, dyn_at: if dynamic { Some(0) } else { None }, sources: srcs };
+                self.push(cmd);
+                self.shell_code(&code, Vec::new());
+            }
+            "source" | "." => {
+                if let Some(f) = rest.first() {
+                    if !f.sources.is_empty() {
+                        cmd.code_from.extend(f.sources.iter().cloned());
+                        cmd.opaque = Some(format!("`{prog}` runs code produced by {}", f.sources.join(", ")));
+                    } else if f.text == "/dev/stdin" || f.text == "-" {
+                        cmd.code_from.extend(raw.stdin_from.iter().cloned());
+                        cmd.opaque = Some(format!("`{prog}` runs code read from stdin"));
+                    }
+                }
+                self.push(cmd);
+            }
+            "xargs" | "parallel" => {
+                self.push(cmd);
+                self.xargs(rest, &raw);
+            }
+            "find" => {
+                self.find(cmd, rest);
+            }
+            _ => self.push(cmd),
+        }
+    }
+
+    fn cd(&mut self, target: Option<&EWord>) {
+        let Some(t) = target else {
+            self.cwd = self.ctx.home.as_ref().map(|h| paths::normalize(h));
+            return;
+        };
+        if !t.is_static() || t.text == "-" {
+            self.cwd = None;
+            return;
+        }
+        let home = self.ctx.home.clone().unwrap_or_else(|| PathBuf::from("/root"));
+        let p = if t.text == "~" {
+            home
+        } else if let Some(r) = t.text.strip_prefix("~/") {
+            home.join(r)
+        } else if t.text.starts_with('/') {
+            PathBuf::from(&t.text)
+        } else {
+            match &self.cwd {
+                Some(c) => c.join(&t.text),
+                None => return,
+            }
+        };
+        let n = paths::normalize(&p);
+        self.vars.pwd = Some(n.to_string_lossy().into_owned());
+        self.cwd = Some(n);
+    }
+
+    /// Run shell code given as a word (`bash -c`, `eval`, `su -c`).
+    pub(super) fn shell_code(&mut self, code: &EWord, positional: Vec<String>) {
+        if !code.sources.is_empty() {
+            let n = self.out.len();
+            self.opaque(
+                vec!["sh".into(), "-c".into(), code.text.clone()],
+                format!("runs code produced by {}", code.sources.join(", ")),
+            );
+            if let Some(c) = self.out.get_mut(n) {
+                c.code_from = code.sources.clone();
+            }
+            return;
+        }
+        if !code.is_static() {
+            self.opaque(
+                vec!["sh".into(), "-c".into(), code.text.clone()],
+                format!("runs code that is not known statically: {}", code.text),
+            );
+            return;
+        }
+        let saved = std::mem::replace(&mut self.vars.positional, positional);
+        let saved_cwd = self.cwd.clone();
+        let saved_map = self.vars.map.clone();
+        self.run_str(&code.text);
+        self.vars.positional = saved;
+        self.cwd = saved_cwd;
+        self.vars.map = saved_map;
+    }
+}

@@ -1,0 +1,305 @@
+//! Extraction: parse a shell string with brush-parser and list every command it would run, in
+//! canonical form, recursively through substitutions, `sh -c`, `eval`, wrappers, `xargs`,
+//! `find -exec`, functions, loops and here-documents.
+//!
+//! This module owns the extractor's state ([`Extractor`]: variables, cwd, functions, depth) and
+//! its output types ([`Cmd`], [`Extraction`]); its children own one concern each:
+//! `walk` the AST, `dispatch` what one command is (wrapper, shell, builtin), `programs` the
+//! per-program models (shells and interpreters, `xargs`, `find`), `wrappers` the wrapper
+//! table, `flags` canonical flags, `feature` the facts rules can match. Extraction decides
+//! nothing: it may not know a rule or an action (that is `rules` and `lib`).
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+
+use brush_parser::ast;
+
+use crate::paths;
+use crate::words::{EWord, Vars};
+use crate::Context;
+
+mod dispatch;
+mod feature;
+mod flags;
+mod programs;
+mod walk;
+mod wrappers;
+
+pub(crate) use feature::Feature;
+
+const MAX_DEPTH: usize = 12;
+const MAX_CMDS: usize = 512;
+
+/// A redirection of one command.
+#[derive(Debug, Clone)]
+pub(crate) struct Redir {
+    pub write: bool,
+    pub target: String,
+    pub dyn_at: Option<usize>,
+}
+
+/// One command the string would run.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Cmd {
+    /// Canonical argv: program by basename, quotes removed, bundled flags expanded.
+    pub argv: Vec<String>,
+    /// Per argv element: offset of the first dynamic part.
+    pub dyn_at: Vec<Option<usize>>,
+    /// The program as written (after expansion), e.g. `/bin/rm`.
+    pub path: String,
+    pub redirects: Vec<Redir>,
+    /// Working directory when it runs (`None`: unknown after a dynamic `cd`).
+    pub cwd: Option<PathBuf>,
+    /// Programs whose output reaches this command's stdin.
+    pub stdin_from: Vec<String>,
+    /// Programs whose output this command executes as code.
+    pub code_from: Vec<String>,
+    /// Facts only the extractor sees (see [`Feature`]).
+    pub features: Vec<Feature>,
+    /// Why the command is opaque to the engine (it cannot see what would run).
+    pub opaque: Option<String>,
+    /// Here-document / here-string text fed to stdin.
+    pub input: Option<String>,
+}
+
+impl Cmd {
+    pub fn program(&self) -> &str {
+        self.argv.first().map(String::as_str).unwrap_or("")
+    }
+}
+
+/// Everything extracted from one string.
+#[derive(Debug, Default)]
+pub(crate) struct Extraction {
+    pub cmds: Vec<Cmd>,
+    /// Set when the string did not parse.
+    pub parse_error: Option<String>,
+}
+
+/// A command as words before classification.
+struct Raw {
+    words: Vec<EWord>,
+    redirects: Vec<Redir>,
+    stdin_from: Vec<String>,
+    /// Static text fed to stdin (here-doc, here-string, `echo … |`).
+    input: Option<String>,
+    /// Stdin comes from a file or somewhere unknown.
+    stdin_other: bool,
+    features: Vec<Feature>,
+}
+
+pub(crate) struct Extractor<'a> {
+    ctx: &'a Context,
+    vars: Vars,
+    cwd: Option<PathBuf>,
+    funcs: HashSet<String>,
+    defining: Vec<String>,
+    depth: usize,
+    out: Vec<Cmd>,
+    in_pipeline_or_bg: bool,
+}
+
+/// Parse a shell string into a program.
+fn parse(text: &str) -> Result<ast::Program, String> {
+    let opts = brush_parser::ParserOptions::default();
+    let mut parser = brush_parser::Parser::new(std::io::Cursor::new(text), &opts);
+    parser.parse_program().map_err(|e| e.to_string())
+}
+
+/// Extract every command of a shell string.
+pub(crate) fn extract_str(text: &str, ctx: &Context) -> Extraction {
+    let mut ex = Extractor::new(ctx);
+    let err = ex.run_str(text);
+    Extraction { cmds: ex.out, parse_error: err }
+}
+
+/// Extract from an argv taken literally.
+pub(crate) fn extract_argv(argv: &[String], ctx: &Context) -> Extraction {
+    let mut ex = Extractor::new(ctx);
+    let raw = Raw {
+        words: argv.iter().map(|a| EWord::lit(a)).collect(),
+        redirects: Vec::new(),
+        stdin_from: Vec::new(),
+        input: None,
+        stdin_other: false,
+        features: Vec::new(),
+    };
+    ex.command(raw);
+    Extraction { cmds: ex.out, parse_error: None }
+}
+
+impl<'a> Extractor<'a> {
+    fn new(ctx: &'a Context) -> Self {
+        let vars = Vars {
+            home: ctx.home.as_ref().map(|h| h.to_string_lossy().into_owned()),
+            pwd: Some(ctx.cwd.to_string_lossy().into_owned()),
+            ..Vars::default()
+        };
+        Extractor {
+            ctx,
+            vars,
+            cwd: Some(paths::normalize(&ctx.cwd)),
+            funcs: HashSet::new(),
+            defining: Vec::new(),
+            depth: 0,
+            out: Vec::new(),
+            in_pipeline_or_bg: false,
+        }
+    }
+
+    pub(super) fn push(&mut self, c: Cmd) {
+        if self.out.len() < MAX_CMDS {
+            self.out.push(c);
+        }
+    }
+
+    pub(super) fn opaque(&mut self, argv: Vec<String>, why: String) {
+        let n = argv.len();
+        self.push(Cmd {
+            path: argv.first().cloned().unwrap_or_default(),
+            argv,
+            dyn_at: vec![None; n],
+            cwd: self.cwd.clone(),
+            opaque: Some(why),
+            ..Cmd::default()
+        });
+    }
+
+    /// Parse and extract a string; returns the parse error, if any.
+    pub(super) fn run_str(&mut self, text: &str) -> Option<String> {
+        if self.depth >= MAX_DEPTH {
+            self.opaque(vec![], "nesting too deep".into());
+            return None;
+        }
+        self.depth += 1;
+        let res = match parse(text) {
+            Ok(p) => {
+                for cc in &p.complete_commands {
+                    self.list(cc);
+                }
+                None
+            }
+            Err(e) => {
+                self.opaque(vec![], format!("the string does not parse ({e})"));
+                Some(e)
+            }
+        };
+        self.depth -= 1;
+        res
+    }
+
+    /// Extract a nested string and return the programs it runs.
+    pub(super) fn sub(&mut self, text: &str) -> Vec<String> {
+        let start = self.out.len();
+        let saved_cwd = self.cwd.clone();
+        let saved_vars = self.vars.map.clone();
+        let saved_pipe = self.in_pipeline_or_bg;
+        self.in_pipeline_or_bg = false;
+        self.run_str(text);
+        self.in_pipeline_or_bg = saved_pipe;
+        self.cwd = saved_cwd;
+        self.vars.map = saved_vars;
+        self.programs_since(start)
+    }
+
+    pub(super) fn programs_since(&self, start: usize) -> Vec<String> {
+        let mut v: Vec<String> = Vec::new();
+        for c in &self.out[start..] {
+            let p = c.program().to_string();
+            if !p.is_empty() && !v.contains(&p) {
+                v.push(p);
+            }
+        }
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ctx() -> Context {
+        Context {
+            workspace: PathBuf::from("/home/dev/proj"),
+            cwd: PathBuf::from("/home/dev/proj"),
+            home: Some(PathBuf::from("/home/dev")),
+        }
+    }
+
+    fn argvs(s: &str) -> Vec<Vec<String>> {
+        extract_str(s, &ctx()).cmds.into_iter().map(|c| c.argv).collect()
+    }
+
+    fn has(s: &str, want: &[&str]) -> bool {
+        argvs(s).iter().any(|a| a == want)
+    }
+
+    #[test]
+    fn basic_canonical() {
+        assert!(has("r''m -rf /", &["rm", "-r", "-f", "/"]));
+        assert!(has("$'\\x72\\x6d' -rf /", &["rm", "-r", "-f", "/"]));
+        assert!(has("/bin/rm --recursive --force /", &["rm", "-r", "-f", "/"]));
+        assert!(has("rm -R -f x", &["rm", "-r", "-f", "x"]));
+    }
+
+    #[test]
+    fn nesting() {
+        assert!(has("bash -c 'rm -rf ~'", &["rm", "-r", "-f", "~"]));
+        assert!(has("eval 'rm -rf /'", &["rm", "-r", "-f", "/"]));
+        assert!(has("echo $(rm -rf /)", &["rm", "-r", "-f", "/"]));
+        assert!(has("echo `rm -rf /`", &["rm", "-r", "-f", "/"]));
+        assert!(has("sudo rm -rf /", &["rm", "-r", "-f", "/"]));
+        assert!(has("timeout 5 rm -rf /", &["rm", "-r", "-f", "/"]));
+        assert!(has("env FOO=1 rm -rf /", &["rm", "-r", "-f", "/"]));
+        assert!(has("nice -n 5 ionice -c 3 rm -rf /", &["rm", "-r", "-f", "/"]));
+        assert!(has("echo / | xargs rm -rf", &["rm", "-r", "-f", "/"]));
+        assert!(has("find ~ -exec rm -rf {} +", &["rm", "-r", "-f", "~/{}"]));
+        assert!(
+            has("find / -delete", &["rm", "-r", "-f", "//{}"]) || has("find / -delete", &["rm", "-r", "-f", "/{}"])
+        );
+        assert!(has("sh -c 'rm -rf $1' x /", &["rm", "-r", "-f", "/"]));
+        assert!(has("f() { rm -rf /; }; f", &["rm", "-r", "-f", "/"]));
+        assert!(has("for d in / ~; do rm -rf $d; done", &["rm", "-r", "-f", "/"]));
+        assert!(has("bash <<EOF\nrm -rf /\nEOF", &["rm", "-r", "-f", "/"]));
+        assert!(has("bash <<< 'rm -rf /'", &["rm", "-r", "-f", "/"]));
+        assert!(has("echo 'rm -rf /' | sh", &["rm", "-r", "-f", "/"]));
+        assert!(has("su -c 'rm -rf /' root", &["rm", "-r", "-f", "/"]));
+        assert!(has("X=/; rm -rf $X", &["rm", "-r", "-f", "/"]));
+        assert!(has("rm -rf ${X:-/}", &["rm", "-r", "-f", "/"]));
+        assert!(has("(cd /tmp && rm -rf x)", &["rm", "-r", "-f", "x"]));
+        assert!(has("cat <(rm -rf /)", &["rm", "-r", "-f", "/"]));
+    }
+
+    #[test]
+    fn cwd_tracking() {
+        let e = extract_str("cd / && rm -rf *", &ctx());
+        let rm = e.cmds.iter().find(|c| c.program() == "rm").map(|c| c.cwd.clone());
+        assert_eq!(rm, Some(Some(PathBuf::from("/"))));
+    }
+
+    #[test]
+    fn opacity() {
+        let e = extract_str("$CMD -rf /", &ctx());
+        assert!(e.cmds.iter().any(|c| c.opaque.is_some()));
+        let e = extract_str("eval \"$x\"", &ctx());
+        assert!(e.cmds.iter().any(|c| c.opaque.is_some()));
+        let e = extract_str("curl x | sh", &ctx());
+        assert!(e.cmds.iter().any(|c| c.code_from == ["curl"]));
+        let e = extract_str("bash <(curl x)", &ctx());
+        assert!(e.cmds.iter().any(|c| c.code_from == ["curl"]));
+        let e = extract_str("sh -c \"$(curl x)\"", &ctx());
+        assert!(e.cmds.iter().any(|c| c.code_from == ["curl"]));
+        let e = extract_str("if then fi (", &ctx());
+        assert!(e.parse_error.is_some());
+    }
+
+    #[test]
+    fn fork_bomb() {
+        let e = extract_str(":(){ :|:& };:", &ctx());
+        assert!(e.cmds.iter().any(|c| c.features.contains(&Feature::ForkBomb)), "{:?}", e.cmds);
+        let e = extract_str("bomb() { bomb | bomb & }; bomb", &ctx());
+        assert!(e.cmds.iter().any(|c| c.features.contains(&Feature::ForkBomb)));
+        let e = extract_str("f() { echo hi; }; f | f", &ctx());
+        assert!(!e.cmds.iter().any(|c| c.features.contains(&Feature::ForkBomb)));
+    }
+}
