@@ -71,6 +71,45 @@ pub struct Evaluation {
     pub commands: Vec<Vec<String>>,
 }
 
+/// A built-in rule a policy file weakens, on purpose (`override = "weaken"`): what `policy show`
+/// and `policy lint` report.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Weakening {
+    /// The built-in rule's id.
+    pub rule: String,
+    /// What the file does to it: `disables it`, `lowers its action from deny to transact`,
+    /// `replaces what it matches`.
+    pub how: String,
+}
+
+/// How `user` (the merged rule) weakens the built-in rule `base`, if it does. A rule weakens
+/// when it is disabled or its action lowered (unless it was an `allow` rule: disabling or
+/// raising one only makes the policy stricter), or when what it matches is replaced: a deny
+/// or transact rule may then match less, an allow rule more.
+fn weakens(base: &rules::RuleSpec, user: &rules::RuleSpec) -> Option<String> {
+    let action = |s: &rules::RuleSpec| match s.action.as_deref() {
+        Some("deny") => Action::Deny,
+        Some("transact") => Action::Transact,
+        _ => Action::Allow,
+    };
+    let (was, now) = (action(base), action(user));
+    let mut how = Vec::new();
+    if user.enabled == Some(false) && base.enabled != Some(false) && was > Action::Allow {
+        how.push("disables it".to_string());
+    }
+    if now < was {
+        how.push(format!("lowers its action from {} to {}", was.as_str(), now.as_str()));
+    }
+    if user.when != base.when {
+        how.push("replaces what it matches".to_string());
+    }
+    if how.is_empty() {
+        None
+    } else {
+        Some(how.join(", "))
+    }
+}
+
 /// Why a policy could not be loaded. Displays as `file:line:col: rule `id`: message`.
 #[derive(Debug, thiserror::Error)]
 pub enum PolicyError {
@@ -129,6 +168,8 @@ struct Compiled {
     /// The built-in policy without its inline examples (`Policy::builtin`): `to_toml` shows
     /// the whole built-in text instead.
     stripped: bool,
+    /// Built-in rules the user file weakens (each with `override = "weaken"`).
+    weakened: Vec<Weakening>,
 }
 
 /// A loaded policy: the built-in default, possibly with a user file merged over it.
@@ -228,6 +269,7 @@ impl Policy {
                     by_program: HashMap::new(),
                     generic: Vec::new(),
                     stripped: false,
+                    weakened: Vec::new(),
                 }),
             },
         }
@@ -249,6 +291,7 @@ impl Policy {
         };
         let mut specs = base;
         let mut seen: Vec<String> = Vec::new();
+        let mut weakened = Vec::new();
         for r in user.rules {
             let id = r.id.get_ref().clone();
             if seen.contains(&id) {
@@ -270,6 +313,21 @@ impl Policy {
                         merged.examples = b_examples;
                     }
                 }
+                if let Some(how) = weakens(b, &merged) {
+                    if merged.override_ != Some(rules::Override::Weaken) {
+                        return Err(PolicyError::at(
+                            origin,
+                            text,
+                            r.id.span().start,
+                            Some(&id),
+                            format!(
+                                "weakens the built-in rule ({how}); add `override = \"weaken\"` to the rule if that is \
+                                 meant"
+                            ),
+                        ));
+                    }
+                    weakened.push(Weakening { rule: id.clone(), how });
+                }
                 *b = merged;
             } else {
                 specs.push(r);
@@ -278,7 +336,16 @@ impl Policy {
         // The rules this file adds or changes are checked (regexes, inline examples, inherited
         // ones included); the untouched built-in rules were checked by the tests, and checking
         // all of them again cost ~3 ms on every run with --policy.
-        Policy::build(specs, text, origin, Check::Only(&seen))
+        let mut p = Policy::build(specs, text, origin, Check::Only(&seen))?;
+        if let Some(c) = Arc::get_mut(&mut p.inner) {
+            c.weakened = weakened;
+        }
+        Ok(p)
+    }
+
+    /// The built-in rules this policy weakens on purpose (`override = "weaken"`).
+    pub fn weakened(&self) -> &[Weakening] {
+        &self.inner.weakened
     }
 
     /// Compile rules, and check the regexes and inline examples of those `check` names (the
@@ -344,10 +411,20 @@ impl Policy {
                 None => generic.push(i),
             }
         }
-        Ok(Policy { inner: Arc::new(Compiled { specs, rules: compiled, by_program, generic, stripped: false }) })
+        Ok(Policy {
+            inner: Arc::new(Compiled {
+                specs,
+                rules: compiled,
+                by_program,
+                generic,
+                stripped: false,
+                weakened: Vec::new(),
+            }),
+        })
     }
 
-    /// The effective policy as TOML; loading it gives the same policy back.
+    /// The effective policy as TOML; loading it gives the same policy back. Built-in rules it
+    /// weakens are listed first, as comments.
     pub fn to_toml(&self) -> String {
         if self.inner.stripped {
             if let Ok(full) = builtin_cell() {
@@ -360,7 +437,12 @@ impl Policy {
             rule: &'a [rules::RuleSpec],
         }
         let out = Out { version: 1, rule: &self.inner.specs };
-        toml::to_string(&out).unwrap_or_default()
+        let mut text = String::new();
+        for w in &self.inner.weakened {
+            text.push_str(&format!("# WEAKENED built-in rule `{}`: {} (override = \"weaken\")\n", w.rule, w.how));
+        }
+        text.push_str(&toml::to_string(&out).unwrap_or_default());
+        text
     }
 
     /// Ids of the enabled rules, in order.
@@ -448,7 +530,7 @@ pub fn lint(path: &Path) -> Result<Vec<String>, PolicyError> {
     let text =
         std::fs::read_to_string(path).map_err(|source| PolicyError::Io { file: path.display().to_string(), source })?;
     let origin = path.display().to_string();
-    Policy::from_toml_str(&text, &origin)?;
+    let policy = Policy::from_toml_str(&text, &origin)?;
     let user = parse_file(&text, &origin)?;
     let builtin = match builtin_cell() {
         Ok(p) => p.clone(),
@@ -460,20 +542,18 @@ pub fn lint(path: &Path) -> Result<Vec<String>, PolicyError> {
         let (line, col) = line_col(&text, r.id.span().start);
         let at = format!("{origin}:{line}:{col}: rule `{id}`");
         let base = builtin.inner.specs.iter().find(|s| s.id.get_ref() == id);
+        if let Some(w) = policy.weakened().iter().find(|w| &w.rule == id) {
+            let was = base.and_then(|b| b.action.as_deref()).unwrap_or("?");
+            warnings.push(format!("{at}: WEAKENS the built-in {was} rule: {} (override = \"weaken\")", w.how));
+        } else if r.override_.is_some() {
+            let what = if base.is_some() { "weakens nothing" } else { "is not a built-in rule" };
+            warnings.push(format!("{at}: has `override = \"weaken\"` but {what}"));
+        }
         if r.enabled == Some(false) {
-            if let Some(b) = base {
-                if b.action.as_deref() == Some("deny") {
-                    warnings.push(format!("{at}: disables a built-in deny rule"));
-                }
-            } else {
+            if base.is_none() {
                 warnings.push(format!("{at}: disables a rule that is not built in (no effect)"));
             }
             continue;
-        }
-        if let (Some(b), Some(a)) = (base, &r.action) {
-            if b.action.as_deref() == Some("deny") && a != "deny" {
-                warnings.push(format!("{at}: weakens a built-in deny rule to `{a}`"));
-            }
         }
         if base.is_none() && r.examples.as_ref().is_none_or(|e| e.matches.is_empty()) {
             warnings.push(format!("{at}: has no `examples.match`; add one so the rule is checked at load"));

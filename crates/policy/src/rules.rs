@@ -28,10 +28,22 @@ pub(crate) struct RuleSpec {
     pub action: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
+    /// `override = "weaken"`: the file means to weaken the built-in rule of the same id
+    /// (disable it, lower its action, or replace what it matches). Without it, such a change is
+    /// refused at load, so a reused id can never weaken a rule silently.
+    #[serde(default, rename = "override", skip_serializing_if = "Option::is_none")]
+    pub override_: Option<Override>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub examples: Option<Examples>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub when: Vec<MatchSpec>,
+}
+
+/// The only override a policy file can state.
+#[derive(Debug, Clone, Copy, Deserialize, Serialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Override {
+    Weaken,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize, Default, PartialEq)]

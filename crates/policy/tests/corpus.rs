@@ -99,6 +99,7 @@ version = 1
 [[rule]]
 id = "remote.force-push"
 enabled = false
+override = "weaken"
 
 [[rule]]
 id = "team.no-make-deploy"
@@ -153,9 +154,9 @@ fn lint_warns() {
     let dir = std::env::temp_dir().join(format!("txbox-policy-lint-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
     let f = dir.join("p.toml");
-    std::fs::write(&f, "version = 1\n[[rule]]\nid = \"fs.delete-outside-workspace\"\nenabled = false\n[[rule]]\nid = \"mine\"\naction = \"transact\"\nreason = \"r\"\n[[rule.when]]\nprogram = [\"make\"]\n").unwrap_or_else(|e| panic!("{e}"));
+    std::fs::write(&f, "version = 1\n[[rule]]\nid = \"fs.delete-outside-workspace\"\nenabled = false\noverride = \"weaken\"\n[[rule]]\nid = \"mine\"\naction = \"transact\"\nreason = \"r\"\n[[rule.when]]\nprogram = [\"make\"]\n").unwrap_or_else(|e| panic!("{e}"));
     let w = txbox_policy::lint(&f).unwrap_or_else(|e| panic!("{e}"));
-    assert!(w.iter().any(|w| w.contains("disables a built-in deny rule")), "{w:?}");
+    assert!(w.iter().any(|w| w.contains("WEAKENS the built-in deny rule: disables it")), "{w:?}");
     assert!(w.iter().any(|w| w.contains("no `examples.match`")), "{w:?}");
     assert!(w.iter().any(|w| w.contains("not namespaced")), "{w:?}");
     let _ = std::fs::remove_dir_all(&dir);
@@ -252,4 +253,73 @@ fn ancestors_of_a_workspace_below_tmp_are_protected() {
     for s in ["rm -rf /var/tmp/other-build", "rm -rf build", "rm -rf /tmp/x"] {
         assert_eq!(p.evaluate_str(s, &ctx).decision.action, Action::Transact, "{s}");
     }
+}
+
+/// A reused built-in id can only weaken that rule when the file says so (issue #13, finding 11):
+/// every way of weakening is refused without `override = "weaken"`, accepted with it, and then
+/// reported by `weakened()`, `to_toml()` (what `policy show` prints) and `lint`.
+#[test]
+fn weakening_a_builtin_rule_must_be_explicit() {
+    let weaken = [
+        ("enabled = false", "disables it"),
+        ("action = \"transact\"", "lowers its action from deny to transact"),
+        ("action = \"allow\"", "lowers its action from deny to allow"),
+        (
+            "[[rule.when]]\nprogram = [\"git\"]\nsubcommand = [\"push\"]\nargs_any = [\"--never\"]",
+            "replaces what it matches",
+        ),
+    ];
+    for (body, how) in weaken {
+        let silent = format!("version = 1\n[[rule]]\nid = \"remote.force-push\"\n{body}\n");
+        let e = err(&silent);
+        assert!(
+            e.contains("rule `remote.force-push`") && e.contains(how) && e.contains("override = \"weaken\""),
+            "{e}"
+        );
+        let explicit = silent.replace(
+            "\n[[rule]]\nid = \"remote.force-push\"\n",
+            "\n[[rule]]\nid = \"remote.force-push\"\noverride = \"weaken\"\n",
+        );
+        let p = Policy::from_toml_str(&explicit, "p.toml").unwrap_or_else(|e| panic!("{explicit}: {e}"));
+        assert_eq!(p.weakened().len(), 1, "{explicit}");
+        assert_eq!(p.weakened()[0].rule, "remote.force-push");
+        assert!(p.weakened()[0].how.contains(how), "{:?}", p.weakened());
+        assert_ne!(p.evaluate_str("git push -f", &ctx()).decision.action, Action::Deny, "{explicit}");
+        let shown = p.to_toml();
+        assert!(shown.starts_with("# WEAKENED built-in rule `remote.force-push`"), "{shown}");
+        // What `show` prints loads back to the same policy, weakening still reported.
+        let again = Policy::from_toml_str(&shown, "shown.toml").unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(again.to_toml(), shown);
+    }
+    // An allow rule weakens when what it allows is replaced; disabling or raising it does not.
+    let e = err("version = 1\n[[rule]]\nid = \"read-only\"\n[[rule.when]]\nprogram = [\"rm\"]\n");
+    assert!(e.contains("replaces what it matches"), "{e}");
+    for body in ["enabled = false"] {
+        let text = format!("version = 1\n[[rule]]\nid = \"read-only\"\n{body}\n");
+        let p = Policy::from_toml_str(&text, "p.toml").unwrap_or_else(|e| panic!("{text}: {e}"));
+        assert!(p.weakened().is_empty(), "{text}");
+    }
+    // Strengthening or rewording needs no override.
+    for body in ["reason = \"ask the team first\"", "action = \"deny\""] {
+        let text = format!("version = 1\n[[rule]]\nid = \"fs.workspace-destruction\"\n{body}\n");
+        let p = Policy::from_toml_str(&text, "p.toml").unwrap_or_else(|e| panic!("{text}: {e}"));
+        assert!(p.weakened().is_empty() && !p.to_toml().starts_with('#'), "{text}");
+    }
+    // The unmodified built-in policy weakens nothing, even when every rule is restated.
+    let b = Policy::builtin();
+    let again = Policy::from_toml_str(&b.to_toml(), "shown.toml").unwrap_or_else(|e| panic!("{e}"));
+    assert!(again.weakened().is_empty());
+}
+
+#[test]
+fn lint_reports_pointless_overrides() {
+    let dir = std::env::temp_dir().join(format!("txbox-policy-lint-override-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap_or_else(|e| panic!("{e}"));
+    let f = dir.join("p.toml");
+    let text = "version = 1\n[[rule]]\nid = \"remote.publish\"\noverride = \"weaken\"\nreason = \"r\"\n[[rule]]\nid = \"team.x\"\noverride = \"weaken\"\naction = \"deny\"\nreason = \"r\"\nexamples.match = [\"make x\"]\n[[rule.when]]\nprogram = [\"make\"]\nsubcommand = [\"x\"]\n";
+    std::fs::write(&f, text).unwrap_or_else(|e| panic!("{e}"));
+    let w = txbox_policy::lint(&f).unwrap_or_else(|e| panic!("{e}"));
+    assert!(w.iter().any(|w| w.contains("`remote.publish`") && w.contains("weakens nothing")), "{w:?}");
+    assert!(w.iter().any(|w| w.contains("`team.x`") && w.contains("is not a built-in rule")), "{w:?}");
+    let _ = std::fs::remove_dir_all(&dir);
 }
