@@ -110,6 +110,25 @@ impl Eval {
     }
 }
 
+/// The directory a benchmark's task runs in, where its README or set-up says so: Terminal-Bench
+/// tasks in `/app` (some multi-turn ones in `/workdir`: the one the task names more often),
+/// InterCode's prepared file systems 1–3 in `/testbed`, `/system`, `/workspace`, OpenHands'
+/// Multi-SWE-bench in `/workspace`. `None`: the default context.
+fn task_workspace(source: &str, task: &str, (app, workdir): (usize, usize)) -> Option<&'static str> {
+    match source {
+        "terminal-bench-core" | "mmtb-core" => Some("/app"),
+        "tbench-multiturn" => Some(if workdir > app { "/workdir" } else { "/app" }),
+        "openhands/multi-swe-bench-example" => Some("/workspace"),
+        _ if source.starts_with("intercode-bash") => match task.split('/').next() {
+            Some("nl2bash_fs_1") => Some("/testbed"),
+            Some("nl2bash_fs_2") => Some("/system"),
+            Some("nl2bash_fs_3") => Some("/workspace"),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     let dir = args
@@ -260,8 +279,27 @@ fn main() {
     let mut agent_all = Tally::default();
     let mut agent_fp: BTreeMap<String, usize> = BTreeMap::new();
     let mut agent_denied = Vec::new();
-    for r in tsv(&dir.join("agent_commands.tsv")).iter().filter(|r| r.len() >= 3) {
+    // Each session runs in the directory its benchmark prepares for it, which is what txbox
+    // would be given as the workspace: see `task_workspace`.
+    let default_ctx = ev.ctx.clone();
+    let agent_rows = tsv(&dir.join("agent_commands.tsv"));
+    let mut workdir_tasks: BTreeMap<(String, String), (usize, usize)> = BTreeMap::new();
+    for r in agent_rows.iter().filter(|r| r.len() >= 3) {
+        let n = workdir_tasks.entry((r[0].clone(), r[1].clone())).or_default();
+        n.0 += r[2].matches("/app").count();
+        n.1 += r[2].matches("/workdir").count();
+    }
+    for r in agent_rows.iter().filter(|r| r.len() >= 3) {
         let cmd = unescape(&r[2]);
+        let counts = workdir_tasks.get(&(r[0].clone(), r[1].clone())).copied().unwrap_or_default();
+        ev.ctx = match task_workspace(&r[0], &r[1], counts) {
+            Some(ws) => txbox_policy::Context {
+                workspace: PathBuf::from(ws),
+                cwd: PathBuf::from(ws),
+                home: Some(PathBuf::from("/root")),
+            },
+            None => default_ctx.clone(),
+        };
         let e = ev.eval(&cmd);
         agent_all.add(&e);
         let source = r[0].split('/').next().unwrap_or(&r[0]).to_string();
@@ -291,6 +329,8 @@ fn main() {
         let _ = writeln!(md, "- `{one}` (`{rule}`)");
     }
 
+    ev.ctx = default_ctx;
+
     // The repo's own corpus of evasion classes.
     let own = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/corpus");
     let _ = write!(md, "\n## txbox's own corpus (`crates/policy/tests/corpus`)\n\n{HEADER}");
@@ -307,6 +347,47 @@ fn main() {
             }
         }
         md.push_str(&t.row(f));
+    }
+
+    // Deny-worthy commands by class (issue #13: "refuse early what it can see"); `ok.txt` holds
+    // their near misses, which must not be denied.
+    let early = own.join("early");
+    let mut classes: Vec<PathBuf> = std::fs::read_dir(&early)
+        .map(|d| {
+            d.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "txt")).collect()
+        })
+        .unwrap_or_default();
+    classes.sort();
+    let _ = write!(
+        md,
+        "\n### Deny-worthy commands by class (`crates/policy/tests/corpus/early`)\n\nWritten as an attacker would, \
+         many variants per class; every line of a class must be denied, no line of `ok.txt` (their near \
+         misses).\n\n{HEADER}"
+    );
+    let (mut all_deny, mut misses) = (Tally::default(), Vec::new());
+    for f in &classes {
+        let name = f.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let mut t = Tally::default();
+        for l in std::fs::read_to_string(f).unwrap_or_default().lines() {
+            if l.trim().is_empty() || l.starts_with('#') {
+                continue;
+            }
+            let e = ev.eval(&l.replace("\\n", "\n"));
+            t.add(&e);
+            if name != "ok" {
+                all_deny.add(&e);
+            }
+            if (name == "ok") == (e.decision.action == Action::Deny) {
+                misses.push(format!("{name}\t{l}\t{} {:?}", e.decision.action.as_str(), e.decision.rule));
+            }
+        }
+        md.push_str(&t.row(&name));
+    }
+    md.push_str(&all_deny.row("all deny-worthy"));
+    if verbose {
+        for m in &misses {
+            println!("EARLY-MISS\t{m}");
+        }
     }
 
     let mut lat = std::mem::take(&mut ev.latencies);

@@ -10,6 +10,7 @@ mod glob;
 pub mod paths;
 mod rules;
 mod words;
+mod writes;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -489,7 +490,7 @@ impl Policy {
             );
         }
         for c in &ex.cmds {
-            let view = rules::CmdView::new(c, ctx);
+            let view = rules::CmdView::new(c, ctx, &ex.cmds);
             let mut cmd_best: Option<Decision> = None;
             for i in self.candidates(c.program()) {
                 let Some(rule) = self.inner.rules.get(i) else { continue };
@@ -522,7 +523,7 @@ impl Policy {
 
 fn rule_matches_str(rule: &rules::Rule, text: &str, ctx: &Context) -> bool {
     let ex = extract::extract_str(text, ctx);
-    ex.cmds.iter().any(|c| rule.matches(&rules::CmdView::new(c, ctx)).is_some())
+    ex.cmds.iter().any(|c| rule.matches(&rules::CmdView::new(c, ctx, &ex.cmds)).is_some())
 }
 
 /// Check a policy file and return warnings (errors are `Err`).

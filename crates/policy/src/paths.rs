@@ -41,6 +41,12 @@ pub enum PathClass {
     Scratch,
     /// Not resolvable statically (a variable, a command substitution, an unknown cwd).
     Dynamic,
+    /// A file of the host a write would change: outside the workspace and scratch space, and
+    /// not a stream (`/dev/null`, `/dev/stderr`, `/dev/fd/N`, `/proc/self/fd/N`, a terminal).
+    Host,
+    /// A file the host runs by itself later: shell startup files, `authorized_keys`, cron,
+    /// at and systemd directories, init scripts, `ld.so.preload`, autostart entries.
+    Persistence,
 }
 
 pub const ALL_CLASSES: &[PathClass] = &[
@@ -60,6 +66,8 @@ pub const ALL_CLASSES: &[PathClass] = &[
     PathClass::Network,
     PathClass::Scratch,
     PathClass::Dynamic,
+    PathClass::Host,
+    PathClass::Persistence,
 ];
 
 impl PathClass {
@@ -81,6 +89,8 @@ impl PathClass {
             PathClass::Network => "network",
             PathClass::Scratch => "scratch",
             PathClass::Dynamic => "dynamic",
+            PathClass::Host => "host",
+            PathClass::Persistence => "persistence",
         }
     }
 
@@ -303,6 +313,88 @@ const CRITICAL: &[&str] = &[
     "/etc/login.defs",
 ];
 
+/// Startup files relative to a home directory: a write there runs at the next login or shell.
+const PERSIST_IN_HOME: &[&str] = &[
+    ".bashrc",
+    ".bash_profile",
+    ".bash_login",
+    ".bash_logout",
+    ".profile",
+    ".shrc",
+    ".kshrc",
+    ".mkshrc",
+    ".cshrc",
+    ".tcshrc",
+    ".login",
+    ".logout",
+    ".zshrc",
+    ".zshenv",
+    ".zprofile",
+    ".zlogin",
+    ".zlogout",
+    ".config/fish",
+    ".xinitrc",
+    ".xprofile",
+    ".xsession",
+    ".xsessionrc",
+    ".config/autostart",
+    ".config/systemd",
+    ".local/share/systemd",
+    ".ssh/authorized_keys",
+    ".ssh/authorized_keys2",
+    ".ssh/rc",
+    ".ssh/config",
+    ".gitconfig",
+    ".config/git",
+    ".vimrc",
+    ".pam_environment",
+];
+
+/// Places the host runs from by itself (schedulers, service managers, loaders, login).
+const PERSIST_ABS: &[&str] = &[
+    "/etc/profile",
+    "/etc/profile.d",
+    "/etc/bash.bashrc",
+    "/etc/bashrc",
+    "/etc/zsh",
+    "/etc/environment",
+    "/etc/rc.local",
+    "/etc/rc.common",
+    "/etc/init.d",
+    "/etc/rc0.d",
+    "/etc/rc1.d",
+    "/etc/rc2.d",
+    "/etc/rc3.d",
+    "/etc/rc4.d",
+    "/etc/rc5.d",
+    "/etc/rc6.d",
+    "/etc/rcS.d",
+    "/etc/crontab",
+    "/etc/cron.d",
+    "/etc/cron.hourly",
+    "/etc/cron.daily",
+    "/etc/cron.weekly",
+    "/etc/cron.monthly",
+    "/etc/anacrontab",
+    "/var/spool/cron",
+    "/var/spool/at",
+    "/etc/systemd",
+    "/lib/systemd",
+    "/usr/lib/systemd",
+    "/etc/xdg/autostart",
+    "/etc/ld.so.preload",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/udev/rules.d",
+    "/etc/update-motd.d",
+    "/etc/modules-load.d",
+    "/etc/modprobe.d",
+    "/etc/ssh/sshd_config",
+    "/etc/sudoers",
+    "/etc/sudoers.d",
+    "/etc/pam.d",
+];
+
 const BENIGN_DEV: &[&str] = &[
     "null", "zero", "full", "random", "urandom", "tty", "stdin", "stdout", "stderr", "ptmx", "fd", "pts", "shm",
     "console",
@@ -404,10 +496,14 @@ pub fn classify(text: &str, dyn_at: Option<usize>, cwd: Option<&Path>, ctx: &Con
     if dyn_tail {
         classes.insert(PathClass::Dynamic);
     }
-    // Secrets are also recognised by file name wherever they are (`./id_rsa`, `/tmp/x/id_ed25519`).
+    // Secrets are also recognised by file name wherever they are (`./id_rsa`, `/tmp/x/id_ed25519`);
+    // public keys and known hosts are no secrets, wherever they are.
     if let Some(name) = Path::new(text).file_name().and_then(|n| n.to_str()) {
         if SECRET_BASENAMES.contains(&name) {
             classes.insert(PathClass::Secret);
+        }
+        if name.ends_with(".pub") || name == "known_hosts" {
+            classes.remove(PathClass::Secret);
         }
     }
     PathInfo { display, classes, scope }
@@ -531,6 +627,23 @@ pub fn classify_abs(p: &Path, children: bool, ctx: &Context) -> ClassSet {
         || first == Some("sys")
     {
         set.insert(PathClass::Kernel);
+    }
+    if in_home
+        .as_ref()
+        .and_then(|h| p.strip_prefix(h).ok())
+        .is_some_and(|rel| PERSIST_IN_HOME.iter().any(|s| rel.starts_with(s)))
+        || PERSIST_ABS.iter().any(|s| p.starts_with(s))
+    {
+        set.insert(PathClass::Persistence);
+    }
+    // Streams are no files of the host: writing them changes nothing there.
+    let stream = set.contains(PathClass::Network)
+        || (first == Some("dev") && comps.len() >= 2 && !set.contains(PathClass::Device))
+        || (first == Some("proc")
+            && comps.get(2).map(String::as_str) == Some("fd")
+            && comps.get(1).is_some_and(|d| d == "self" || d.chars().all(|c| c.is_ascii_digit())));
+    if !stream {
+        set.insert(PathClass::Host);
     }
     set
 }

@@ -92,6 +92,15 @@ pub(crate) struct MatchSpec {
     /// Classes of write-redirect targets (`> /dev/sda`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub redirect_write_any: Vec<String>,
+    /// Classes of the files the command writes: write redirects and the operands it writes
+    /// (`tee FILE`, `cp … DEST`, `dd of=`, `sed -i FILE`, `curl -o FILE`, …).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub writes_any: Vec<String>,
+    /// Classes of what the command receives: paths read by the commands whose output reaches
+    /// it (through pipes, substitutions and variables, transitively); a dump of the
+    /// environment (`env`, `printenv`) counts as `secret`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub inputs_any: Vec<String>,
     /// Classes of any redirect target, read or write (`< ~/.ssh/id_rsa`, `>& /dev/tcp/…`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub redirect_any: Vec<String>,
@@ -200,6 +209,8 @@ pub(crate) struct Matcher {
     paths_any: Option<ClassSet>,
     paths_scope: Vec<Scope>,
     redirect_write_any: Option<ClassSet>,
+    writes_any: Option<ClassSet>,
+    inputs_any: Option<ClassSet>,
     redirect_any: Option<ClassSet>,
     code_from_any: Vec<Pat>,
     stdin_from_any: Vec<Pat>,
@@ -249,6 +260,8 @@ impl Matcher {
             paths_any: opt_classes(&s.paths_any, "paths_any")?,
             paths_scope: scopes,
             redirect_write_any: opt_classes(&s.redirect_write_any, "redirect_write_any")?,
+            writes_any: opt_classes(&s.writes_any, "writes_any")?,
+            inputs_any: opt_classes(&s.inputs_any, "inputs_any")?,
             redirect_any: opt_classes(&s.redirect_any, "redirect_any")?,
             code_from_any: pats(&s.code_from_any)?,
             stdin_from_any: pats(&s.stdin_from_any)?,
@@ -341,6 +354,20 @@ impl Matcher {
                 None => return None,
             }
         }
+        if let Some(want) = self.writes_any {
+            // A `find`/`xargs` marker (`DIR/{}`) stands for files a filter picked, not the
+            // directory: bulk edits are judged by the delete and permission rules.
+            match c.writes().iter().find(|p| p.classes.intersects(want) && p.scope == Scope::Full) {
+                Some(p) => hit_path = Some(p.display.clone()),
+                None => return None,
+            }
+        }
+        if let Some(want) = self.inputs_any {
+            match c.inputs().iter().find(|p| p.classes.intersects(want)) {
+                Some(p) => hit_path = Some(p.display.clone()),
+                None => return None,
+            }
+        }
         if let Some(want) = self.redirect_any {
             let hit = c.redirects().iter().find(|(_, p)| p.classes.intersects(want));
             match hit {
@@ -389,13 +416,25 @@ fn p_has_slash(p: &Pat) -> bool {
 pub(crate) struct CmdView<'a> {
     pub cmd: &'a Cmd,
     ctx: &'a Context,
+    /// Every command of the extraction (what [`Cmd::feeds`] indexes).
+    all: &'a [Cmd],
+    inputs: std::cell::OnceCell<Vec<PathInfo>>,
     paths: std::cell::OnceCell<Vec<PathInfo>>,
     redirects: std::cell::OnceCell<Vec<(bool, PathInfo)>>,
+    writes: std::cell::OnceCell<Vec<PathInfo>>,
 }
 
 impl<'a> CmdView<'a> {
-    pub fn new(cmd: &'a Cmd, ctx: &'a Context) -> Self {
-        CmdView { cmd, ctx, paths: std::cell::OnceCell::new(), redirects: std::cell::OnceCell::new() }
+    pub fn new(cmd: &'a Cmd, ctx: &'a Context, all: &'a [Cmd]) -> Self {
+        CmdView {
+            cmd,
+            ctx,
+            all,
+            inputs: std::cell::OnceCell::new(),
+            paths: std::cell::OnceCell::new(),
+            redirects: std::cell::OnceCell::new(),
+            writes: std::cell::OnceCell::new(),
+        }
     }
 
     pub fn paths(&self) -> &[PathInfo] {
@@ -422,6 +461,54 @@ impl<'a> CmdView<'a> {
                 }
                 let d = dyn_at.map(|d| d.saturating_sub(off));
                 v.push(paths::classify(text, d, self.cmd.cwd.as_deref(), self.ctx));
+            }
+            v
+        })
+    }
+
+    /// The files the command writes: its write redirects, then the operands it writes.
+    pub fn writes(&self) -> &[PathInfo] {
+        self.writes.get_or_init(|| {
+            let mut v: Vec<PathInfo> = self.redirects().iter().filter(|(w, _)| *w).map(|(_, p)| p.clone()).collect();
+            for o in crate::writes::written(&self.cmd.argv) {
+                let Some(text) = self.cmd.argv.get(o.index).and_then(|a| a.get(o.offset..)) else { continue };
+                if text.is_empty() || text == "-" {
+                    continue;
+                }
+                let dyn_at = self.cmd.dyn_at.get(o.index).copied().flatten().map(|d| d.saturating_sub(o.offset));
+                v.push(paths::classify(text, dyn_at, self.cmd.cwd.as_deref(), self.ctx));
+            }
+            v
+        })
+    }
+
+    /// What the commands feeding this one read: their path operands and read redirects,
+    /// following their own feeds in turn.
+    pub fn inputs(&self) -> &[PathInfo] {
+        self.inputs.get_or_init(|| {
+            let mut v = Vec::new();
+            let mut seen: Vec<usize> = Vec::new();
+            let mut todo: Vec<usize> = self.cmd.feeds.clone();
+            while let Some(i) = todo.pop() {
+                if seen.contains(&i) || seen.len() >= 64 {
+                    continue;
+                }
+                seen.push(i);
+                let Some(src) = self.all.get(i) else { continue };
+                let view = CmdView::new(src, self.ctx, self.all);
+                v.extend(view.paths().iter().cloned());
+                v.extend(view.redirects().iter().filter(|(w, _)| !*w).map(|(_, p)| p.clone()));
+                if matches!(src.program(), "env" | "printenv" | "set" | "export" | "declare")
+                    && src.argv.len() <= 2
+                    && src.argv.get(1).is_none_or(|a| a.starts_with('-'))
+                {
+                    v.push(PathInfo {
+                        display: "the environment".into(),
+                        classes: ClassSet::of(&[PathClass::Secret]),
+                        scope: Scope::Full,
+                    });
+                }
+                todo.extend(src.feeds.iter().copied());
             }
             v
         })

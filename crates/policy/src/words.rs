@@ -1,6 +1,7 @@
-//! Word expansion done statically: quote removal, ANSI-C `$'..'` decoding, simple parameter
-//! expansion from tracked variables, and collection of command substitutions (which the extractor
-//! parses and evaluates separately).
+//! Word expansion done statically: quote removal, ANSI-C `$'..'` decoding, parameter expansion
+//! from tracked variables and arrays, field splitting of unquoted expansions (with the tracked
+//! `IFS`), and collection of command substitutions (which the extractor parses and evaluates
+//! separately; a substitution whose output it can compute from literals is substituted).
 
 use std::collections::HashMap;
 
@@ -27,7 +28,20 @@ impl EWord {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Var {
     Static(String),
+    /// An indexed array of known elements (`a=(x y)`, `a[1]=y`).
+    Array(Vec<String>),
     Dynamic,
+}
+
+/// The output of a command substitution's body, when it is known statically.
+pub(crate) type Eval<'a> = &'a dyn Fn(&str) -> Option<String>;
+
+/// Prefixes, inside `expand`, a substitution body whose output was computed (a NUL never
+/// occurs in shell text).
+const STATIC_MARK: &str = "\0static\0";
+
+fn no_eval(_: &str) -> Option<String> {
+    None
 }
 
 /// Variables known at a point of the script.
@@ -39,13 +53,26 @@ pub(crate) struct Vars {
     pub pwd: Option<String>,
 }
 
+impl Vars {
+    /// The field separators: a tracked `IFS`, else space, tab and newline.
+    pub fn ifs(&self) -> String {
+        match self.map.get("IFS") {
+            Some(Var::Static(s)) => s.clone(),
+            _ => " \t\n".to_string(),
+        }
+    }
+}
+
 /// Result of expanding a raw word.
 #[derive(Debug, Default)]
 pub(crate) struct Expansion {
     /// One raw word can become several (brace expansion).
     pub words: Vec<EWord>,
-    /// Bodies of command substitutions found in the word, in order.
+    /// Bodies of command substitutions found in the word, in order, whose output is unknown.
     pub subs: Vec<String>,
+    /// Bodies of command substitutions whose output was computed statically and substituted:
+    /// they still run, but the word does not come from them.
+    pub static_subs: Vec<String>,
 }
 
 struct Out {
@@ -53,6 +80,15 @@ struct Out {
     dyn_at: Option<usize>,
     /// Byte offsets of unquoted `{`, `,`, `}` (for brace expansion).
     braces: Vec<usize>,
+    /// Byte ranges that undergo field splitting: on `IFS` (unquoted expansions), or on NUL
+    /// (`"$@"`, `"${a[@]}"`: one field per element).
+    splits: Vec<(usize, usize, Split)>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Split {
+    Ifs,
+    Nul,
 }
 
 impl Out {
@@ -65,8 +101,14 @@ impl Out {
 
 /// Expand a raw word as written in the source.
 pub(crate) fn expand(raw: &str, vars: &Vars) -> Expansion {
-    let mut out = Out { text: String::with_capacity(raw.len()), dyn_at: None, braces: Vec::new() };
+    expand_with(raw, vars, &no_eval)
+}
+
+/// Expand a raw word, substituting the output of command substitutions `eval` can compute.
+pub(crate) fn expand_with(raw: &str, vars: &Vars, eval: Eval<'_>) -> Expansion {
+    let mut out = Out { text: String::with_capacity(raw.len()), dyn_at: None, braces: Vec::new(), splits: Vec::new() };
     let mut subs = Vec::new();
+    let mut static_subs = Vec::new();
     let chars: Vec<char> = raw.chars().collect();
     let mut i = 0;
     // Tilde at start stays literal `~` (path classification resolves it).
@@ -90,8 +132,8 @@ pub(crate) fn expand(raw: &str, vars: &Vars) -> Expansion {
                             i += 2;
                         }
                         '\\' if i + 1 < chars.len() && chars[i + 1] == '\n' => i += 2,
-                        '$' => i = dollar(&chars, i, &mut out, &mut subs, vars),
-                        '`' => i = backtick(&chars, i, &mut out, &mut subs),
+                        '$' => i = dollar(&chars, i, &mut out, &mut subs, vars, eval, true),
+                        '`' => i = backtick(&chars, i, &mut out, &mut subs, eval, true),
                         ch => {
                             out.text.push(ch);
                             i += 1;
@@ -117,8 +159,8 @@ pub(crate) fn expand(raw: &str, vars: &Vars) -> Expansion {
                 // Locale string: treat like "..." by skipping the `$`.
                 i += 1;
             }
-            '$' => i = dollar(&chars, i, &mut out, &mut subs, vars),
-            '`' => i = backtick(&chars, i, &mut out, &mut subs),
+            '$' => i = dollar(&chars, i, &mut out, &mut subs, vars, eval, false),
+            '`' => i = backtick(&chars, i, &mut out, &mut subs, eval, false),
             '{' | ',' | '}' => {
                 out.braces.push(out.text.len());
                 out.text.push(c);
@@ -130,8 +172,48 @@ pub(crate) fn expand(raw: &str, vars: &Vars) -> Expansion {
             }
         }
     }
-    let words = brace_expand(out);
-    Expansion { words, subs }
+    let words = if out.splits.is_empty() { brace_expand(out) } else { split_fields(out, &vars.ifs()) };
+    // Substituted bodies were pushed to `subs` with a marker: move them.
+    subs.retain(|s: &String| match s.strip_prefix(STATIC_MARK) {
+        Some(body) => {
+            static_subs.push(body.to_string());
+            false
+        }
+        None => true,
+    });
+    Expansion { words, subs, static_subs }
+}
+
+/// Field splitting: separators inside the split ranges end a field; empty fields are dropped.
+fn split_fields(out: Out, ifs: &str) -> Vec<EWord> {
+    let mut words = Vec::new();
+    let mut start: Option<usize> = None;
+    let mut field = String::new();
+    let push = |field: &mut String, s: usize, e: usize, words: &mut Vec<EWord>| {
+        if !field.is_empty() {
+            let dyn_at = out.dyn_at.filter(|d| *d < e).map(|d| d.saturating_sub(s));
+            words.push(EWord { text: std::mem::take(field), dyn_at, sources: Vec::new() });
+        }
+    };
+    for (p, c) in out.text.char_indices() {
+        let sep = out.splits.iter().any(|&(a, b, k)| {
+            p >= a
+                && p < b
+                && match k {
+                    Split::Nul => c == '\0',
+                    Split::Ifs => ifs.contains(c),
+                }
+        });
+        if sep {
+            push(&mut field, start.unwrap_or(p), p, &mut words);
+            start = None;
+        } else {
+            start.get_or_insert(p);
+            field.push(c);
+        }
+    }
+    push(&mut field, start.unwrap_or(out.text.len()), out.text.len(), &mut words);
+    words
 }
 
 /// Simple one-level brace expansion of the first unquoted `{a,b}` group (recursively).
@@ -180,7 +262,7 @@ fn brace_expand(out: Out) -> Vec<EWord> {
         let braces: Vec<usize> =
             out.braces.iter().filter(|&&x| x > e).map(|&x| (x as isize + shift) as usize).collect();
         let dyn_at = out.dyn_at.map(|d| (d as isize + shift).max(0) as usize);
-        res.extend(brace_expand(Out { text, dyn_at, braces }));
+        res.extend(brace_expand(Out { text, dyn_at, braces, splits: Vec::new() }));
     }
     res
 }
@@ -280,7 +362,33 @@ pub(crate) fn matching_paren(chars: &[char], open: usize) -> Option<usize> {
     None
 }
 
-fn backtick(chars: &[char], i: usize, out: &mut Out, subs: &mut Vec<String>) -> usize {
+/// Insert the output of a substitution computed statically: trailing newlines removed, split
+/// unless quoted.
+fn substituted(out: &mut Out, text: &str, quoted: bool) {
+    let start = out.text.len();
+    out.text.push_str(text.trim_end_matches('\n'));
+    if !quoted {
+        out.splits.push((start, out.text.len(), Split::Ifs));
+    }
+}
+
+/// Insert a known value; unquoted, it is split into fields.
+fn value(out: &mut Out, v: &str, quoted: bool) {
+    let start = out.text.len();
+    out.text.push_str(v);
+    if !quoted {
+        out.splits.push((start, out.text.len(), Split::Ifs));
+    }
+}
+
+/// Insert the elements of a list (`$@`, `${a[@]}`): quoted, one field each; unquoted, split.
+fn elements(out: &mut Out, items: &[String], quoted: bool) {
+    let start = out.text.len();
+    out.text.push_str(&items.join(if quoted { "\0" } else { " " }));
+    out.splits.push((start, out.text.len(), if quoted { Split::Nul } else { Split::Ifs }));
+}
+
+fn backtick(chars: &[char], i: usize, out: &mut Out, subs: &mut Vec<String>, eval: Eval<'_>, quoted: bool) -> usize {
     let mut j = i + 1;
     let mut body = String::new();
     while j < chars.len() && chars[j] != '`' {
@@ -292,8 +400,16 @@ fn backtick(chars: &[char], i: usize, out: &mut Out, subs: &mut Vec<String>) -> 
             j += 1;
         }
     }
-    out.mark_dyn();
-    subs.push(body);
+    match eval(&body) {
+        Some(text) => {
+            substituted(out, &text, quoted);
+            subs.push(format!("{STATIC_MARK}{body}"));
+        }
+        None => {
+            out.mark_dyn();
+            subs.push(body);
+        }
+    }
     j + 1
 }
 
@@ -304,6 +420,7 @@ fn is_name_start(c: char) -> bool {
 fn lookup(name: &str, vars: &Vars) -> Option<String> {
     match vars.map.get(name) {
         Some(Var::Static(v)) => return Some(v.clone()),
+        Some(Var::Array(a)) => return Some(a.first().cloned().unwrap_or_default()),
         Some(Var::Dynamic) => return None,
         None => {}
     }
@@ -322,7 +439,15 @@ fn lookup(name: &str, vars: &Vars) -> Option<String> {
 }
 
 /// Expand `$…` at `i`; returns the index after it.
-fn dollar(chars: &[char], i: usize, out: &mut Out, subs: &mut Vec<String>, vars: &Vars) -> usize {
+fn dollar(
+    chars: &[char],
+    i: usize,
+    out: &mut Out,
+    subs: &mut Vec<String>,
+    vars: &Vars,
+    eval: Eval<'_>,
+    quoted: bool,
+) -> usize {
     let next = chars.get(i + 1).copied();
     match next {
         Some('(') => {
@@ -339,8 +464,16 @@ fn dollar(chars: &[char], i: usize, out: &mut Out, subs: &mut Vec<String>, vars:
             }
             let end = matching_paren(chars, i + 1).unwrap_or(chars.len());
             let body: String = chars[(i + 2).min(end)..end].iter().collect();
-            out.mark_dyn();
-            subs.push(body);
+            match eval(&body) {
+                Some(text) => {
+                    substituted(out, &text, quoted);
+                    subs.push(format!("{STATIC_MARK}{body}"));
+                }
+                None => {
+                    out.mark_dyn();
+                    subs.push(body);
+                }
+            }
             end + 1
         }
         Some('{') => {
@@ -360,7 +493,7 @@ fn dollar(chars: &[char], i: usize, out: &mut Out, subs: &mut Vec<String>, vars:
                 j += 1;
             }
             let inner: String = chars[(i + 2).min(j)..j.min(chars.len())].iter().collect();
-            param(&inner, out, subs, vars);
+            param(&inner, out, subs, vars, eval, quoted);
             j + 1
         }
         Some(c) if is_name_start(c) => {
@@ -370,7 +503,7 @@ fn dollar(chars: &[char], i: usize, out: &mut Out, subs: &mut Vec<String>, vars:
             }
             let name: String = chars[i + 1..j].iter().collect();
             match lookup(&name, vars) {
-                Some(v) => out.text.push_str(&v),
+                Some(v) => value(out, &v, quoted),
                 None => {
                     out.mark_dyn();
                     out.text.push('$');
@@ -382,7 +515,7 @@ fn dollar(chars: &[char], i: usize, out: &mut Out, subs: &mut Vec<String>, vars:
         Some(c) if c.is_ascii_digit() => {
             let name = c.to_string();
             match lookup(&name, vars) {
-                Some(v) => out.text.push_str(&v),
+                Some(v) => value(out, &v, quoted),
                 None => {
                     out.mark_dyn();
                     out.text.push('$');
@@ -396,8 +529,10 @@ fn dollar(chars: &[char], i: usize, out: &mut Out, subs: &mut Vec<String>, vars:
                 out.mark_dyn();
                 out.text.push('$');
                 out.text.push(c);
-            } else {
+            } else if c == '*' && quoted {
                 out.text.push_str(&vars.positional.join(" "));
+            } else {
+                elements(out, &vars.positional, quoted);
             }
             i + 2
         }
@@ -415,7 +550,27 @@ fn dollar(chars: &[char], i: usize, out: &mut Out, subs: &mut Vec<String>, vars:
 }
 
 /// `${…}` forms.
-fn param(inner: &str, out: &mut Out, subs: &mut Vec<String>, vars: &Vars) {
+fn param(inner: &str, out: &mut Out, subs: &mut Vec<String>, vars: &Vars, eval: Eval<'_>, quoted: bool) {
+    // Arrays: `${a[@]}`, `${a[*]}`, `${a[N]}`.
+    if let Some((name, idx)) = inner.strip_suffix(']').and_then(|s| s.split_once('[')) {
+        let items = match vars.map.get(name) {
+            Some(Var::Array(a)) => Some(a.clone()),
+            Some(Var::Static(v)) => Some(vec![v.clone()]),
+            _ => None,
+        };
+        if let Some(items) = items {
+            match idx {
+                "@" => return elements(out, &items, quoted),
+                "*" if quoted => return out.text.push_str(&items.join(" ")),
+                "*" => return elements(out, &items, false),
+                n => {
+                    if let Ok(k) = n.parse::<usize>() {
+                        return value(out, items.get(k).map(String::as_str).unwrap_or(""), quoted);
+                    }
+                }
+            }
+        }
+    }
     let name_len = inner
         .char_indices()
         .find(|(_, c)| !(c.is_ascii_alphanumeric() || *c == '_'))
@@ -434,8 +589,9 @@ fn param(inner: &str, out: &mut Out, subs: &mut Vec<String>, vars: &Vars) {
             None => !known,
         };
         if use_default {
-            let e = expand(word, vars);
+            let e = expand_with(word, vars, eval);
             subs.extend(e.subs);
+            subs.extend(e.static_subs.iter().map(|s| format!("{STATIC_MARK}{s}")));
             if let Some(w) = e.words.into_iter().next() {
                 if let Some(d) = w.dyn_at {
                     if out.dyn_at.is_none() {
@@ -447,13 +603,11 @@ fn param(inner: &str, out: &mut Out, subs: &mut Vec<String>, vars: &Vars) {
             return;
         }
         if let Some(v) = val {
-            out.text.push_str(&v);
-            return;
+            return value(out, &v, quoted);
         }
     } else if rest.is_empty() {
         if let Some(v) = val {
-            out.text.push_str(&v);
-            return;
+            return value(out, &v, quoted);
         }
     }
     if rest.contains("$(") || rest.contains('`') {

@@ -21,7 +21,7 @@ fn check(file: &str, want: Action) {
     let all = lines(file);
     for l in &all {
         let e = p.evaluate_str(l, &ctx());
-        if e.decision.action != want {
+        if e.decision.action != want || (want == Action::Deny && e.decision.rule.is_none()) {
             bad.push(format!(
                 "{l:?} => {} ({:?}: {}) {:?}",
                 e.decision.action.as_str(),
@@ -49,6 +49,33 @@ fn corpus_deny() {
 #[test]
 fn corpus_transact() {
     check("transact.txt", Action::Transact);
+}
+
+/// Deny-worthy commands by class (`tests/corpus/early/*.txt`): every line denied, with a reason
+/// from a rule; their near misses (`early/ok.txt`) never denied.
+#[test]
+fn corpus_early_refusals() {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/corpus/early");
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .filter_map(|e| e.ok().and_then(|e| e.file_name().into_string().ok()))
+        .filter(|n| n.ends_with(".txt") && n != "ok.txt")
+        .collect();
+    files.sort();
+    assert!(files.len() >= 7, "{files:?}");
+    for f in files {
+        check(&format!("early/{f}"), Action::Deny);
+    }
+    let p = Policy::builtin();
+    let bad: Vec<String> = lines("early/ok.txt")
+        .into_iter()
+        .filter_map(|l| {
+            let e = p.evaluate_str(&l, &ctx());
+            (e.decision.action == Action::Deny)
+                .then(|| format!("{l:?} => {:?}: {}", e.decision.rule, e.decision.reason))
+        })
+        .collect();
+    assert!(bad.is_empty(), "near misses denied:\n{}", bad.join("\n"));
 }
 
 #[test]
@@ -188,7 +215,13 @@ proptest! {
             "wipefs", "fdisk", "sfdisk", "cfdisk", "gdisk", "sgdisk", "parted", "mkswap", "mke2fs", "pkexec", "userdel", "deluser",
             "groupdel", "delgroup", "passwd", "chpasswd", "visudo", "vipw", "setcap", "kexec", "depmod", "kmod", "run0", "sudoedit",
             "cryptsetup", "zpool", "pvcreate", "vgremove", "lvremove", "blkdiscard", "badblocks", "dropuser", "telinit", "init",
-            "pm-suspend", "pm-hibernate"];
+            "pm-suspend", "pm-hibernate",
+            // Administration and accounts: these change the host whatever their plain-word arguments.
+            "at", "batch", "atrm", "crontab", "hostname", "mount", "umount", "swapon", "swapoff", "losetup", "setenforce",
+            "setsebool", "ldconfig", "systemctl", "service", "chkconfig", "insserv", "sv", "initctl", "launchctl",
+            "ip", "route", "ifconfig", "iwconfig", "tc", "nmcli", "useradd", "adduser", "usermod", "groupadd", "addgroup",
+            "groupmod", "gpasswd", "chsh", "chfn", "newusers", "newgrp", "vigr", "pwconv", "pwunconv", "grpconv",
+            "grpunconv", "pw", "lusermod", "luseradd", "chage", "faillock", "auditctl", "timedatectl", "hostnamectl"];
         let first = words[0].as_str();
         if !dangerous.contains(&first) && !first.starts_with("mkfs") {
             prop_assert_ne!(e.decision.action, Action::Deny, "{} => {:?}", s, e.decision);

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use super::flags::{basename, canon_argv};
 use super::programs::{is_interp, is_shell};
 use super::wrappers::{wrapper_inner, Inner};
-use super::{Cmd, Extractor, Feature, Raw};
+use super::{hooks, Cmd, Extractor, Feature, Raw, MAX_DEPTH};
 use crate::paths;
 use crate::words::{EWord, Var};
 
@@ -37,6 +37,7 @@ impl Extractor<'_> {
             stdin_from: raw.stdin_from.clone(),
             features: raw.features.clone(),
             input: raw.input.clone(),
+            feeds: raw.feeds.clone(),
             ..Cmd::default()
         };
         // Fork bombs: a function calling itself in a pipeline or in the background.
@@ -44,6 +45,9 @@ impl Extractor<'_> {
             cmd.features.push(Feature::ForkBomb);
         }
         let rest = &raw.words[1..];
+        for code in hooks::embedded_code(&prog, &raw.words) {
+            self.shell_code(&code, Vec::new());
+        }
         match prog.as_str() {
             "cd" | "pushd" => {
                 self.cd(rest.iter().find(|w| !w.text.starts_with('-') || w.text == "-"));
@@ -51,16 +55,42 @@ impl Extractor<'_> {
             "export" | "declare" | "typeset" | "local" | "readonly" => {
                 for w in rest {
                     if let Some((n, v)) = w.text.split_once('=') {
-                        let val = if w.dyn_at.is_none_or(|d| d <= n.len()) && w.dyn_at.is_some() {
+                        let val = if !w.is_static() {
                             Var::Dynamic
-                        } else if w.is_static() {
-                            Var::Static(v.to_string())
+                        } else if let Some(items) = v.strip_prefix('(').and_then(|v| v.strip_suffix(')')) {
+                            Var::Array(items.split_whitespace().map(str::to_string).collect())
                         } else {
-                            Var::Dynamic
+                            Var::Static(v.to_string())
                         };
+                        if hooks::is_code_var(n) {
+                            self.shell_code(&super::hooks::value_word(w, n.len() + 1), Vec::new());
+                        }
                         self.vars.map.insert(n.to_string(), val);
                     }
                 }
+            }
+            // `set -- a b` / `set a b`: new positional parameters.
+            "set" => {
+                let from = match rest.first().map(|w| w.text.as_str()) {
+                    Some("--") => Some(1),
+                    Some(a) if !a.starts_with('-') && !a.starts_with('+') => Some(0),
+                    _ => None,
+                };
+                if let Some(from) = from {
+                    self.vars.positional = rest[from..].iter().map(|w| w.text.clone()).collect();
+                }
+            }
+            // An alias body runs wherever the alias is used: judge it where it is defined.
+            "alias" => {
+                for w in rest {
+                    if let Some((n, _)) = w.text.split_once('=') {
+                        self.shell_code(&super::hooks::value_word(w, n.len() + 1), Vec::new());
+                    }
+                }
+            }
+            // `trap CODE SIGNAL…`: the code runs on the signal.
+            "trap" if rest.len() >= 2 && !rest[0].text.starts_with('-') => {
+                self.shell_code(&rest[0].clone(), Vec::new());
             }
             "read" | "mapfile" | "readarray" => {
                 for w in rest.iter().filter(|w| !w.text.starts_with('-')) {
@@ -74,7 +104,25 @@ impl Extractor<'_> {
             }
             _ => {}
         }
-        if self.funcs.contains(&prog) && self.defining.contains(&prog) {
+        if self.funcs.contains_key(&prog)
+            && !self.defining.contains(&prog)
+            && !rest.is_empty()
+            && self.depth < MAX_DEPTH
+        {
+            // A call with arguments: the body again, with them as `$1…` (its definition was
+            // judged with them unknown).
+            if let Some(body) = self.funcs.get(&prog).cloned() {
+                let positional = rest.iter().map(|w| w.text.clone()).collect();
+                let saved = std::mem::replace(&mut self.vars.positional, positional);
+                self.depth += 1;
+                self.defining.push(prog.clone());
+                self.compound(&body);
+                self.defining.pop();
+                self.depth -= 1;
+                self.vars.positional = saved;
+            }
+        }
+        if self.funcs.contains_key(&prog) && self.defining.contains(&prog) {
             // Recursive call inside its own definition: nothing more to see.
             self.push(cmd);
             return;
@@ -131,6 +179,7 @@ impl Extractor<'_> {
                 input: raw.input,
                 stdin_other: raw.stdin_other,
                 features: Vec::new(),
+                feeds: raw.feeds,
             });
             return;
         }

@@ -30,6 +30,9 @@ const NO_BUNDLE: &[&str] = &[
     "go",
     "mongo",
     "mongosh",
+    "date",
+    "hostname",
+    "mount",
 ];
 
 fn long_equiv(prog: &str, flag: &str) -> Option<&'static str> {

@@ -9,7 +9,7 @@
 //! table, `flags` canonical flags, `feature` the facts rules can match. Extraction decides
 //! nothing: it may not know a rule or an action (that is `rules` and `lib`).
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::path::PathBuf;
 
 use brush_parser::ast;
@@ -19,9 +19,12 @@ use crate::words::{EWord, Vars};
 use crate::Context;
 
 mod dispatch;
+mod downloads;
 mod feature;
 mod flags;
+mod hooks;
 mod programs;
+mod statics;
 mod walk;
 mod wrappers;
 
@@ -60,6 +63,10 @@ pub(crate) struct Cmd {
     pub opaque: Option<String>,
     /// Here-document / here-string text fed to stdin.
     pub input: Option<String>,
+    /// Indices (in the extraction) of the commands whose output reaches this one: the previous
+    /// pipeline stage, substitutions in its words and redirections, and the substitutions a
+    /// variable it expands was assigned from. Rules follow them to see what data it receives.
+    pub feeds: Vec<usize>,
 }
 
 impl Cmd {
@@ -86,17 +93,27 @@ struct Raw {
     /// Stdin comes from a file or somewhere unknown.
     stdin_other: bool,
     features: Vec<Feature>,
+    /// See [`Cmd::feeds`].
+    feeds: Vec<usize>,
 }
 
 pub(crate) struct Extractor<'a> {
     ctx: &'a Context,
     vars: Vars,
     cwd: Option<PathBuf>,
-    funcs: HashSet<String>,
+    /// Functions defined so far, with their bodies (a call with arguments runs the body again
+    /// with those as positional parameters).
+    funcs: HashMap<String, ast::CompoundCommand>,
     defining: Vec<String>,
     depth: usize,
     out: Vec<Cmd>,
     in_pipeline_or_bg: bool,
+    /// Commands run by the substitutions met since the current simple command began.
+    feeds_acc: Vec<usize>,
+    /// Variables assigned from substitutions, and the commands those ran.
+    var_feeds: HashMap<String, Vec<usize>>,
+    /// Files written with downloaded content (normalised path, downloading program).
+    downloads: Vec<(PathBuf, String)>,
 }
 
 /// Parse a shell string into a program.
@@ -123,6 +140,7 @@ pub(crate) fn extract_argv(argv: &[String], ctx: &Context) -> Extraction {
         input: None,
         stdin_other: false,
         features: Vec::new(),
+        feeds: Vec::new(),
     };
     ex.command(raw);
     Extraction { cmds: ex.out, parse_error: None }
@@ -139,15 +157,19 @@ impl<'a> Extractor<'a> {
             ctx,
             vars,
             cwd: Some(paths::normalize(&ctx.cwd)),
-            funcs: HashSet::new(),
+            funcs: HashMap::new(),
             defining: Vec::new(),
             depth: 0,
             out: Vec::new(),
             in_pipeline_or_bg: false,
+            feeds_acc: Vec::new(),
+            var_feeds: HashMap::new(),
+            downloads: Vec::new(),
         }
     }
 
-    pub(super) fn push(&mut self, c: Cmd) {
+    pub(super) fn push(&mut self, mut c: Cmd) {
+        self.follow_downloads(&mut c);
         if self.out.len() < MAX_CMDS {
             self.out.push(c);
         }
@@ -199,6 +221,8 @@ impl<'a> Extractor<'a> {
         self.in_pipeline_or_bg = saved_pipe;
         self.cwd = saved_cwd;
         self.vars.map = saved_vars;
+        let end = self.out.len();
+        self.feeds_acc.extend(start..end);
         self.programs_since(start)
     }
 

@@ -271,6 +271,7 @@ impl Extractor<'_> {
             input: None,
             stdin_other: true,
             features,
+            feeds: raw.feeds.clone(),
         });
     }
 
@@ -353,6 +354,7 @@ impl Extractor<'_> {
                 input: None,
                 stdin_other: true,
                 features: vec![Feature::FindDelete],
+                feeds: Vec::new(),
             });
         }
         for (inner, interactive) in execs {
@@ -367,6 +369,7 @@ impl Extractor<'_> {
                 input: None,
                 stdin_other: true,
                 features,
+                feeds: Vec::new(),
             });
         }
     }

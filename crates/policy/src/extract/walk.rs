@@ -5,8 +5,8 @@
 
 use brush_parser::ast;
 
-use super::{Cmd, Extractor, Raw, Redir};
-use crate::words::{expand, EWord, Var, Vars};
+use super::{hooks, statics, Cmd, Extractor, Raw, Redir};
+use crate::words::{expand, expand_with, EWord, Var};
 
 impl Extractor<'_> {
     pub(super) fn list(&mut self, l: &ast::CompoundList) {
@@ -31,21 +31,38 @@ impl Extractor<'_> {
     }
 
     fn pipeline(&mut self, p: &ast::Pipeline) {
-        let mut prev: Option<(Vec<String>, Option<String>)> = None;
+        let mut prev: Option<Stdin> = None;
         let saved = self.in_pipeline_or_bg;
         if p.seq.len() > 1 {
             self.in_pipeline_or_bg = true;
         }
-        for c in &p.seq {
+        for (k, c) in p.seq.iter().enumerate() {
             let start = self.out.len();
-            let static_out = static_output(c, &self.vars);
+            // What this stage prints, when it is computed from literals (only a next stage reads it).
+            let text = if k + 1 < p.seq.len() {
+                statics::output(c, &self.vars, prev.as_ref().and_then(|p| p.text.as_deref()))
+            } else {
+                None
+            };
             self.command_node(c, prev.as_ref());
-            prev = Some((self.programs_since(start), static_out));
+            // What a filter passes on came from its own input: `curl … | tee f | sh` runs
+            // what curl fetched.
+            let mut programs = self.programs_since(start);
+            for cmd in &self.out[start..] {
+                if passes_through(cmd.program()) {
+                    for p in &cmd.stdin_from {
+                        if !programs.contains(p) {
+                            programs.push(p.clone());
+                        }
+                    }
+                }
+            }
+            prev = Some(Stdin { programs, text, feeds: (start..self.out.len()).collect() });
         }
         self.in_pipeline_or_bg = saved;
     }
 
-    fn command_node(&mut self, c: &ast::Command, stdin: Option<&(Vec<String>, Option<String>)>) {
+    fn command_node(&mut self, c: &ast::Command, stdin: Option<&Stdin>) {
         match c {
             ast::Command::Simple(s) => self.simple(s, stdin),
             ast::Command::Compound(cc, redirs) => {
@@ -57,9 +74,10 @@ impl Extractor<'_> {
                     }
                 }
                 self.compound(cc);
-                if let Some((progs, _)) = stdin {
+                if let Some(input) = stdin {
                     for cmd in &mut self.out[start..] {
-                        cmd.stdin_from.extend(progs.iter().cloned());
+                        cmd.stdin_from.extend(input.programs.iter().cloned());
+                        cmd.feeds.extend(input.feeds.iter().copied());
                     }
                 }
                 for cmd in &mut self.out[start..] {
@@ -77,7 +95,7 @@ impl Extractor<'_> {
         }
     }
 
-    fn compound(&mut self, cc: &ast::CompoundCommand) {
+    pub(super) fn compound(&mut self, cc: &ast::CompoundCommand) {
         match cc {
             ast::CompoundCommand::BraceGroup(b) => self.list(&b.list),
             ast::CompoundCommand::Subshell(s) => {
@@ -153,7 +171,7 @@ impl Extractor<'_> {
 
     fn function(&mut self, f: &ast::FunctionDefinition) {
         let name = f.fname.value.clone();
-        self.funcs.insert(name.clone());
+        self.funcs.insert(name.clone(), f.body.0.clone());
         self.defining.push(name);
         // The body is extracted where it is defined: a conservative view of every call.
         let cwd = self.cwd.clone();
@@ -205,6 +223,8 @@ impl Extractor<'_> {
                     ast::IoFileRedirectTarget::ProcessSubstitution(_, sub) => {
                         let start = self.out.len();
                         self.subshell_list(&sub.list);
+                        let end = self.out.len();
+                        self.feeds_acc.extend(start..end);
                         let progs = self.programs_since(start);
                         if is_stdin {
                             stdin_from.extend(progs);
@@ -264,18 +284,18 @@ impl Extractor<'_> {
         self.vars.map = vars;
     }
 
-    fn simple(&mut self, s: &ast::SimpleCommand, stdin: Option<&(Vec<String>, Option<String>)>) {
+    fn simple(&mut self, s: &ast::SimpleCommand, stdin: Option<&Stdin>) {
         let mut words: Vec<EWord> = Vec::new();
         let mut redirects = Vec::new();
         let mut input = None;
         let mut stdin_from = Vec::new();
         let mut stdin_other = false;
         let mut assigns: Vec<(String, Var)> = Vec::new();
-        if let Some((progs, out)) = stdin {
-            stdin_from.extend(progs.iter().cloned());
-            if let Some(o) = out {
-                input = Some(o.clone());
-            }
+        let outer_feeds = std::mem::take(&mut self.feeds_acc);
+        if let Some(i) = stdin {
+            stdin_from.extend(i.programs.iter().cloned());
+            input.clone_from(&i.text);
+            self.feeds_acc.extend(i.feeds.iter().copied());
         }
         let items = s.prefix.iter().flat_map(|p| p.0.iter());
         let word_item = s.word_or_name.iter().map(|w| (w, true));
@@ -289,7 +309,11 @@ impl Extractor<'_> {
         for it in all {
             match it {
                 ItemRef::Word(w) | ItemRef::Item(ast::CommandPrefixOrSuffixItem::Word(w)) => {
-                    let e = expand(&w.value, &self.vars);
+                    self.feeds_of_vars(&w.value);
+                    let e = expand_with(&w.value, &self.vars, &|b| statics::substitution(b, &self.vars));
+                    for sub in &e.static_subs {
+                        self.sub(sub);
+                    }
                     let mut srcs = Vec::new();
                     for sub in &e.subs {
                         srcs.extend(self.sub(sub));
@@ -300,23 +324,52 @@ impl Extractor<'_> {
                     }
                 }
                 ItemRef::Item(ast::CommandPrefixOrSuffixItem::AssignmentWord(a, w)) => {
-                    let name = match &a.name {
-                        ast::AssignmentName::VariableName(n) => n.clone(),
-                        ast::AssignmentName::ArrayElementName(n, _) => n.clone(),
+                    let (name, index) = match &a.name {
+                        ast::AssignmentName::VariableName(n) => (n.clone(), None),
+                        ast::AssignmentName::ArrayElementName(n, i) => (n.clone(), Some(i.clone())),
                     };
                     let val = match &a.value {
                         ast::AssignmentValue::Scalar(v) => {
-                            let e = expand(&v.value, &self.vars);
-                            for sub in &e.subs {
+                            let e = expand_with(&v.value, &self.vars, &|b| statics::substitution(b, &self.vars));
+                            for sub in e.subs.iter().chain(&e.static_subs) {
                                 self.sub(sub);
                             }
-                            match e.words.into_iter().next() {
-                                Some(w) if w.is_static() && !a.append => Var::Static(w.text),
-                                None => Var::Static(String::new()),
+                            // An assignment is not split: what a substitution printed is one value.
+                            let value = (!a.append && e.words.iter().all(|w| w.is_static()))
+                                .then(|| e.words.iter().map(|w| w.text.as_str()).collect::<Vec<_>>().join(" "));
+                            match (value, index.and_then(|i| i.parse::<usize>().ok())) {
+                                (Some(v), None) => Var::Static(v),
+                                (Some(v), Some(k)) if k < 64 => {
+                                    let mut items = match self.vars.map.get(&name) {
+                                        Some(Var::Array(items)) => items.clone(),
+                                        Some(Var::Static(s)) => vec![s.clone()],
+                                        None => Vec::new(),
+                                        Some(Var::Dynamic) => Vec::new(),
+                                    };
+                                    items.resize(items.len().max(k + 1), String::new());
+                                    items[k] = v;
+                                    Var::Array(items)
+                                }
                                 _ => Var::Dynamic,
                             }
                         }
-                        ast::AssignmentValue::Array(_) => Var::Dynamic,
+                        ast::AssignmentValue::Array(elements) => {
+                            let mut items = Vec::new();
+                            let mut known = !a.append;
+                            for (key, w) in elements {
+                                let e = expand_with(&w.value, &self.vars, &|b| statics::substitution(b, &self.vars));
+                                for sub in e.subs.iter().chain(&e.static_subs) {
+                                    self.sub(sub);
+                                }
+                                known &= key.is_none() && e.words.iter().all(|w| w.is_static());
+                                items.extend(e.words.into_iter().map(|w| w.text));
+                            }
+                            if known {
+                                Var::Array(items)
+                            } else {
+                                Var::Dynamic
+                            }
+                        }
                     };
                     if words.is_empty() {
                         assigns.push((name, val));
@@ -335,63 +388,119 @@ impl Extractor<'_> {
                 ItemRef::Item(ast::CommandPrefixOrSuffixItem::ProcessSubstitution(_, sub)) => {
                     let start = self.out.len();
                     self.subshell_list(&sub.list);
+                    let end = self.out.len();
+                    self.feeds_acc.extend(start..end);
                     let progs = self.programs_since(start);
                     words.push(EWord { text: "/dev/fd/63".into(), dyn_at: None, sources: progs });
                 }
             }
         }
+        let feeds = std::mem::replace(&mut self.feeds_acc, outer_feeds);
         if words.is_empty() {
             for (n, v) in assigns {
+                if feeds.is_empty() {
+                    self.var_feeds.remove(&n);
+                } else {
+                    self.var_feeds.insert(n.clone(), feeds.clone());
+                }
                 self.vars.map.insert(n, v);
             }
             if !redirects.is_empty() {
-                self.push(Cmd { redirects, cwd: self.cwd.clone(), ..Cmd::default() });
+                self.push(Cmd { redirects, cwd: self.cwd.clone(), feeds, ..Cmd::default() });
             }
             return;
         }
-        let features = Vec::new();
-        self.command(Raw { words, redirects, stdin_from, input, stdin_other, features });
+        self.command(Raw { words, redirects, stdin_from, input, stdin_other, features: Vec::new(), feeds });
+        // `GIT_SSH_COMMAND='…' git fetch`: the program runs the variable's value.
+        for (n, v) in assigns.into_iter().filter(|(n, _)| hooks::is_code_var(n)) {
+            let code = match v {
+                Var::Static(s) => EWord::lit(&s),
+                _ => EWord { text: format!("${n}"), dyn_at: Some(0), sources: Vec::new() },
+            };
+            self.shell_code(&code, Vec::new());
+        }
     }
+
+    /// A word that expands a variable assigned from a substitution is fed by what that ran.
+    fn feeds_of_vars(&mut self, raw: &str) {
+        if self.var_feeds.is_empty() || !raw.contains('$') {
+            return;
+        }
+        for (name, feeds) in &self.var_feeds {
+            let named = raw.match_indices(name.as_str()).any(|(i, _)| {
+                let before = &raw[..i];
+                let after = raw[i + name.len()..].chars().next();
+                (before.ends_with('$') || before.ends_with("${"))
+                    && !after.is_some_and(|c| c.is_ascii_alphanumeric() || c == '_')
+            });
+            if named {
+                self.feeds_acc.extend(feeds.iter().copied());
+            }
+        }
+    }
+}
+
+/// What reaches a command's stdin from the pipeline stage before it.
+pub(super) struct Stdin {
+    /// The programs whose output arrives, through filters (`tee`, `base64 -d`, …) included.
+    programs: Vec<String>,
+    /// The text, when the stage only prints static words (`echo …`).
+    text: Option<String>,
+    /// The commands of that stage.
+    feeds: Vec<usize>,
+}
+
+/// Programs whose output is (a transformation of) their input.
+pub(super) fn passes_through(p: &str) -> bool {
+    const FILTERS: &[&str] = &[
+        "cat",
+        "tee",
+        "base64",
+        "base32",
+        "basenc",
+        "gunzip",
+        "gzip",
+        "zcat",
+        "bzip2",
+        "bunzip2",
+        "bzcat",
+        "xz",
+        "unxz",
+        "xzcat",
+        "zstd",
+        "unzstd",
+        "zstdcat",
+        "lz4",
+        "brotli",
+        "xxd",
+        "rev",
+        "tr",
+        "sed",
+        "awk",
+        "gawk",
+        "head",
+        "tail",
+        "dd",
+        "openssl",
+        "gpg",
+        "tac",
+        "sort",
+        "uniq",
+        "cut",
+        "iconv",
+        "dos2unix",
+        "tar",
+        "unzip",
+        "uudecode",
+        "jq",
+        "b64decode",
+        "pv",
+        "stdbuf",
+    ];
+    FILTERS.contains(&p)
 }
 
 enum ItemRef<'a> {
     Item(&'a ast::CommandPrefixOrSuffixItem),
     Word(&'a ast::Word),
-}
-
-/// Text an `echo`/`printf` with static words prints (for `echo … | sh`, `echo … | xargs`).
-fn static_output(c: &ast::Command, vars: &Vars) -> Option<String> {
-    let ast::Command::Simple(s) = c else { return None };
-    let prog = s.word_or_name.as_ref()?;
-    let p = expand(&prog.value, vars).words.into_iter().next()?;
-    if !(p.text == "echo" || p.text == "printf") || !p.is_static() {
-        return None;
-    }
-    let mut parts = Vec::new();
-    for it in s.suffix.iter().flat_map(|x| x.0.iter()) {
-        match it {
-            ast::CommandPrefixOrSuffixItem::Word(w) => {
-                let e = expand(&w.value, vars);
-                if !e.subs.is_empty() {
-                    return None;
-                }
-                for w in e.words {
-                    if !w.is_static() {
-                        return None;
-                    }
-                    if parts.is_empty()
-                        && p.text == "echo"
-                        && (w.text == "-e" || w.text == "-n" || w.text == "-ne" || w.text == "-en")
-                    {
-                        continue;
-                    }
-                    parts.push(w.text);
-                }
-            }
-            ast::CommandPrefixOrSuffixItem::IoRedirect(_) => {}
-            _ => return None,
-        }
-    }
-    let text = parts.join(" ");
-    Some(text.replace("\\n", "\n"))
 }

@@ -31,8 +31,8 @@ pub(super) fn wrapper_inner<'w>(prog: &str, rest: &'w [EWord]) -> Option<Inner<'
         "nice" => (&["-n", "--adjustment"], 0),
         "ionice" => (&["-c", "-n", "-p", "-P", "-u", "--class", "--classdata"], 0),
         "timeout" => (&["-s", "-k", "--signal", "--kill-after"], 1),
-        "nohup" | "builtin" | "setsid" | "unbuffer" | "torsocks" | "proxychains" | "proxychains4" | "caffeinate"
-        | "tsocks" | "catchsegv" => (&[], 0),
+        "nohup" | "builtin" | "busybox" | "setsid" | "unbuffer" | "torsocks" | "proxychains" | "proxychains4"
+        | "caffeinate" | "tsocks" | "catchsegv" => (&[], 0),
         "command" => (&[], 0),
         "exec" => (&["-a"], 0),
         "stdbuf" => (&["-i", "-o", "-e", "--input", "--output", "--error"], 0),

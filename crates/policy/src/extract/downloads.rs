@@ -1,0 +1,123 @@
+//! Downloaded code run later: files written with what a network client fetched (`curl -o f`,
+//! `wget URL`, `curl … > f`, `curl … | tee f`), and the commands that then run one of them
+//! (`sh f`, `python3 f`, `. f`, `./f`), which get the downloader in [`Cmd::code_from`] as if
+//! the code had been piped into them. Owns that bookkeeping; the rule that refuses it is
+//! `net.pipe-to-shell`.
+
+use std::path::PathBuf;
+
+use super::programs::{is_interp, is_shell};
+use super::walk::passes_through;
+use super::{Cmd, Extractor};
+use crate::paths;
+
+/// Programs that fetch data from the network.
+const DOWNLOADERS: &[&str] = &[
+    "curl", "wget", "fetch", "aria2c", "http", "https", "xh", "lynx", "links", "elinks", "nc", "ncat", "netcat",
+    "socat", "ftp", "tftp",
+];
+
+/// The file name `wget URL` / `curl -O URL` saves to.
+fn remote_name(url: &str) -> Option<&str> {
+    let rest = url.split_once("://")?.1;
+    let path = rest.split(['?', '#']).next()?;
+    let name = path.split_once('/').map(|(_, p)| p.rsplit('/').next().unwrap_or(""))?;
+    (!name.is_empty()).then_some(name)
+}
+
+impl Extractor<'_> {
+    /// The normalised path a static word names, from the command's working directory.
+    fn resolve(&self, text: &str, cwd: Option<&std::path::Path>) -> Option<PathBuf> {
+        let p = if text == "~" || text.starts_with("~/") {
+            self.ctx.home.as_ref()?.join(text.trim_start_matches('~').trim_start_matches('/'))
+        } else if text.starts_with('/') {
+            PathBuf::from(text)
+        } else {
+            cwd?.join(text)
+        };
+        Some(paths::normalize(&p))
+    }
+
+    /// Record the files `c` writes with downloaded content, and mark `c` when it runs one.
+    pub(super) fn follow_downloads(&mut self, c: &mut Cmd) {
+        let prog = c.program().to_string();
+        if !self.downloads.is_empty() {
+            let mut run: Vec<&str> = Vec::new();
+            if c.path.contains('/') {
+                run.push(&c.path);
+            }
+            // The script is the first operand; later ones are its arguments (data).
+            if is_shell(&prog) || is_interp(&prog) || prog == "source" || prog == "." {
+                let script = c.argv.iter().enumerate().skip(1).find(|(_, a)| !a.starts_with('-'));
+                if let Some((_, a)) = script.filter(|(k, _)| c.dyn_at.get(*k).copied().flatten().is_none()) {
+                    run.push(a);
+                }
+            }
+            let hits: Vec<String> = run
+                .iter()
+                .filter_map(|t| self.resolve(t, c.cwd.as_deref()))
+                .filter_map(|p| self.downloads.iter().find(|(d, _)| *d == p).map(|(_, by)| by.clone()))
+                .collect();
+            for by in hits {
+                if !c.code_from.contains(&by) {
+                    c.code_from.push(by);
+                }
+            }
+        }
+        let fetched = if DOWNLOADERS.contains(&prog.as_str()) {
+            Some(prog.clone())
+        } else if passes_through(&prog) {
+            c.stdin_from.iter().find(|p| DOWNLOADERS.contains(&p.as_str())).cloned()
+        } else {
+            None
+        };
+        let Some(by) = fetched else { return };
+        let mut files: Vec<String> =
+            c.redirects.iter().filter(|r| r.write && r.dyn_at.is_none()).map(|r| r.target.clone()).collect();
+        for o in crate::writes::written(&c.argv) {
+            if c.dyn_at.get(o.index).copied().flatten().is_none() {
+                if let Some(t) = c.argv.get(o.index).and_then(|a| a.get(o.offset..)) {
+                    files.push(t.to_string());
+                }
+            }
+        }
+        let saves_remote_name = match prog.as_str() {
+            "wget" => !c.argv.iter().any(|a| a == "-O" || a == "--output-document" || a.starts_with("-O")),
+            "curl" => c.argv.iter().any(|a| a == "-O" || a == "--remote-name" || a == "--remote-name-all"),
+            _ => false,
+        };
+        if saves_remote_name {
+            let dir = crate::writes::written(&c.argv)
+                .first()
+                .filter(|_| prog == "wget")
+                .and_then(|o| c.argv.get(o.index).and_then(|a| a.get(o.offset..)))
+                .map(str::to_string);
+            for a in c.argv.iter().skip(1).filter(|a| a.contains("://")) {
+                if let Some(name) = remote_name(a) {
+                    files.push(match &dir {
+                        Some(d) => format!("{d}/{name}"),
+                        None => name.to_string(),
+                    });
+                }
+            }
+        }
+        for f in files {
+            if let Some(p) = self.resolve(&f, c.cwd.as_deref()) {
+                self.downloads.push((p, by.clone()));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remote_names() {
+        assert_eq!(remote_name("https://x.org/a/b/install.sh?x=1"), Some("install.sh"));
+        assert_eq!(remote_name("https://x.org/"), None);
+        assert_eq!(remote_name("https://x.org"), None);
+        assert_eq!(remote_name("install.sh"), None);
+    }
+}
