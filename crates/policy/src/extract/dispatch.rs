@@ -131,7 +131,11 @@ impl Extractor<'_> {
             cmd.features.push(Feature::Wrapper);
             let inner_words: Vec<EWord> = match inner {
                 Inner::Words(k) => {
-                    let end = (k + 2).min(raw.words.len());
+                    // The wrapper's argv ends with the inner program; with a shell's `-c` too,
+                    // so rules can tell `sudo sh -c CMD` (judged by CMD) from `sudo sh`.
+                    let shell_c = is_shell(basename(&rest[k].text))
+                        && rest.get(k + 1).is_some_and(|w| w.text.starts_with('-') && w.text.contains('c'));
+                    let end = (k + 2 + usize::from(shell_c)).min(raw.words.len());
                     let mut a: Vec<String> = raw.words[..end].iter().map(|w| w.text.clone()).collect();
                     a[0] = prog.clone();
                     if let Some(last) = a.last_mut().filter(|_| end > 1) {
