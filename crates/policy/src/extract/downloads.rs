@@ -25,7 +25,47 @@ fn remote_name(url: &str) -> Option<&str> {
     (!name.is_empty()).then_some(name)
 }
 
+/// Longest script content kept for later runs.
+const MAX_SCRIPT: usize = 64 * 1024;
+
 impl Extractor<'_> {
+    /// Remember that `file` now holds `text` (appended to what it held, to stay conservative).
+    pub(super) fn note_script(&mut self, file: &str, cwd: Option<&std::path::Path>, text: &str) {
+        let Some(p) = self.resolve(file, cwd) else { return };
+        match self.scripts.iter_mut().find(|(q, _)| *q == p) {
+            Some((_, old)) if old.len() + text.len() <= MAX_SCRIPT => old.push_str(text),
+            Some(_) => {}
+            None if text.len() <= MAX_SCRIPT => self.scripts.push((p, text.to_string())),
+            None => {}
+        }
+    }
+
+    /// The content and arguments when `c` runs, as shell code, a file whose content is known:
+    /// `sh f ARGS`, `. f`, `./f` (unless its `#!` names something other than a shell).
+    pub(super) fn script_run(&self, c: &Cmd) -> Option<(String, Vec<String>)> {
+        if self.scripts.is_empty() {
+            return None;
+        }
+        let prog = c.program();
+        let (file, args): (&str, Vec<String>) = if is_shell(prog) || prog == "source" || prog == "." {
+            let k = c.argv.iter().skip(1).position(|a| !a.starts_with('-'))? + 1;
+            if c.dyn_at.get(k).copied().flatten().is_some() || c.argv.iter().any(|a| a == "-c") {
+                return None;
+            }
+            (c.argv.get(k)?, c.argv[k + 1..].to_vec())
+        } else if c.path.contains('/') {
+            (&c.path, c.argv[1..].to_vec())
+        } else {
+            return None;
+        };
+        let p = self.resolve(file, c.cwd.as_deref())?;
+        let text = &self.scripts.iter().find(|(q, _)| *q == p)?.1;
+        let shebang = text.lines().next().filter(|l| l.starts_with("#!")).unwrap_or("#!/bin/sh");
+        let interp = shebang.trim_start_matches("#!").split_whitespace().map(|w| w.rsplit('/').next().unwrap_or(w));
+        let runs_shell = interp.take(2).any(is_shell);
+        runs_shell.then(|| (text.clone(), args))
+    }
+
     /// The normalised path a static word names, from the command's working directory.
     fn resolve(&self, text: &str, cwd: Option<&std::path::Path>) -> Option<PathBuf> {
         let p = if text == "~" || text.starts_with("~/") {
@@ -84,6 +124,7 @@ impl Extractor<'_> {
         let saves_remote_name = match prog.as_str() {
             "wget" => !c.argv.iter().any(|a| a == "-O" || a == "--output-document" || a.starts_with("-O")),
             "curl" => c.argv.iter().any(|a| a == "-O" || a == "--remote-name" || a == "--remote-name-all"),
+            "aria2c" => !c.argv.iter().any(|a| a == "-o" || a == "--out"),
             _ => false,
         };
         if saves_remote_name {

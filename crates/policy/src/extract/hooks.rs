@@ -129,9 +129,20 @@ fn call_literals(code: &str, calls: &[&str]) -> Vec<String> {
             let after = from + i + call.len();
             from = after;
             let rest = code[after..].trim_start_matches(|c: char| c == '(' || c.is_whitespace() || c == '[');
-            let Some(q) = rest.chars().next().filter(|c| matches!(c, '"' | '\'' | '`')) else { continue };
-            if let Some(end) = rest[1..].find(q) {
-                out.push(rest[1..1 + end].to_string());
+            // `system("a b")`, and the list form `system "a", "b"`: the words joined.
+            let mut rest = rest;
+            let mut words = Vec::new();
+            while let Some(q) = rest.chars().next().filter(|c| matches!(c, '"' | '\'' | '`')) {
+                let Some(end) = rest[1..].find(q) else { break };
+                words.push(&rest[1..1 + end]);
+                rest = rest[end + 2..].trim_start();
+                match rest.strip_prefix(',') {
+                    Some(r) => rest = r.trim_start(),
+                    None => break,
+                }
+            }
+            if !words.is_empty() {
+                out.push(words.join(" "));
             }
         }
     }

@@ -114,6 +114,8 @@ pub(crate) struct Extractor<'a> {
     var_feeds: HashMap<String, Vec<usize>>,
     /// Files written with downloaded content (normalised path, downloading program).
     downloads: Vec<(PathBuf, String)>,
+    /// Files written with content known statically (`echo … > f`, `cat > f <<EOF`).
+    scripts: Vec<(PathBuf, String)>,
 }
 
 /// Parse a shell string into a program.
@@ -165,13 +167,19 @@ impl<'a> Extractor<'a> {
             feeds_acc: Vec::new(),
             var_feeds: HashMap::new(),
             downloads: Vec::new(),
+            scripts: Vec::new(),
         }
     }
 
     pub(super) fn push(&mut self, mut c: Cmd) {
         self.follow_downloads(&mut c);
+        let script = self.script_run(&c);
         if self.out.len() < MAX_CMDS {
             self.out.push(c);
+        }
+        // A shell running a file whose content is known runs that content.
+        if let Some((code, args)) = script {
+            self.shell_code(&EWord::lit(&code), args);
         }
     }
 

@@ -130,7 +130,11 @@ impl Extractor<'_> {
             };
             if is_shell_code {
                 let positional: Vec<String> = rest.iter().skip(k + 2).map(|w| w.text.clone()).collect();
-                let w = w.clone();
+                let mut w = w.clone();
+                // `sh -c "$(cat)"`: a filter in the code's substitution reads the shell's stdin.
+                if !w.sources.is_empty() && w.sources.iter().all(|p| super::walk::passes_through(p)) {
+                    w.sources.extend(raw.stdin_from.iter().cloned());
+                }
                 self.push(cmd);
                 self.shell_code(&w, positional);
             } else {

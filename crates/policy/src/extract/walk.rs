@@ -3,6 +3,8 @@
 //! how shell structure carries state (subshells restore cwd and variables, pipelines feed
 //! stdin); it may not know any program by name except `echo`/`printf` (static output).
 
+use std::path::PathBuf;
+
 use brush_parser::ast;
 
 use super::{hooks, statics, Cmd, Extractor, Raw, Redir};
@@ -38,13 +40,29 @@ impl Extractor<'_> {
         }
         for (k, c) in p.seq.iter().enumerate() {
             let start = self.out.len();
-            // What this stage prints, when it is computed from literals (only a next stage reads it).
-            let text = if k + 1 < p.seq.len() {
+            // What this stage prints, when it is computed from literals (read by a next stage, or
+            // written to a file that may be run later).
+            let to_file = redirects_output(c);
+            let text = if k + 1 < p.seq.len() || to_file {
                 statics::output(c, &self.vars, prev.as_ref().and_then(|p| p.text.as_deref()))
             } else {
                 None
             };
             self.command_node(c, prev.as_ref());
+            if let Some(t) = text.as_ref().filter(|_| to_file) {
+                let files: Vec<(String, Option<PathBuf>)> = self.out[start..]
+                    .iter()
+                    .flat_map(|c| {
+                        c.redirects
+                            .iter()
+                            .filter(|r| r.write && r.dyn_at.is_none())
+                            .map(|r| (r.target.clone(), c.cwd.clone()))
+                    })
+                    .collect();
+                for (f, cwd) in files {
+                    self.note_script(&f, cwd.as_deref(), t);
+                }
+            }
             // What a filter passes on came from its own input: `curl … | tee f | sh` runs
             // what curl fetched.
             let mut programs = self.programs_since(start);
@@ -261,16 +279,20 @@ impl Extractor<'_> {
                 }
             }
             ast::IoRedirect::HereString(_, w) => {
-                let e = expand(&w.value, &self.vars);
+                let e = expand_with(&w.value, &self.vars, &|b| statics::substitution(b, &self.vars));
+                for s in &e.static_subs {
+                    self.sub(s);
+                }
                 for s in &e.subs {
                     let p = self.sub(s);
                     stdin_from.extend(p);
                 }
-                if let Some(t) = e.words.into_iter().next() {
-                    if !t.is_static() {
+                // A here-string is one word: what field splitting separated is joined again.
+                if !e.words.is_empty() {
+                    if e.words.iter().any(|t| !t.is_static()) {
                         *stdin_other = true;
                     }
-                    *input = Some(t.text);
+                    *input = Some(e.words.iter().map(|t| t.text.as_str()).collect::<Vec<_>>().join(" "));
                 }
             }
         }
@@ -309,12 +331,11 @@ impl Extractor<'_> {
         for it in all {
             match it {
                 ItemRef::Word(w) | ItemRef::Item(ast::CommandPrefixOrSuffixItem::Word(w)) => {
-                    self.feeds_of_vars(&w.value);
+                    let mut srcs = self.feeds_of_vars(&w.value);
                     let e = expand_with(&w.value, &self.vars, &|b| statics::substitution(b, &self.vars));
                     for sub in &e.static_subs {
                         self.sub(sub);
                     }
-                    let mut srcs = Vec::new();
                     for sub in &e.subs {
                         srcs.extend(self.sub(sub));
                     }
@@ -421,10 +442,12 @@ impl Extractor<'_> {
         }
     }
 
-    /// A word that expands a variable assigned from a substitution is fed by what that ran.
-    fn feeds_of_vars(&mut self, raw: &str) {
+    /// A word that expands a variable assigned from a substitution is fed by what that ran;
+    /// returns those programs (the word is made of their output).
+    fn feeds_of_vars(&mut self, raw: &str) -> Vec<String> {
+        let mut programs = Vec::new();
         if self.var_feeds.is_empty() || !raw.contains('$') {
-            return;
+            return programs;
         }
         for (name, feeds) in &self.var_feeds {
             let named = raw.match_indices(name.as_str()).any(|(i, _)| {
@@ -435,8 +458,14 @@ impl Extractor<'_> {
             });
             if named {
                 self.feeds_acc.extend(feeds.iter().copied());
+                for p in feeds.iter().filter_map(|i| self.out.get(*i)).map(|c| c.program().to_string()) {
+                    if !p.is_empty() && !programs.contains(&p) {
+                        programs.push(p);
+                    }
+                }
             }
         }
+        programs
     }
 }
 
@@ -448,6 +477,21 @@ pub(super) struct Stdin {
     text: Option<String>,
     /// The commands of that stage.
     feeds: Vec<usize>,
+}
+
+/// A simple command that sends its output to a file (`>`, `>>`, `>|`).
+fn redirects_output(c: &ast::Command) -> bool {
+    let ast::Command::Simple(s) = c else { return false };
+    s.prefix.iter().flat_map(|p| p.0.iter()).chain(s.suffix.iter().flat_map(|x| x.0.iter())).any(|it| {
+        matches!(
+            it,
+            ast::CommandPrefixOrSuffixItem::IoRedirect(ast::IoRedirect::File(
+                None | Some(1),
+                ast::IoFileRedirectKind::Write | ast::IoFileRedirectKind::Append | ast::IoFileRedirectKind::Clobber,
+                _
+            ))
+        )
+    })
 }
 
 /// Programs whose output is (a transformation of) their input.

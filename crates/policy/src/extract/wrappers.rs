@@ -80,7 +80,7 @@ pub(super) fn wrapper_inner<'w>(prog: &str, rest: &'w [EWord]) -> Option<Inner<'
             }
             continue;
         }
-        if prog == "env" && a.contains('=') {
+        if matches!(prog, "env" | "sudo" | "doas") && a.contains('=') {
             k += 1;
             continue;
         }
