@@ -498,15 +498,27 @@ impl<'a> CmdView<'a> {
                 let view = CmdView::new(src, self.ctx, self.all);
                 v.extend(view.paths().iter().cloned());
                 v.extend(view.redirects().iter().filter(|(w, _)| !*w).map(|(_, p)| p.clone()));
+                let secret = |display: String| PathInfo {
+                    display,
+                    classes: ClassSet::of(&[PathClass::Secret]),
+                    scope: Scope::Full,
+                };
                 if matches!(src.program(), "env" | "printenv" | "set" | "export" | "declare")
                     && src.argv.len() <= 2
                     && src.argv.get(1).is_none_or(|a| a.starts_with('-'))
                 {
-                    v.push(PathInfo {
-                        display: "the environment".into(),
-                        classes: ClassSet::of(&[PathClass::Secret]),
-                        scope: Scope::Full,
-                    });
+                    v.push(secret("the environment".into()));
+                }
+                // A credential-looking variable printed into the pipe (`echo $API_TOKEN |`,
+                // `printenv AWS_SECRET_ACCESS_KEY |`).
+                if matches!(src.program(), "echo" | "printf" | "printenv" | "cat") {
+                    for a in &src.argv[1..] {
+                        let name = a.trim_start_matches(['$', '{', '"']).trim_end_matches(['}', '"']);
+                        let expanded = src.program() == "printenv" || a.contains('$');
+                        if expanded && secret_name(name) {
+                            v.push(secret(format!("${name}")));
+                        }
+                    }
                 }
                 todo.extend(src.feeds.iter().copied());
             }
@@ -525,6 +537,16 @@ impl<'a> CmdView<'a> {
     }
 }
 
+/// Whether an environment variable's name says it holds a credential.
+fn secret_name(name: &str) -> bool {
+    let upper = name.to_ascii_uppercase();
+    !name.is_empty()
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+        && ["TOKEN", "SECRET", "PASSWORD", "PASSWD", "API_KEY", "APIKEY", "ACCESS_KEY", "PRIVATE_KEY", "CREDENTIAL"]
+            .iter()
+            .any(|s| upper.contains(s))
+}
+
 /// The path inside an argument: `of=/dev/sda` → `/dev/sda`, `@file` → `file`, `f=@x` → `x`.
 fn path_candidate(a: &str) -> (&str, usize) {
     if let Some(i) = a.find("=@") {
@@ -532,6 +554,13 @@ fn path_candidate(a: &str) -> (&str, usize) {
     }
     if let Some(r) = a.strip_prefix('@') {
         return (r, 1);
+    }
+    // `name@/path` (`curl --data-urlencode k@/etc/shadow`); `user@host:path` is no path.
+    if let Some(i) = a.find('@') {
+        let v = &a[i + 1..];
+        if v.starts_with('/') || v.starts_with("~/") {
+            return (v, i + 1);
+        }
     }
     if let Some(i) = a.find('=') {
         let v = &a[i + 1..];

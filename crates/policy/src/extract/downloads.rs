@@ -29,6 +29,17 @@ fn remote_name(url: &str) -> Option<&str> {
 const MAX_SCRIPT: usize = 64 * 1024;
 
 impl Extractor<'_> {
+    /// Forget what `file` held (it is written anew).
+    pub(super) fn forget_script(&mut self, file: &str) {
+        self.scripts.retain(|(p, _)| p.as_os_str() != file);
+    }
+
+    /// The known content of `file`, if any.
+    pub(super) fn script_text(&self, file: &str, cwd: Option<&std::path::Path>) -> Option<String> {
+        let p = self.resolve(file, cwd)?;
+        self.scripts.iter().find(|(q, _)| *q == p).map(|(_, t)| t.clone())
+    }
+
     /// Remember that `file` now holds `text` (appended to what it held, to stay conservative).
     pub(super) fn note_script(&mut self, file: &str, cwd: Option<&std::path::Path>, text: &str) {
         let Some(p) = self.resolve(file, cwd) else { return };
@@ -47,8 +58,12 @@ impl Extractor<'_> {
             return None;
         }
         let prog = c.program();
-        let (file, args): (&str, Vec<String>) = if is_shell(prog) || prog == "source" || prog == "." {
-            let k = c.argv.iter().skip(1).position(|a| !a.starts_with('-'))? + 1;
+        let stdin_file = c.redirects.iter().find(|r| !r.write && r.dyn_at.is_none()).map(|r| r.target.as_str());
+        let operand = c.argv.iter().skip(1).position(|a| !a.starts_with('-'));
+        let (file, args): (&str, Vec<String>) = if is_shell(prog) && operand.is_none() && stdin_file.is_some() {
+            (stdin_file?, Vec::new())
+        } else if is_shell(prog) || prog == "source" || prog == "." {
+            let k = operand? + 1;
             if c.dyn_at.get(k).copied().flatten().is_some() || c.argv.iter().any(|a| a == "-c") {
                 return None;
             }
@@ -85,6 +100,10 @@ impl Extractor<'_> {
             let mut run: Vec<&str> = Vec::new();
             if c.path.contains('/') {
                 run.push(&c.path);
+            }
+            // A shell reading its program from a file on stdin (`bash < f`).
+            if is_shell(&prog) || is_interp(&prog) {
+                run.extend(c.redirects.iter().filter(|r| !r.write && r.dyn_at.is_none()).map(|r| r.target.as_str()));
             }
             // The script is the first operand; later ones are its arguments (data).
             if is_shell(&prog) || is_interp(&prog) || prog == "source" || prog == "." {

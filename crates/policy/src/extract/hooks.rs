@@ -219,13 +219,20 @@ pub(super) fn embedded_code(prog: &str, words: &[EWord]) -> Vec<EWord> {
         }
         "zip" => option_values(rest, &["-TT"], &["--unzip-command"]),
         "env" => option_values(rest, &["-S"], &["--split-string"]),
-        "awk" | "gawk" | "mawk" | "nawk" | "busybox-awk" => rest
-            .iter()
-            .filter(|w| w.is_static() && !w.text.starts_with('-'))
-            .take(1)
-            .flat_map(|w| call_literals(&w.text, &["system", "| \"", "|\""]))
-            .map(|c| EWord::lit(&c))
-            .collect(),
+        "awk" | "gawk" | "mawk" | "nawk" | "busybox-awk" => {
+            let Some(prog_text) = rest.iter().find(|w| !w.text.starts_with('-')).filter(|w| w.is_static()) else {
+                return Vec::new();
+            };
+            let mut out: Vec<EWord> =
+                call_literals(&prog_text.text, &["system", "| \"", "|\""]).iter().map(|c| EWord::lit(c)).collect();
+            // `print "CODE" | "sh"`: what is printed into a shell is code.
+            if let Ok(re) = regex::Regex::new(
+                r#"print[f]?\s*\(?\s*"([^"]*)"\s*\)?\s*\|\s*"\s*(/bin/|/usr/bin/)?(sh|bash|dash|zsh|ksh)\b"#,
+            ) {
+                out.extend(re.captures_iter(&prog_text.text).filter_map(|c| c.get(1)).map(|m| EWord::lit(m.as_str())));
+            }
+            out
+        }
         _ if super::programs::is_interp(prog) => rest
             .iter()
             .filter(|w| w.is_static())
@@ -280,6 +287,7 @@ mod tests {
         assert_eq!(code("ssh\u{1}-o\u{1}ProxyCommand=nc x 1\u{1}h"), ["nc x 1"]);
         assert_eq!(code("env\u{1}-S\u{1}rm -rf /"), ["rm -rf /"]);
         assert_eq!(code("awk\u{1}BEGIN { system(\"id\") }"), ["id"]);
+        assert_eq!(code("awk\u{1}BEGIN { print \"id\" | \"sh\" }"), ["id"]);
         assert_eq!(code("python3\u{1}-c\u{1}import os; os.system('id')"), ["id"]);
         assert_eq!(code("perl\u{1}-e\u{1}exec \"id\""), ["id"]);
         assert_eq!(code("ruby\u{1}-e\u{1}`id`"), ["id"]);

@@ -191,6 +191,7 @@ impl Extractor<'_> {
         let mut i = 0;
         let mut replace: Option<String> = None;
         let mut interactive = false;
+        let mut arg_file: Option<String> = None;
         while i < rest.len() {
             let a = rest[i].text.as_str();
             if a == "--" {
@@ -208,8 +209,13 @@ impl Extractor<'_> {
                 }
                 "-i" => replace = Some("{}".into()),
                 "-p" | "--interactive" => interactive = true,
-                "-n" | "-P" | "-d" | "-L" | "-s" | "-a" | "-E" | "-e" | "-j" | "--jobs" | "--max-args"
-                | "--max-procs" | "--delimiter" | "--arg-file" | "--max-lines" => {
+                "-a" | "--arg-file" => {
+                    arg_file = rest.get(i + 1).filter(|w| w.is_static()).map(|w| w.text.clone());
+                    i += 2;
+                    continue;
+                }
+                "-n" | "-P" | "-d" | "-L" | "-s" | "-E" | "-e" | "-j" | "--jobs" | "--max-args" | "--max-procs"
+                | "--delimiter" | "--max-lines" => {
                     i += 2;
                     continue;
                 }
@@ -230,13 +236,21 @@ impl Extractor<'_> {
             inner.push(EWord::lit("echo"));
         }
         // What arrives on stdin: static text from `echo …|`, else unknown.
-        let items: Vec<EWord> = match &raw.input {
-            Some(t) if !raw.stdin_other => t.split_whitespace().take(16).map(EWord::lit).collect(),
-            _ => vec![EWord { text: "{xargs}".into(), dyn_at: Some(0), sources: raw.stdin_from.clone() }],
+        let file_text = arg_file.and_then(|f| self.script_text(&f, self.cwd.clone().as_deref()));
+        let items: Vec<EWord> = match (&file_text, &raw.input) {
+            (Some(t), _) => t
+                .split(|c: char| c.is_whitespace() || c == '\0')
+                .filter(|s| !s.is_empty())
+                .take(16)
+                .map(EWord::lit)
+                .collect(),
+            (None, Some(t)) if !raw.stdin_other => t.split_whitespace().take(16).map(EWord::lit).collect(),
+            (None, _) => vec![EWord { text: "{xargs}".into(), dyn_at: Some(0), sources: raw.stdin_from.clone() }],
         };
         const FILTERS: &[&str] =
             &["find", "ls", "tr", "grep", "egrep", "sort", "uniq", "head", "tail", "sed", "awk", "xargs", "cut", "cat"];
-        let items = if raw.input.is_none()
+        let items = if file_text.is_none()
+            && raw.input.is_none()
             && !raw.stdin_from.is_empty()
             && raw.stdin_from.iter().all(|p| FILTERS.contains(&p.as_str()))
         {

@@ -68,7 +68,9 @@ fn program_output(prog: &str, args: &[String], input: Option<&str>) -> Option<St
     match prog {
         "echo" => Some(echo(args)),
         "printf" => printf(args),
-        "cat" | "tee" if operands.iter().all(|o| *o == "-") => input.map(str::to_string),
+        "cat" if operands.iter().all(|o| *o == "-") => input.map(str::to_string),
+        // tee prints its input whatever files it also writes.
+        "tee" => input.map(str::to_string),
         "base64" | "b64decode" | "basenc"
             if flags.iter().any(|f| matches!(*f, "-d" | "--decode" | "-D" | "-r")) && operands.is_empty() =>
         {
@@ -326,16 +328,36 @@ pub(super) fn substitution(body: &str, vars: &Vars) -> Option<String> {
     let opts = brush_parser::ParserOptions::default();
     let mut parser = brush_parser::Parser::new(std::io::Cursor::new(body), &opts);
     let prog = parser.parse_program().ok()?;
-    let [cc] = prog.complete_commands.as_slice() else { return None };
-    let [item] = cc.0.as_slice() else { return None };
-    if !item.0.additional.is_empty() {
-        return None;
+    let mut out = String::new();
+    for cc in &prog.complete_commands {
+        out.push_str(&list_output(cc, vars)?);
     }
-    let mut text: Option<String> = None;
-    for c in &item.0.first.seq {
-        text = Some(output(c, vars, text.as_deref())?);
+    Some(out)
+}
+
+/// What a list prints when every pipeline in it is modelled (`echo -n r; echo -n m`,
+/// `echo a && echo b`): the outputs one after the other (the modelled commands succeed).
+pub(super) fn list_output(list: &ast::CompoundList, vars: &Vars) -> Option<String> {
+    let mut out = String::new();
+    for item in &list.0 {
+        if matches!(item.1, ast::SeparatorOperator::Async) {
+            return None;
+        }
+        let pipelines = std::iter::once(&item.0.first).chain(item.0.additional.iter().map(|x| match x {
+            ast::AndOr::And(p) | ast::AndOr::Or(p) => p,
+        }));
+        for p in pipelines {
+            let mut text: Option<String> = None;
+            for c in &p.seq {
+                text = Some(output(c, vars, text.as_deref())?);
+            }
+            out.push_str(&text?);
+            if out.len() > MAX_TEXT {
+                return None;
+            }
+        }
     }
-    text
+    Some(out)
 }
 
 #[cfg(test)]
@@ -369,7 +391,9 @@ mod tests {
         assert_eq!(sub("echo $X"), None);
         assert_eq!(sub("echo $(id)"), None);
         assert_eq!(sub("cat file"), None);
-        assert_eq!(sub("echo a && echo b"), None);
+        assert_eq!(sub("echo a && echo b").as_deref(), Some("a\nb\n"));
+        assert_eq!(sub("echo -n r; echo -n m").as_deref(), Some("rm"));
+        assert_eq!(sub("echo a & echo b"), None);
         assert_eq!(sub("echo a | sort"), None);
         assert_eq!(sub("echo !!! | base64 -d"), None);
         assert_eq!(sub("id"), None);

@@ -7,7 +7,11 @@ use std::path::PathBuf;
 
 use brush_parser::ast;
 
+use super::programs::{is_interp, is_shell};
 use super::{hooks, statics, Cmd, Extractor, Raw, Redir};
+
+/// The path a process substitution `<(…)` / `>(…)` stands for.
+pub(super) const PROC_SUB: &str = "/dev/fd/63";
 use crate::words::{expand, expand_with, EWord, Var};
 
 impl Extractor<'_> {
@@ -356,8 +360,16 @@ impl Extractor<'_> {
                                 self.sub(sub);
                             }
                             // An assignment is not split: what a substitution printed is one value.
-                            let value = (!a.append && e.words.iter().all(|w| w.is_static()))
-                                .then(|| e.words.iter().map(|w| w.text.as_str()).collect::<Vec<_>>().join(" "));
+                            // `x+=y` appends to a known value.
+                            let old = match self.vars.map.get(&name) {
+                                _ if !a.append => Some(String::new()),
+                                Some(Var::Static(s)) if index.is_none() => Some(s.clone()),
+                                None => Some(String::new()),
+                                _ => None,
+                            };
+                            let value = old.filter(|_| e.words.iter().all(|w| w.is_static())).map(|old| {
+                                old + &e.words.iter().map(|w| w.text.as_str()).collect::<Vec<_>>().join(" ")
+                            });
                             match (value, index.and_then(|i| i.parse::<usize>().ok())) {
                                 (Some(v), None) => Var::Static(v),
                                 (Some(v), Some(k)) if k < 64 => {
@@ -406,13 +418,29 @@ impl Extractor<'_> {
                 ItemRef::Item(ast::CommandPrefixOrSuffixItem::IoRedirect(io)) => {
                     self.redirect(io, &mut redirects, &mut input, &mut stdin_from, &mut stdin_other);
                 }
-                ItemRef::Item(ast::CommandPrefixOrSuffixItem::ProcessSubstitution(_, sub)) => {
+                ItemRef::Item(ast::CommandPrefixOrSuffixItem::ProcessSubstitution(kind, sub)) => {
                     let start = self.out.len();
                     self.subshell_list(&sub.list);
                     let end = self.out.len();
                     self.feeds_acc.extend(start..end);
                     let progs = self.programs_since(start);
-                    words.push(EWord { text: "/dev/fd/63".into(), dyn_at: None, sources: progs });
+                    if matches!(kind, ast::ProcessSubstitutionKind::Write) {
+                        // `tee >(sh)`: what the command writes there is the inner shell's input,
+                        // and a filter writes what it reads.
+                        let writer = words.first().is_some_and(|w| passes_through(&w.text));
+                        let from: Vec<String> = if writer { stdin_from.clone() } else { Vec::new() };
+                        for c in &mut self.out[start..end] {
+                            if (is_shell(c.program()) || is_interp(c.program())) && c.opaque.is_some() {
+                                c.code_from.extend(from.iter().cloned());
+                            }
+                        }
+                    } else if let Some(text) = statics::list_output(&sub.list, &self.vars) {
+                        // `. <(echo …)`: the file's content is known.
+                        let cwd = self.cwd.clone();
+                        self.forget_script(PROC_SUB);
+                        self.note_script(PROC_SUB, cwd.as_deref(), &text);
+                    }
+                    words.push(EWord { text: PROC_SUB.into(), dyn_at: None, sources: progs });
                 }
             }
         }
