@@ -162,7 +162,7 @@ struct Compiled {
     specs: Vec<rules::RuleSpec>,
     /// Enabled compiled rules.
     rules: Vec<rules::Rule>,
-    /// Rule indexes by literal program name.
+    /// Rule indexes by literal program name, the generic ones merged in, in policy order.
     by_program: HashMap<String, Vec<usize>>,
     /// Rules that may match any program.
     generic: Vec<usize>,
@@ -412,6 +412,11 @@ impl Policy {
                 None => generic.push(i),
             }
         }
+        for v in by_program.values_mut() {
+            v.extend(generic.iter().copied());
+            v.sort_unstable();
+            v.dedup();
+        }
         Ok(Policy {
             inner: Arc::new(Compiled {
                 specs,
@@ -463,11 +468,9 @@ impl Policy {
         self.decide(&ex, ctx)
     }
 
+    /// The rules that may match `program`, in policy order.
     fn candidates(&self, program: &str) -> impl Iterator<Item = usize> + '_ {
-        let a = self.inner.by_program.get(program).map(|v| v.as_slice()).unwrap_or(&[]);
-        let mut all: Vec<usize> = a.iter().chain(self.inner.generic.iter()).copied().collect();
-        all.sort_unstable();
-        all.into_iter()
+        self.inner.by_program.get(program).unwrap_or(&self.inner.generic).iter().copied()
     }
 
     fn decide(&self, ex: &extract::Extraction, ctx: &Context) -> Evaluation {

@@ -226,9 +226,14 @@ pub(super) fn embedded_code(prog: &str, words: &[EWord]) -> Vec<EWord> {
             let mut out: Vec<EWord> =
                 call_literals(&prog_text.text, &["system", "| \"", "|\""]).iter().map(|c| EWord::lit(c)).collect();
             // `print "CODE" | "sh"`: what is printed into a shell is code.
-            if let Ok(re) = regex::Regex::new(
-                r#"print[f]?\s*\(?\s*"([^"]*)"\s*\)?\s*\|\s*"\s*(/bin/|/usr/bin/)?(sh|bash|dash|zsh|ksh)\b"#,
-            ) {
+            static PRINT_TO_SHELL: std::sync::OnceLock<Option<regex::Regex>> = std::sync::OnceLock::new();
+            let re = PRINT_TO_SHELL.get_or_init(|| {
+                regex::Regex::new(
+                    r#"print[f]?\s*\(?\s*"([^"]*)"\s*\)?\s*\|\s*"\s*(/bin/|/usr/bin/)?(sh|bash|dash|zsh|ksh)\b"#,
+                )
+                .ok()
+            });
+            if let Some(re) = re.as_ref().filter(|_| prog_text.text.contains('|')) {
                 out.extend(re.captures_iter(&prog_text.text).filter_map(|c| c.get(1)).map(|m| EWord::lit(m.as_str())));
             }
             out

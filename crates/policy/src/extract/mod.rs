@@ -22,6 +22,7 @@ mod dispatch;
 mod downloads;
 mod feature;
 mod flags;
+pub(crate) mod heredoc;
 mod hooks;
 mod programs;
 mod statics;
@@ -116,6 +117,26 @@ pub(crate) struct Extractor<'a> {
     downloads: Vec<(PathBuf, String)>,
     /// Files written with content known statically (`echo … > f`, `cat > f <<EOF`).
     scripts: Vec<(PathBuf, String)>,
+    /// Here-document bodies taken out before parsing, by marker number (`heredoc`).
+    bodies: Vec<String>,
+    /// Whether to take here-document bodies out before parsing (off only to compare).
+    elide: bool,
+}
+
+impl Extractor<'_> {
+    /// Parse `text`, its large top-level here-document bodies taken out first when the
+    /// pre-scan can (the parse is checked to agree, else the text is parsed whole).
+    fn parse_eliding(&mut self, text: &str) -> Result<ast::Program, String> {
+        if self.elide {
+            if let Some(e) = heredoc::elide(text, self.bodies.len()) {
+                if let Some(p) = parse(&e.text).ok().filter(|p| e.verify(p)) {
+                    self.bodies.extend(e.bodies.into_iter().map(|(_, v)| v));
+                    return Ok(p);
+                }
+            }
+        }
+        parse(text)
+    }
 }
 
 /// Parse a shell string into a program.
@@ -127,7 +148,13 @@ fn parse(text: &str) -> Result<ast::Program, String> {
 
 /// Extract every command of a shell string.
 pub(crate) fn extract_str(text: &str, ctx: &Context) -> Extraction {
+    extract_str_with(text, ctx, true)
+}
+
+/// [`extract_str`], with here-document elision on or off (the tests compare both).
+pub(crate) fn extract_str_with(text: &str, ctx: &Context, elide: bool) -> Extraction {
     let mut ex = Extractor::new(ctx);
+    ex.elide = elide;
     let err = ex.run_str(text);
     Extraction { cmds: ex.out, parse_error: err }
 }
@@ -168,6 +195,8 @@ impl<'a> Extractor<'a> {
             var_feeds: HashMap::new(),
             downloads: Vec::new(),
             scripts: Vec::new(),
+            bodies: Vec::new(),
+            elide: true,
         }
     }
 
@@ -202,7 +231,7 @@ impl<'a> Extractor<'a> {
             return None;
         }
         self.depth += 1;
-        let res = match parse(text) {
+        let res = match self.parse_eliding(text) {
             Ok(p) => {
                 for cc in &p.complete_commands {
                     self.list(cc);

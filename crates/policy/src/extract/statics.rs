@@ -13,7 +13,8 @@ use crate::words::{expand, Vars};
 const MAX_TEXT: usize = 64 * 1024;
 
 /// What the command `c` prints, given its stdin `input` when known.
-pub(super) fn output(c: &ast::Command, vars: &Vars, input: Option<&str>) -> Option<String> {
+/// `bodies` holds the here-document bodies the parser was handed as markers (see `heredoc`).
+pub(super) fn output(c: &ast::Command, vars: &Vars, input: Option<&str>, bodies: &[String]) -> Option<String> {
     let ast::Command::Simple(s) = c else { return None };
     let prog = s.word_or_name.as_ref()?;
     let p = expand(&prog.value, vars).words.into_iter().next()?;
@@ -46,10 +47,11 @@ pub(super) fn output(c: &ast::Command, vars: &Vars, input: Option<&str>) -> Opti
                 here = Some(format!("{}\n", w.text));
             }
             ast::CommandPrefixOrSuffixItem::IoRedirect(ast::IoRedirect::HereDocument(_, doc)) => {
-                if doc.requires_expansion && (doc.doc.value.contains('$') || doc.doc.value.contains('`')) {
+                let value = super::heredoc::body(&doc.doc.value, bodies);
+                if doc.requires_expansion && (value.contains('$') || value.contains('`')) {
                     return None;
                 }
-                here = Some(doc.doc.value.clone());
+                here = Some(value.to_string());
             }
             ast::CommandPrefixOrSuffixItem::IoRedirect(_) => {}
             _ => return None,
@@ -297,7 +299,8 @@ fn tr(flags: &[&str], operands: &[&str], input: &str) -> Option<String> {
     }
 }
 
-/// `sed 's/RE/REPLACEMENT/[g]'` with any delimiter, applied per line.
+/// `sed 's/RE/REPLACEMENT/[g]'` with any delimiter, applied per line, for a literal RE, `^`
+/// or `$` (a regex would be compiled per evaluation: this runs for every literal pipeline).
 fn sed(script: &str, input: &str) -> Option<String> {
     let rest = script.strip_prefix('s')?;
     let delim = rest.chars().next()?;
@@ -306,11 +309,17 @@ fn sed(script: &str, input: &str) -> Option<String> {
     if !flags.chars().all(|c| c == 'g') || rep.contains(['\\', '&']) {
         return None;
     }
-    let re = regex::Regex::new(re).ok()?;
+    let literal =
+        |s: &str| !s.is_empty() && !s.contains(['\\', '.', '*', '[', ']', '^', '$', '+', '?', '(', ')', '{', '}', '|']);
     let mut out = String::new();
     for line in input.lines() {
-        let l = if flags.contains('g') { re.replace_all(line, *rep) } else { re.replace(line, *rep) };
-        out.push_str(&l);
+        match *re {
+            "^" => out.push_str(&format!("{rep}{line}")),
+            "$" => out.push_str(&format!("{line}{rep}")),
+            _ if literal(re) && flags.contains('g') => out.push_str(&line.replace(*re, rep)),
+            _ if literal(re) => out.push_str(&line.replacen(*re, rep, 1)),
+            _ => return None,
+        }
         out.push('\n');
     }
     Some(out)
@@ -330,14 +339,14 @@ pub(super) fn substitution(body: &str, vars: &Vars) -> Option<String> {
     let prog = parser.parse_program().ok()?;
     let mut out = String::new();
     for cc in &prog.complete_commands {
-        out.push_str(&list_output(cc, vars)?);
+        out.push_str(&list_output(cc, vars, &[])?);
     }
     Some(out)
 }
 
 /// What a list prints when every pipeline in it is modelled (`echo -n r; echo -n m`,
 /// `echo a && echo b`): the outputs one after the other (the modelled commands succeed).
-pub(super) fn list_output(list: &ast::CompoundList, vars: &Vars) -> Option<String> {
+pub(super) fn list_output(list: &ast::CompoundList, vars: &Vars, bodies: &[String]) -> Option<String> {
     let mut out = String::new();
     for item in &list.0 {
         if matches!(item.1, ast::SeparatorOperator::Async) {
@@ -349,7 +358,7 @@ pub(super) fn list_output(list: &ast::CompoundList, vars: &Vars) -> Option<Strin
         for p in pipelines {
             let mut text: Option<String> = None;
             for c in &p.seq {
-                text = Some(output(c, vars, text.as_deref())?);
+                text = Some(output(c, vars, text.as_deref(), bodies)?);
             }
             out.push_str(&text?);
             if out.len() > MAX_TEXT {
@@ -394,6 +403,8 @@ mod tests {
         assert_eq!(sub("echo a && echo b").as_deref(), Some("a\nb\n"));
         assert_eq!(sub("echo -n r; echo -n m").as_deref(), Some("rm"));
         assert_eq!(sub("echo a & echo b"), None);
+        assert_eq!(sub("echo x | sed 's/[a-z]/y/'"), None);
+        assert_eq!(sub("echo xax | sed s/a/b/g").as_deref(), Some("xbx\n"));
         assert_eq!(sub("echo a | sort"), None);
         assert_eq!(sub("echo !!! | base64 -d"), None);
         assert_eq!(sub("id"), None);

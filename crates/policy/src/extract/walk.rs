@@ -48,7 +48,7 @@ impl Extractor<'_> {
             // written to a file that may be run later).
             let to_file = redirects_output(c);
             let text = if k + 1 < p.seq.len() || to_file {
-                statics::output(c, &self.vars, prev.as_ref().and_then(|p| p.text.as_deref()))
+                statics::output(c, &self.vars, prev.as_ref().and_then(|p| p.text.as_deref()), &self.bodies)
             } else {
                 None
             };
@@ -264,8 +264,9 @@ impl Extractor<'_> {
                 }
             }
             ast::IoRedirect::HereDocument(_, doc) => {
+                let value = super::heredoc::body(&doc.doc.value, &self.bodies).to_string();
                 if doc.requires_expansion {
-                    let e = expand(&format!("\"{}\"", doc.doc.value.replace('"', "\\\"")), &self.vars);
+                    let e = expand(&format!("\"{}\"", value.replace('"', "\\\"")), &self.vars);
                     for s in &e.subs {
                         let p = self.sub(s);
                         stdin_from.extend(p);
@@ -279,7 +280,7 @@ impl Extractor<'_> {
                         }
                     }
                 } else {
-                    *input = Some(doc.doc.value.clone());
+                    *input = Some(value);
                 }
             }
             ast::IoRedirect::HereString(_, w) => {
@@ -434,7 +435,7 @@ impl Extractor<'_> {
                                 c.code_from.extend(from.iter().cloned());
                             }
                         }
-                    } else if let Some(text) = statics::list_output(&sub.list, &self.vars) {
+                    } else if let Some(text) = statics::list_output(&sub.list, &self.vars, &self.bodies) {
                         // `. <(echo …)`: the file's content is known.
                         let cwd = self.cwd.clone();
                         self.forget_script(PROC_SUB);
