@@ -409,7 +409,12 @@ fn main() {
          deliberately labels `ok` some lines in the classes issue #13 asks to refuse early (replacing a \
          crontab, `tee` into `/etc/apt/sources.list`, remounting `/`, a root shell with `su`): those are \
          most of the NL2Bash lines denied (see *False positives by rule* below), and each is refused on \
-         purpose.\n"
+         purpose. The agent commands are evaluated in the workspace each benchmark prepares (`/app`, \
+         InterCode's `/testbed`, `/system`, `/workspace`): most of those still denied write to `/etc`, \
+         `/usr/local/bin` or `/`, or move the workspace's files out of it.\n\n\
+         The deny-worthy set grew in rounds: two rounds of new variants, written before looking at the \
+         rules, were denied at 88% and 87% before the rules were generalized to cover them; expect a \
+         held-out set nearer those figures than 100%.\n"
     );
     if verbose {
         for m in &misses {
