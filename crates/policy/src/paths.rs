@@ -660,11 +660,7 @@ mod tests {
     use super::*;
 
     fn ctx() -> Context {
-        Context {
-            workspace: PathBuf::from("/home/dev/proj"),
-            cwd: PathBuf::from("/home/dev/proj"),
-            home: Some(PathBuf::from("/home/dev")),
-        }
+        crate::example_context()
     }
 
     fn names(s: &str) -> Vec<&'static str> {

@@ -372,6 +372,21 @@ fn substituted(out: &mut Out, text: &str, quoted: bool) {
     }
 }
 
+/// A command substitution: its output when `eval` computes it (the body still runs), else a
+/// dynamic part.
+fn substitution(out: &mut Out, subs: &mut Vec<String>, eval: Eval<'_>, body: String, quoted: bool) {
+    match eval(&body) {
+        Some(text) => {
+            substituted(out, &text, quoted);
+            subs.push(format!("{STATIC_MARK}{body}"));
+        }
+        None => {
+            out.mark_dyn();
+            subs.push(body);
+        }
+    }
+}
+
 /// Insert a known value; unquoted, it is split into fields.
 fn value(out: &mut Out, v: &str, quoted: bool) {
     let start = out.text.len();
@@ -400,16 +415,7 @@ fn backtick(chars: &[char], i: usize, out: &mut Out, subs: &mut Vec<String>, eva
             j += 1;
         }
     }
-    match eval(&body) {
-        Some(text) => {
-            substituted(out, &text, quoted);
-            subs.push(format!("{STATIC_MARK}{body}"));
-        }
-        None => {
-            out.mark_dyn();
-            subs.push(body);
-        }
-    }
+    substitution(out, subs, eval, body, quoted);
     j + 1
 }
 
@@ -464,16 +470,7 @@ fn dollar(
             }
             let end = matching_paren(chars, i + 1).unwrap_or(chars.len());
             let body: String = chars[(i + 2).min(end)..end].iter().collect();
-            match eval(&body) {
-                Some(text) => {
-                    substituted(out, &text, quoted);
-                    subs.push(format!("{STATIC_MARK}{body}"));
-                }
-                None => {
-                    out.mark_dyn();
-                    subs.push(body);
-                }
-            }
+            substitution(out, subs, eval, body, quoted);
             end + 1
         }
         Some('{') => {

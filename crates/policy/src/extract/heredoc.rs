@@ -83,18 +83,7 @@ pub(crate) fn elide(src: &str, first: usize) -> Option<Elided> {
                 b'"' => stack.push(Ctx::Dq),
                 b'`' => stack.push(Ctx::Tick),
                 b'$' if b.get(i + 1) == Some(&b'\'') => i = ansi_end(b, i + 2)?,
-                b'$' if b.get(i + 1) == Some(&b'(') && b.get(i + 2) == Some(&b'(') => {
-                    stack.push(Ctx::Arith(0));
-                    i += 2;
-                }
-                b'$' if b.get(i + 1) == Some(&b'(') => {
-                    stack.push(Ctx::Sub);
-                    i += 1;
-                }
-                b'$' if b.get(i + 1) == Some(&b'{') => {
-                    stack.push(Ctx::Brace);
-                    i += 1;
-                }
+                b'$' if matches!(b.get(i + 1), Some(b'(' | b'{')) => i = open_dollar(b, i, &mut stack),
                 b'(' => stack.push(Ctx::Sub),
                 b')' => {
                     if top != Some(Ctx::Sub) {
@@ -132,18 +121,7 @@ pub(crate) fn elide(src: &str, first: usize) -> Option<Elided> {
                     stack.pop();
                 }
                 b'`' => stack.push(Ctx::Tick),
-                b'$' if b.get(i + 1) == Some(&b'(') && b.get(i + 2) == Some(&b'(') => {
-                    stack.push(Ctx::Arith(0));
-                    i += 2;
-                }
-                b'$' if b.get(i + 1) == Some(&b'(') => {
-                    stack.push(Ctx::Sub);
-                    i += 1;
-                }
-                b'$' if b.get(i + 1) == Some(&b'{') => {
-                    stack.push(Ctx::Brace);
-                    i += 1;
-                }
+                b'$' if matches!(b.get(i + 1), Some(b'(' | b'{')) => i = open_dollar(b, i, &mut stack),
                 _ => {}
             },
             Some(Ctx::Brace) => match c {
@@ -194,6 +172,24 @@ pub(crate) fn elide(src: &str, first: usize) -> Option<Elided> {
     }
     out.push_str(&src[copied..]);
     Some(Elided { text: out, bodies })
+}
+
+/// Enter the context a `$(`, `$((` or `${` at `i` opens; returns the index of its last byte.
+fn open_dollar(b: &[u8], i: usize, stack: &mut Vec<Ctx>) -> usize {
+    match (b.get(i + 1), b.get(i + 2)) {
+        (Some(b'('), Some(b'(')) => {
+            stack.push(Ctx::Arith(0));
+            i + 2
+        }
+        (Some(b'('), _) => {
+            stack.push(Ctx::Sub);
+            i + 1
+        }
+        _ => {
+            stack.push(Ctx::Brace);
+            i + 1
+        }
+    }
 }
 
 /// Index after the `'` closing a `$'…'` whose content starts at `i` (backslash escapes).

@@ -98,6 +98,14 @@ struct Raw {
     feeds: Vec<usize>,
 }
 
+impl Raw {
+    /// A command the extractor makes up from another (`find -exec`, `xargs`): no
+    /// redirections of its own, input from elsewhere.
+    fn derived(words: Vec<EWord>, features: Vec<Feature>, feeds: Vec<usize>) -> Raw {
+        Raw { words, redirects: Vec::new(), stdin_from: Vec::new(), input: None, stdin_other: true, features, feeds }
+    }
+}
+
 pub(crate) struct Extractor<'a> {
     ctx: &'a Context,
     vars: Vars,
@@ -280,11 +288,7 @@ mod tests {
     use super::*;
 
     fn ctx() -> Context {
-        Context {
-            workspace: PathBuf::from("/home/dev/proj"),
-            cwd: PathBuf::from("/home/dev/proj"),
-            home: Some(PathBuf::from("/home/dev")),
-        }
+        crate::example_context()
     }
 
     fn argvs(s: &str) -> Vec<Vec<String>> {

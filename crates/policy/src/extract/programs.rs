@@ -282,15 +282,7 @@ impl Extractor<'_> {
             }
         }
         let features = if interactive { vec![Feature::Interactive] } else { Vec::new() };
-        self.command(Raw {
-            words,
-            redirects: Vec::new(),
-            stdin_from: Vec::new(),
-            input: None,
-            stdin_other: true,
-            features,
-            feeds: raw.feeds.clone(),
-        });
+        self.command(Raw::derived(words, features, raw.feeds.clone()));
     }
 
     /// The item paths a preceding `find ROOT …` / `ls DIR` in the pipeline would print.
@@ -365,30 +357,14 @@ impl Extractor<'_> {
         if deletes {
             let mut words = vec![EWord::lit("rm"), EWord::lit("-r"), EWord::lit("-f")];
             words.extend(markers.iter().map(|m| EWord::lit(m)));
-            self.command(Raw {
-                words,
-                redirects: Vec::new(),
-                stdin_from: Vec::new(),
-                input: None,
-                stdin_other: true,
-                features: vec![Feature::FindDelete],
-                feeds: Vec::new(),
-            });
+            self.command(Raw::derived(words, vec![Feature::FindDelete], Vec::new()));
         }
         for (inner, interactive) in execs {
             if inner.is_empty() {
                 continue;
             }
             let features = if interactive { vec![Feature::Interactive] } else { Vec::new() };
-            self.command(Raw {
-                words: inner,
-                redirects: Vec::new(),
-                stdin_from: Vec::new(),
-                input: None,
-                stdin_other: true,
-                features,
-                feeds: Vec::new(),
-            });
+            self.command(Raw::derived(inner, features, Vec::new()));
         }
     }
 }
