@@ -606,7 +606,10 @@ pub fn classify_abs(p: &Path, children: bool, ctx: &Context) -> ClassSet {
         set.remove(PathClass::System);
         set.remove(PathClass::SystemDir);
     }
-    if SECRET_ABS.iter().any(|s| under(&pstr, s)) {
+    // A secret, or a directory that holds one (`tar c /etc/ssh`, `tar c ~`).
+    if SECRET_ABS.iter().any(|s| under(&pstr, s) || under(s, &pstr))
+        || homes.iter().any(|h| under(&h.to_string_lossy(), &pstr))
+    {
         set.insert(PathClass::Secret);
     }
     if CRITICAL.iter().any(|s| under(&pstr, s)) || (children && (pstr == "/etc")) {

@@ -487,6 +487,14 @@ impl<'a> CmdView<'a> {
     pub fn inputs(&self) -> &[PathInfo] {
         self.inputs.get_or_init(|| {
             let mut v = Vec::new();
+            // Paths named in the commands a file-transfer client reads from stdin
+            // (`sftp host <<< 'put ~/.ssh/id_rsa'`).
+            let batch = matches!(self.cmd.program(), "sftp" | "ftp" | "tftp" | "lftp" | "smbclient");
+            if let Some(text) = self.cmd.input.as_ref().filter(|_| batch) {
+                for t in text.split_whitespace().take(256).filter(|t| t.starts_with('/') || t.starts_with("~/")) {
+                    v.push(paths::classify(t, None, self.cmd.cwd.as_deref(), self.ctx));
+                }
+            }
             let mut seen: Vec<usize> = Vec::new();
             let mut todo: Vec<usize> = self.cmd.feeds.clone();
             while let Some(i) = todo.pop() {
@@ -496,7 +504,10 @@ impl<'a> CmdView<'a> {
                 seen.push(i);
                 let Some(src) = self.all.get(i) else { continue };
                 let view = CmdView::new(src, self.ctx, self.all);
-                v.extend(view.paths().iter().cloned());
+                // What echo and printf are given is text, not files they read.
+                if !matches!(src.program(), "echo" | "printf") {
+                    v.extend(view.paths().iter().cloned());
+                }
                 v.extend(view.redirects().iter().filter(|(w, _)| !*w).map(|(_, p)| p.clone()));
                 let secret = |display: String| PathInfo {
                     display,

@@ -131,7 +131,7 @@ pub(crate) fn written(argv: &[String]) -> Vec<Operand> {
             let scripted = argv.iter().any(|a| matches!(a.as_str(), "-e" | "--expression" | "-f" | "--file"));
             ops.into_iter().skip(if scripted { 0 } else { 1 }).map(at).collect()
         }
-        "curl" => option_values(argv, &["-o", "--output"]),
+        "curl" | "sort" => option_values(argv, &["-o", "--output"]),
         "wget" => {
             let mut v = option_values(argv, &["-O", "--output-document", "-P", "--directory-prefix"]);
             v.retain(|o| argv[o.index].get(o.offset..) != Some("-"));

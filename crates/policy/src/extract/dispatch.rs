@@ -89,8 +89,11 @@ impl Extractor<'_> {
                 }
             }
             // `trap CODE SIGNAL…`: the code runs on the signal.
-            "trap" if rest.len() >= 2 && !rest[0].text.starts_with('-') => {
-                self.shell_code(&rest[0].clone(), Vec::new());
+            "trap" => {
+                let args = if rest.first().is_some_and(|w| w.text == "--") { &rest[1..] } else { rest };
+                if args.len() >= 2 && !args[0].text.starts_with('-') {
+                    self.shell_code(&args[0].clone(), Vec::new());
+                }
             }
             "read" | "mapfile" | "readarray" => {
                 for w in rest.iter().filter(|w| !w.text.starts_with('-')) {

@@ -25,6 +25,12 @@ fn remote_name(url: &str) -> Option<&str> {
     (!name.is_empty()).then_some(name)
 }
 
+impl super::statics::Files for Extractor<'_> {
+    fn text(&self, file: &str) -> Option<String> {
+        self.script_text(file, self.cwd.as_deref())
+    }
+}
+
 /// Longest script content kept for later runs.
 const MAX_SCRIPT: usize = 64 * 1024;
 

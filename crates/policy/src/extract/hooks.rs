@@ -132,14 +132,24 @@ fn call_literals(code: &str, calls: &[&str]) -> Vec<String> {
             // `system("a b")`, and the list form `system "a", "b"`: the words joined.
             let mut rest = rest;
             let mut words = Vec::new();
+            // `"r" + "m -rf /"` (Python, JavaScript, Ruby) and `"r" . "m"` (Perl) concatenate.
+            let mut joined = String::new();
             while let Some(q) = rest.chars().next().filter(|c| matches!(c, '"' | '\'' | '`')) {
                 let Some(end) = rest[1..].find(q) else { break };
-                words.push(&rest[1..1 + end]);
+                joined.push_str(&rest[1..1 + end]);
                 rest = rest[end + 2..].trim_start();
+                if let Some(r) = rest.strip_prefix('+').or_else(|| rest.strip_prefix(". ")) {
+                    rest = r.trim_start();
+                    continue;
+                }
+                words.push(std::mem::take(&mut joined));
                 match rest.strip_prefix(',') {
                     Some(r) => rest = r.trim_start(),
                     None => break,
                 }
+            }
+            if !joined.is_empty() {
+                words.push(joined);
             }
             if !words.is_empty() {
                 out.push(words.join(" "));
@@ -297,5 +307,7 @@ mod tests {
         assert_eq!(code("perl\u{1}-e\u{1}exec \"id\""), ["id"]);
         assert_eq!(code("ruby\u{1}-e\u{1}`id`"), ["id"]);
         assert_eq!(code("python3\u{1}-c\u{1}print(1)"), Vec::<String>::new());
+        assert_eq!(code("python3\u{1}-c\u{1}os.system(\"r\" + \"m -rf /\")"), ["rm -rf /"]);
+        assert_eq!(code("perl\u{1}-e\u{1}system \"rm\", \"-rf\", \"/\""), ["rm -rf /"]);
     }
 }

@@ -192,6 +192,7 @@ impl Extractor<'_> {
         let mut replace: Option<String> = None;
         let mut interactive = false;
         let mut arg_file: Option<String> = None;
+        let mut null = false;
         while i < rest.len() {
             let a = rest[i].text.as_str();
             if a == "--" {
@@ -208,6 +209,7 @@ impl Extractor<'_> {
                     continue;
                 }
                 "-i" => replace = Some("{}".into()),
+                "-0" | "--null" => null = true,
                 "-p" | "--interactive" => interactive = true,
                 "-a" | "--arg-file" => {
                     arg_file = rest.get(i + 1).filter(|w| w.is_static()).map(|w| w.text.clone());
@@ -244,6 +246,10 @@ impl Extractor<'_> {
                 .take(16)
                 .map(EWord::lit)
                 .collect(),
+            // With -0 only NULs separate items: `echo 'rm -rf /' | xargs -0 sh -c` is one.
+            (None, Some(t)) if !raw.stdin_other && null => {
+                t.split('\0').filter(|s| !s.is_empty()).take(16).map(EWord::lit).collect()
+            }
             (None, Some(t)) if !raw.stdin_other => t.split_whitespace().take(16).map(EWord::lit).collect(),
             (None, _) => vec![EWord { text: "{xargs}".into(), dyn_at: Some(0), sources: raw.stdin_from.clone() }],
         };

@@ -12,9 +12,28 @@ use crate::words::{expand, Vars};
 /// Longest text evaluated: beyond it the result is treated as unknown.
 const MAX_TEXT: usize = 64 * 1024;
 
+/// What the extractor knows besides the AST: here-document bodies the parser was handed as
+/// markers (see `heredoc`), and files whose content it knows (`echo … > f`).
+pub(super) struct Known<'a> {
+    pub bodies: &'a [String],
+    pub files: &'a dyn Files,
+}
+
+/// Files whose content is known.
+pub(super) trait Files {
+    fn text(&self, file: &str) -> Option<String>;
+}
+
+struct NoFiles;
+
+impl Files for NoFiles {
+    fn text(&self, _: &str) -> Option<String> {
+        None
+    }
+}
+
 /// What the command `c` prints, given its stdin `input` when known.
-/// `bodies` holds the here-document bodies the parser was handed as markers (see `heredoc`).
-pub(super) fn output(c: &ast::Command, vars: &Vars, input: Option<&str>, bodies: &[String]) -> Option<String> {
+pub(super) fn output(c: &ast::Command, vars: &Vars, input: Option<&str>, known: &Known<'_>) -> Option<String> {
     let ast::Command::Simple(s) = c else { return None };
     let prog = s.word_or_name.as_ref()?;
     let p = expand(&prog.value, vars).words.into_iter().next()?;
@@ -47,7 +66,7 @@ pub(super) fn output(c: &ast::Command, vars: &Vars, input: Option<&str>, bodies:
                 here = Some(format!("{}\n", w.text));
             }
             ast::CommandPrefixOrSuffixItem::IoRedirect(ast::IoRedirect::HereDocument(_, doc)) => {
-                let value = super::heredoc::body(&doc.doc.value, bodies);
+                let value = super::heredoc::body(&doc.doc.value, known.bodies);
                 if doc.requires_expansion && (value.contains('$') || value.contains('`')) {
                     return None;
                 }
@@ -57,8 +76,19 @@ pub(super) fn output(c: &ast::Command, vars: &Vars, input: Option<&str>, bodies:
             _ => return None,
         }
     }
-    let input = here.as_deref().or(input);
     let prog = p.text.rsplit('/').next().unwrap_or(&p.text).to_string();
+    // `base64 -d FILE` of a file whose content is known reads that content.
+    let mut from_file = None;
+    if here.is_none() && input.is_none() && matches!(prog.as_str(), "cat" | "base64" | "b64decode" | "xxd" | "rev") {
+        let ops: Vec<usize> = (0..args.len()).filter(|k| !args[*k].starts_with('-')).collect();
+        if let [k] = ops.as_slice() {
+            from_file = known.files.text(&args[*k]);
+            if from_file.is_some() {
+                args.remove(*k);
+            }
+        }
+    }
+    let input = here.as_deref().or(from_file.as_deref()).or(input);
     let out = program_output(&prog, &args, input)?;
     (out.len() <= MAX_TEXT).then_some(out)
 }
@@ -339,14 +369,14 @@ pub(super) fn substitution(body: &str, vars: &Vars) -> Option<String> {
     let prog = parser.parse_program().ok()?;
     let mut out = String::new();
     for cc in &prog.complete_commands {
-        out.push_str(&list_output(cc, vars, &[])?);
+        out.push_str(&list_output(cc, vars, &Known { bodies: &[], files: &NoFiles })?);
     }
     Some(out)
 }
 
 /// What a list prints when every pipeline in it is modelled (`echo -n r; echo -n m`,
 /// `echo a && echo b`): the outputs one after the other (the modelled commands succeed).
-pub(super) fn list_output(list: &ast::CompoundList, vars: &Vars, bodies: &[String]) -> Option<String> {
+pub(super) fn list_output(list: &ast::CompoundList, vars: &Vars, known: &Known<'_>) -> Option<String> {
     let mut out = String::new();
     for item in &list.0 {
         if matches!(item.1, ast::SeparatorOperator::Async) {
@@ -358,7 +388,7 @@ pub(super) fn list_output(list: &ast::CompoundList, vars: &Vars, bodies: &[Strin
         for p in pipelines {
             let mut text: Option<String> = None;
             for c in &p.seq {
-                text = Some(output(c, vars, text.as_deref(), bodies)?);
+                text = Some(output(c, vars, text.as_deref(), known)?);
             }
             out.push_str(&text?);
             if out.len() > MAX_TEXT {

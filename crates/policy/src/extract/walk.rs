@@ -48,7 +48,7 @@ impl Extractor<'_> {
             // written to a file that may be run later).
             let to_file = redirects_output(c);
             let text = if k + 1 < p.seq.len() || to_file {
-                statics::output(c, &self.vars, prev.as_ref().and_then(|p| p.text.as_deref()), &self.bodies)
+                statics::output(c, &self.vars, prev.as_ref().and_then(|p| p.text.as_deref()), &self.known())
             } else {
                 None
             };
@@ -435,7 +435,7 @@ impl Extractor<'_> {
                                 c.code_from.extend(from.iter().cloned());
                             }
                         }
-                    } else if let Some(text) = statics::list_output(&sub.list, &self.vars, &self.bodies) {
+                    } else if let Some(text) = statics::list_output(&sub.list, &self.vars, &self.known()) {
                         // `. <(echo …)`: the file's content is known.
                         let cwd = self.cwd.clone();
                         self.forget_script(PROC_SUB);
@@ -469,6 +469,11 @@ impl Extractor<'_> {
             };
             self.shell_code(&code, Vec::new());
         }
+    }
+
+    /// What static evaluation may read besides the AST.
+    fn known(&self) -> statics::Known<'_> {
+        statics::Known { bodies: &self.bodies, files: self }
     }
 
     /// A word that expands a variable assigned from a substitution is fed by what that ran;
