@@ -164,6 +164,8 @@ struct Compiled {
     rules: Vec<rules::Rule>,
     /// Rule indexes by literal program name, the generic ones merged in, in policy order.
     by_program: HashMap<String, Vec<usize>>,
+    /// Rules whose programs are patterns (`mkfs.*`) or paths (`/etc/init.d/*`).
+    by_pattern: Vec<(rules::Pat, usize)>,
     /// Rules that may match any program.
     generic: Vec<usize>,
     /// The built-in policy without its inline examples (`Policy::builtin`): `to_toml` shows
@@ -268,6 +270,7 @@ impl Policy {
                     specs: Vec::new(),
                     rules: Vec::new(),
                     by_program: HashMap::new(),
+                    by_pattern: Vec::new(),
                     generic: Vec::new(),
                     stripped: false,
                     weakened: Vec::new(),
@@ -393,23 +396,25 @@ impl Policy {
             compiled.push(rule);
         }
         let mut by_program: HashMap<String, Vec<usize>> = HashMap::new();
+        let mut by_pattern = Vec::new();
         let mut generic = Vec::new();
         for (i, r) in compiled.iter().enumerate() {
-            let lits: Option<Vec<String>> =
-                r.when.iter().map(|m| m.literal_programs()).try_fold(Vec::new(), |mut acc, l| {
-                    acc.extend(l?);
-                    Some(acc)
-                });
-            match lits {
-                Some(names) => {
-                    for n in names {
-                        let v = by_program.entry(n).or_default();
+            // A rule with an alternative for any program is a candidate for every command;
+            // else for the programs it names, literally or by a pattern.
+            if r.when.iter().any(|m| m.program.is_empty()) {
+                generic.push(i);
+                continue;
+            }
+            for p in r.when.iter().flat_map(|m| m.program.iter()) {
+                match p {
+                    rules::Pat::Lit(l) if !l.contains('/') => {
+                        let v = by_program.entry(l.clone()).or_default();
                         if !v.contains(&i) {
                             v.push(i);
                         }
                     }
+                    other => by_pattern.push((other.clone(), i)),
                 }
-                None => generic.push(i),
             }
         }
         for v in by_program.values_mut() {
@@ -422,6 +427,7 @@ impl Policy {
                 specs,
                 rules: compiled,
                 by_program,
+                by_pattern,
                 generic,
                 stripped: false,
                 weakened: Vec::new(),
@@ -468,9 +474,19 @@ impl Policy {
         self.decide(&ex, ctx)
     }
 
-    /// The rules that may match `program`, in policy order.
-    fn candidates(&self, program: &str) -> impl Iterator<Item = usize> + '_ {
-        self.inner.by_program.get(program).unwrap_or(&self.inner.generic).iter().copied()
+    /// The rules that may match a command, in policy order: those naming its program, those
+    /// whose program pattern matches it, and the generic ones.
+    fn candidates(&self, c: &extract::Cmd) -> std::borrow::Cow<'_, [usize]> {
+        let base = self.inner.by_program.get(c.program()).unwrap_or(&self.inner.generic);
+        let extra: Vec<usize> =
+            self.inner.by_pattern.iter().filter(|(p, _)| p.matches_program(c)).map(|(_, i)| *i).collect();
+        if extra.is_empty() {
+            return std::borrow::Cow::Borrowed(base);
+        }
+        let mut all: Vec<usize> = base.iter().copied().chain(extra).collect();
+        all.sort_unstable();
+        all.dedup();
+        std::borrow::Cow::Owned(all)
     }
 
     fn decide(&self, ex: &extract::Extraction, ctx: &Context) -> Evaluation {
@@ -495,7 +511,7 @@ impl Policy {
         for c in &ex.cmds {
             let view = rules::CmdView::new(c, ctx, &ex.cmds);
             let mut cmd_best: Option<Decision> = None;
-            for i in self.candidates(c.program()) {
+            for &i in self.candidates(c).iter() {
                 let Some(rule) = self.inner.rules.get(i) else { continue };
                 if cmd_best.as_ref().is_some_and(|b| b.action >= rule.action) {
                     continue;

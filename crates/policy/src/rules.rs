@@ -176,6 +176,15 @@ impl Pat {
             Pat::Glob(g, _) => g.matches(s),
         }
     }
+
+    /// As a `program` entry: one with a `/` matches the path as written, else the basename.
+    pub fn matches_program(&self, c: &Cmd) -> bool {
+        if p_has_slash(self) {
+            self.matches(&c.path)
+        } else {
+            self.matches(c.program())
+        }
+    }
 }
 
 fn pats(v: &[String]) -> Result<Vec<Pat>, String> {
@@ -270,30 +279,11 @@ impl Matcher {
         })
     }
 
-    /// The literal program names, if every program entry is a literal basename.
-    pub fn literal_programs(&self) -> Option<Vec<String>> {
-        if self.program.is_empty() {
-            return None;
-        }
-        self.program
-            .iter()
-            .map(|p| match p {
-                Pat::Lit(l) if !l.contains('/') => Some(l.clone()),
-                _ => None,
-            })
-            .collect()
-    }
-
     /// Does this alternative match the command? Returns the path that made it match, if any.
     pub fn matches(&self, c: &CmdView) -> Option<Option<String>> {
         let cmd = c.cmd;
         if !self.program.is_empty() {
-            let prog = cmd.program();
-            let ok = self.program.iter().any(|p| match p {
-                Pat::Lit(l) if l.contains('/') => l == &cmd.path,
-                Pat::Glob(..) if p_has_slash(p) => p.matches(&cmd.path),
-                _ => p.matches(prog),
-            });
+            let ok = self.program.iter().any(|p| p.matches_program(cmd));
             if !ok {
                 return None;
             }
