@@ -689,6 +689,10 @@ mod tests {
         assert!(names("/dev/tcp/1.2.3.4/80").contains(&"network"));
         assert!(names("/etc/passwd").contains(&"critical"));
         assert!(names("/proc/sys/kernel/x").contains(&"kernel"));
+        assert!(names("/etc/resolv.conf").contains(&"host"), "{:?}", names("/etc/resolv.conf"));
+        assert!(!names("/dev/null").contains(&"host"));
+        assert!(!names("/tmp/x").contains(&"host"));
+        assert!(names("~/.bashrc").contains(&"persistence"));
     }
 
     #[test]
