@@ -354,3 +354,26 @@ fn lint_reports_pointless_overrides() {
     assert!(w.iter().any(|w| w.contains("`team.x`") && w.contains("is not a built-in rule")), "{w:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2000, ..ProptestConfig::default() })]
+
+    /// Text built from the pieces the here-document pre-scan, the static evaluator and the
+    /// word splitter look at (including multi-byte characters next to them) never panics, and
+    /// what does not parse is never allowed.
+    #[test]
+    fn heredoc_and_static_pieces_never_panic(parts in proptest::collection::vec(prop_oneof![
+        Just("<<"), Just("<<-"), Just("<<<"), Just("'EOF'"), Just("\"EOF\""), Just("\\EOF"), Just("EOF"), Just("\n"),
+        Just("\t"), Just("'"), Just("\""), Just("$("), Just(")"), Just("`"), Just("${"), Just("}"), Just("$(("), Just("#"),
+        Just("é"), Just("日本"), Just("cat "), Just("echo "), Just("| sh"), Just("| base64 -d"), Just("| rev"),
+        Just("IFS=,;"), Just("a=(x y);"), Just("${a[@]}"), Just("$@"), Just("set -- rm -rf /;"), Just("xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx"),
+        Just("tr a-z b-za"), Just("printf '%s\\x72' "), Just("xargs -0 "), Just(">(sh)"), Just("<(echo rm)"),
+    ], 0..24)) {
+        let s: String = parts.concat();
+        let p = Policy::builtin();
+        let e = p.evaluate_str(&s, &ctx());
+        if e.decision.rule.as_deref() == Some("engine.parse-error") {
+            prop_assert_ne!(e.decision.action, Action::Allow);
+        }
+    }
+}

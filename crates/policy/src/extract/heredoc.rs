@@ -431,8 +431,13 @@ mod agreement_tests {
         v
     }
 
-    /// `Err` describes a disagreement; `Ok(true)` when something was elided.
+    /// `Err` describes a disagreement; `Ok(true)` when something was elided. Texts with a
+    /// parser trap in their code (see `extract::parser_trap`) never reach brush-parser whole,
+    /// so there is nothing to compare.
     fn agree(text: &str) -> Result<bool, String> {
+        if super::super::parser_trap(text).is_some() {
+            return Ok(false);
+        }
         let Some(e) = elide(text, 0) else { return Ok(false) };
         let Some(elided) = parse(&e.text).filter(|p| e.verify(p)) else { return Ok(false) };
         let Some(whole) = parse(text) else { return Err(format!("only the elided text parses: {text:?}")) };

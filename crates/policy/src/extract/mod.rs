@@ -137,17 +137,76 @@ impl Extractor<'_> {
     fn parse_eliding(&mut self, text: &str) -> Result<ast::Program, String> {
         if self.elide {
             if let Some(e) = heredoc::elide(text, self.bodies.len()) {
-                if let Some(p) = parse(&e.text).ok().filter(|p| e.verify(p)) {
-                    self.bodies.extend(e.bodies.into_iter().map(|(_, v)| v));
-                    return Ok(p);
+                // Bodies are data: the traps are looked for in the text without them.
+                if parser_trap(&e.text).is_none() {
+                    if let Some(p) = parse(&e.text).ok().filter(|p| e.verify(p)) {
+                        self.bodies.extend(e.bodies.into_iter().map(|(_, v)| v));
+                        return Ok(p);
+                    }
                 }
             }
+        }
+        if let Some(e) = parser_trap(text) {
+            return Err(e);
         }
         parse(text)
     }
 }
 
-/// Parse a shell string into a program.
+/// A here-document operator not followed by a word (`<< (`, `<<- <(x)`, `<<` at the end): bash
+/// rejects it, and brush-parser 0.4 can exhaust memory on it inside a substitution
+/// (`$(<< ($(`), so it is refused before parsing.
+pub(crate) fn parser_trap(text: &str) -> Option<String> {
+    let b = text.as_bytes();
+    let mut from = 0;
+    while let Some(k) = text[from..].find("<<") {
+        let i = from + k;
+        // Operators are read greedily: `<<<` is a here-string, what follows it starts anew.
+        if b.get(i + 2) == Some(&b'<') {
+            from = i + 3;
+            continue;
+        }
+        from = i + 2;
+        // A shift inside `$(( ))` / `(( ))`.
+        let before = &text[..i];
+        if before.matches("((").count() > before.matches("))").count() {
+            continue;
+        }
+        let mut j = i + 2;
+        while matches!(b.get(j), Some(b'-' | b' ' | b'\t')) {
+            j += 1;
+        }
+        if b.get(j).is_none_or(|c| matches!(c, b'(' | b')' | b'<' | b'>' | b'|' | b';' | b'&' | b'\n')) {
+            return Some("a here-document operator must be followed by its delimiter word".into());
+        }
+        // An empty delimiter (`<<""`, `<<''`) or one holding an expansion (`<<$(x)`): valid for
+        // bash, but brush-parser 0.4 can exhaust memory on them; refused (so: a transaction).
+        // The delimiter word: unquoted bytes and quoted runs, up to a metacharacter.
+        let mut end = j;
+        while let Some(&c) = b.get(end) {
+            match c {
+                b' ' | b'\t' | b'\n' | b';' | b'|' | b'&' | b'<' | b'>' => break,
+                b'"' | b'\'' => match b[end + 1..].iter().position(|x| *x == c) {
+                    Some(k) => end += k + 2,
+                    None => return Some("an unterminated here-document delimiter".into()),
+                },
+                b'\\' => end += 2,
+                _ => end += 1,
+            }
+        }
+        let word = &b[j..end.min(b.len())];
+        if word.starts_with(b"\"\"")
+            || word.starts_with(b"''")
+            || word.windows(2).any(|w| matches!(w, b"$(" | b"${"))
+            || word.contains(&b'`')
+        {
+            return Some("an empty or expanding here-document delimiter is not supported".into());
+        }
+    }
+    None
+}
+
+/// Parse a shell string into a program (callers check [`parser_trap`] first).
 fn parse(text: &str) -> Result<ast::Program, String> {
     let opts = brush_parser::ParserOptions::default();
     let mut parser = brush_parser::Parser::new(std::io::Cursor::new(text), &opts);
@@ -297,6 +356,31 @@ mod tests {
 
     fn has(s: &str, want: &[&str]) -> bool {
         argvs(s).iter().any(|a| a == want)
+    }
+
+    #[test]
+    fn parser_traps_are_refused_before_parsing() {
+        for s in [
+            "$(<<\t($(",
+            "$(<< ($(",
+            "cat <<(x",
+            "x=$(cat <<- (\n)",
+            "$(<<-\t<(echo rm)",
+            "cat <<",
+            "cat <<\"\"|$(",
+            "cat <<''|$(",
+            "<<$(\t(#",
+            "cat <<`x`",
+            "<<\"&$(''\t",
+            "<<\"&\"$(''\t",
+            "<<<<<'')#",
+        ] {
+            let e = extract_str(s, &ctx());
+            assert!(e.parse_error.is_some_and(|m| m.contains("delimiter")), "{s:?}");
+        }
+        for s in ["cat <<< \"(x)\"", "cat <<EOF\n(x)\nEOF", "echo $((1 << 2))"] {
+            assert!(extract_str(s, &ctx()).parse_error.is_none(), "{s:?}");
+        }
     }
 
     #[test]

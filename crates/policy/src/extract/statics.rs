@@ -361,7 +361,7 @@ pub(super) fn substitution(body: &str, vars: &Vars) -> Option<String> {
     let t = body.trim_start();
     let plausible =
         ["echo", "printf", "base64", "xxd", "rev", "tr", "openssl", "cat", "sed"].iter().any(|p| t.starts_with(p));
-    if !plausible || body.len() > MAX_TEXT {
+    if !plausible || body.len() > MAX_TEXT || super::parser_trap(body).is_some() {
         return None;
     }
     let opts = brush_parser::ParserOptions::default();
