@@ -38,7 +38,10 @@ fn step(ws: &Path, title: &str, script: &str) -> Result<engine::RunResult> {
 fn listing(ws: &Path) -> String {
     let mut names: Vec<String> = std::fs::read_dir(ws)
         .map(|rd| {
-            rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n != ".txbox").collect()
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n != txbox_txn::layout::IN_WORKSPACE)
+                .collect()
         })
         .unwrap_or_default();
     names.sort();

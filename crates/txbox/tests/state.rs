@@ -272,25 +272,22 @@ fn state_planted_in_a_real_state_directory_is_refused() {
         assert!(digest(&other_ws, &[]) == before_other, "{who:?}: the other workspace changed");
 
         // A replayed record: applied once by its own state directory, then put back.
+        let recover_other = || {
+            txbox_command(who)
+                .env("HOME", &s.root)
+                .arg("--state-dir")
+                .arg(&other_state)
+                .arg("recover")
+                .output()
+                .unwrap()
+        };
         let saved = std::fs::read(&their_record).unwrap();
-        let out = txbox_command(who)
-            .env("HOME", &s.root)
-            .arg("--state-dir")
-            .arg(&other_state)
-            .arg("recover")
-            .output()
-            .unwrap();
+        let out = recover_other();
         assert_eq!(code(&out), Some(0), "{who:?}: {}", describe(&out));
         let applied = digest(&other_ws, &[]);
         assert!(other_ws.join("new").exists() && !other_ws.join("old").exists(), "{who:?}: not rolled forward");
         std::fs::write(&their_record, &saved).unwrap();
-        let out = txbox_command(who)
-            .env("HOME", &s.root)
-            .arg("--state-dir")
-            .arg(&other_state)
-            .arg("recover")
-            .output()
-            .unwrap();
+        let out = recover_other();
         assert_eq!(code(&out), Some(125), "{who:?}: a replayed record was accepted: {}", describe(&out));
         assert!(String::from_utf8_lossy(&out.stderr).contains("no longer exists"), "{}", describe(&out));
         assert!(digest(&other_ws, &[]) == applied, "{who:?}: the replay changed the workspace");

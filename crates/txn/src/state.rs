@@ -717,16 +717,7 @@ impl StateDir {
     /// Block until this process is the only one working on transaction `id`.
     pub fn lock_tx(&self, id: &str) -> Result<Lock, StateError> {
         self.read_meta(id)?;
-        let path = self.tx_dir(id).join(layout::OWNER_LOCK);
-        let fd = fsx::open_beneath(
-            self.fd(),
-            &Self::tx_rel(id, layout::OWNER_LOCK),
-            OFlags::RDWR | OFlags::CREATE,
-            Mode::from_raw_mode(0o600),
-        )
-        .map_err(at(&path, "open lock"))?;
-        rustix::fs::flock(&fd, FlockOperation::LockExclusive).map_err(at(&path, "lock"))?;
-        Ok(Lock { _file: File::from(fd) })
+        self.lock_owner(id)
     }
 
     /// Create a session transaction's directory (no layers yet).
@@ -1116,7 +1107,7 @@ impl TxDir {
             let tx = state.dir(layout::TX)?;
             rustix::fs::mkdirat(&tx, id.as_str(), Mode::from_raw_mode(0o700)).map_err(at(&dir, "create"))?;
         }
-        let owner = state.lock_new(&id)?;
+        let owner = state.lock_owner(&id)?;
         let (upper, work) = (dir.join(layout::UPPER), dir.join(layout::WORK));
         if reused {
             // The run that left it may have been served by a warm server, which detaches its
@@ -1138,8 +1129,9 @@ impl TxDir {
 }
 
 impl StateDir {
-    /// Take the owner lock of a transaction directory this process just made or claimed.
-    fn lock_new(&self, id: &str) -> Result<Lock, StateError> {
+    /// Take the owner lock of a transaction directory (blocking: the run that recycled a
+    /// spare this process just claimed releases its lock right after).
+    fn lock_owner(&self, id: &str) -> Result<Lock, StateError> {
         let path = self.tx_dir(id).join(layout::OWNER_LOCK);
         let fd = fsx::open_beneath(
             self.fd(),
@@ -1148,7 +1140,6 @@ impl StateDir {
             Mode::from_raw_mode(0o600),
         )
         .map_err(at(&path, "open lock"))?;
-        // Blocking: the run that recycled a spare releases its lock right after.
         rustix::fs::flock(&fd, FlockOperation::LockExclusive).map_err(at(&path, "lock"))?;
         Ok(Lock { _file: File::from(fd) })
     }
