@@ -69,7 +69,12 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
         return Ok(r);
     }
     let layers = session::layers(&steps)?;
-    let n = state.last_step(&req.tx).max(layers.last().map(|(n, _)| *n).unwrap_or(0)) + 1;
+    // Step numbers keep growing even when steps are undone, so a number names one step forever.
+    let n = state
+        .last_step(&req.tx)
+        .max(layers.last().map(|(n, _)| *n).unwrap_or(0))
+        .checked_add(1)
+        .ok_or_else(|| EngineError::Usage(format!("transaction {}: no step numbers left", req.tx)))?;
     r.step = Some(n);
     let (upper, work) = session::create_step(&steps, n, &env.workspace)?;
     let lower: Vec<PathBuf> = layers.iter().rev().map(|(_, p)| p.clone()).collect();
