@@ -21,7 +21,8 @@ use txbox_txn::{audit, CrashHook, Recovered, StateDir};
     committed atomically when they succeed, rolled back when they fail, refused when irreversible."
 )]
 struct Cli {
-    /// State directory (journal, layers, audit log). Default: <workspace>/.txbox
+    /// State directory (journal, layers, audit log). Default: ${XDG_STATE_HOME:-$HOME/.local/state}/txbox
+    /// when on the workspace's filesystem (see docs/ARCHITECTURE.md for elsewhere)
     #[arg(long, global = true, env = "TXBOX_STATE_DIR", value_name = "DIR")]
     state_dir: Option<PathBuf>,
     /// Machine-readable output: one JSON object on stdout.
@@ -303,8 +304,10 @@ pub fn main(args: Vec<OsString>) -> Result<i32> {
             Ok(show(json, &r))
         }
         Sub::List(ws) => {
-            let state = state_for(state_dir, &ws)?;
-            let txs = if state.root.exists() { session::list(&state)? } else { Vec::new() };
+            let txs = match state_for(state_dir, &ws)? {
+                Some(state) => session::list(&state)?,
+                None => Vec::new(),
+            };
             if json {
                 println!("{}", serde_json::to_string(&txs)?);
             } else {
@@ -421,15 +424,27 @@ fn cmd_run(state_dir: Option<PathBuf>, json: bool, a: RunArgs) -> Result<i32> {
     Ok(show(json, &r))
 }
 
-fn state_for(state_dir: Option<PathBuf>, ws: &WorkspaceArg) -> Result<StateDir> {
-    Ok(match state_dir {
-        Some(s) => StateDir { root: s },
-        None => StateDir::for_workspace(None, &workspace_of(ws)?),
-    })
+/// The workspace's state directory if it has one (nothing is made: these commands only look).
+fn state_for(state_dir: Option<PathBuf>, ws: &WorkspaceArg) -> Result<Option<StateDir>> {
+    let workspace = match (&state_dir, &ws.workspace) {
+        // With --state-dir and no -C, the workspace does not matter.
+        (Some(_), None) => std::env::current_dir().context("reading the current directory")?,
+        _ => workspace_of(ws)?,
+    };
+    Ok(StateDir::existing_for_workspace(state_dir.as_deref(), &workspace)?)
 }
 
 fn cmd_log(state_dir: Option<PathBuf>, json: bool, a: LogArgs) -> Result<i32> {
-    let state = state_for(state_dir, &a.ws)?;
+    let Some(state) = state_for(state_dir, &a.ws)? else {
+        // No state directory yet: an empty log, which verifies.
+        match (json, a.verify) {
+            (true, true) => println!("{}", serde_json::json!({"ok": true, "entries": 0})),
+            (true, false) => println!("[]"),
+            (false, true) => println!("no audit log yet: 0 entries"),
+            (false, false) => {}
+        }
+        return Ok(0);
+    };
     let path = state.audit_path();
     if a.verify {
         return match audit::verify(&path) {
@@ -452,6 +467,11 @@ fn cmd_log(state_dir: Option<PathBuf>, json: bool, a: LogArgs) -> Result<i32> {
         };
     }
     let mut entries = audit::read_all(&path)?;
+    // One state directory serves many workspaces: show this one's entries (`-C`, else the
+    // current directory), and those of no workspace in particular. `--verify` checks them all.
+    let ws = workspace_of(&a.ws)?;
+    let name = ws.to_string_lossy();
+    entries.retain(|e| e.workspace == name || e.workspace.is_empty());
     if let Some(n) = a.n {
         let skip = entries.len().saturating_sub(n);
         entries.drain(..skip);
@@ -483,15 +503,14 @@ fn cmd_log(state_dir: Option<PathBuf>, json: bool, a: LogArgs) -> Result<i32> {
 }
 
 fn cmd_recover(state_dir: Option<PathBuf>, json: bool, a: WorkspaceArg) -> Result<i32> {
-    let state = state_for(state_dir, &a)?;
-    if !state.root.exists() {
+    let Some(state) = state_for(state_dir, &a)? else {
         if json {
             println!("{}", serde_json::json!({"recovered": []}));
         } else {
-            eprintln!("txbox: nothing to recover ({} does not exist)", state.root.display());
+            eprintln!("txbox: nothing to recover (no state directory yet)");
         }
         return Ok(0);
-    }
+    };
     let done = txbox_txn::recover(&state, None, &mut CrashHook::default())?;
     let mut items = Vec::new();
     for r in &done {

@@ -38,7 +38,10 @@ fn step(ws: &Path, title: &str, script: &str) -> Result<engine::RunResult> {
 fn listing(ws: &Path) -> String {
     let mut names: Vec<String> = std::fs::read_dir(ws)
         .map(|rd| {
-            rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).filter(|n| n != ".txbox").collect()
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n != txbox_txn::layout::IN_WORKSPACE)
+                .collect()
         })
         .unwrap_or_default();
     names.sort();
@@ -74,8 +77,12 @@ pub fn run() -> Result<i32> {
     println!("   exit status {} (126 = denied by policy)", r3.exit_code);
 
     println!("\nThe audit log (txbox log -C {}):", ws.display());
-    for e in txbox_txn::audit::read_all(&ws.join(".txbox/audit.log"))? {
-        println!("   {} {:<11} {}", render::short(&e.tx), e.outcome, e.command);
+    let real = engine::resolve_workspace(&ws)?;
+    if let Some(state) = txbox_txn::StateDir::existing_for_workspace(None, &real)? {
+        let name = real.to_string_lossy();
+        for e in txbox_txn::audit::read_all(&state.audit_path())?.iter().filter(|e| e.workspace == name) {
+            println!("   {} {:<11} {}", render::short(&e.tx), e.outcome, e.command);
+        }
     }
     let ok = r.outcome == engine::Outcome::Committed
         && r2.outcome == engine::Outcome::RolledBack

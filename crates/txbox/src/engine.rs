@@ -12,6 +12,7 @@ use txbox_sandbox::warm::NotWarm;
 use txbox_sandbox::{Exit, Finished, LaunchOptions, SandboxSpec, WarmUse};
 use txbox_txn::audit::{self, Counts};
 use txbox_txn::commit::{CommitError, CommitTarget};
+use txbox_txn::layout::TxKind;
 use txbox_txn::meta::display_rel;
 use txbox_txn::session::Fingerprints;
 use txbox_txn::{ChangeSet, CrashHook, StateDir, TxDir};
@@ -263,19 +264,24 @@ pub struct Env {
 }
 
 impl Env {
+    /// Resolve the workspace and find (or make) its state directory: `state_dir` if given,
+    /// else the default outside the workspace (`txbox_txn::layout::candidates`). Refused: a
+    /// state directory txbox did not make. The state directory and the key's directory are
+    /// never part of a change set, wherever they are.
     pub fn open(workspace: &Path, state_dir: Option<&Path>) -> Result<Env, EngineError> {
         let workspace = resolve_workspace(workspace)?;
-        let state = StateDir::for_workspace(state_dir, &workspace);
-        state.ensure()?;
-        let root = std::fs::canonicalize(&state.root).unwrap_or_else(|_| state.root.clone());
-        let exclude = root
-            .strip_prefix(&workspace)
-            .ok()
+        let state = StateDir::for_workspace(state_dir, &workspace)?;
+        let exclude = state
+            .hidden()
+            .iter()
+            .filter_map(|p| p.strip_prefix(&workspace).ok())
             .filter(|p| !p.as_os_str().is_empty())
             .map(Path::to_path_buf)
-            .into_iter()
             .collect();
-        Ok(Env { workspace, state: StateDir { root }, exclude })
+        if let Some(note) = txbox_txn::layout::earlier_state_note(&workspace, &state.root) {
+            eprintln!("txbox: {note}");
+        }
+        Ok(Env { workspace, state, exclude })
     }
 
     /// Finish whatever a crash left behind in this workspace, before looking at it. Returns
@@ -357,7 +363,7 @@ fn warm_socket(state: &StateDir, spec: &SandboxSpec) -> Option<PathBuf> {
     if std::env::var_os("TXBOX_WARM").is_some_and(|v| v == "0") {
         return None;
     }
-    let p = state.root.join("warm").join(format!("{}.sock", spec.sandbox_key()));
+    let p = state.warm_dir().join(format!("{}.sock", spec.sandbox_key()));
     txbox_sandbox::warm::fits(&p).then_some(p)
 }
 
@@ -376,7 +382,8 @@ pub(crate) fn execute(
     };
     let mut spec = SandboxSpec::new(env.workspace.clone(), layers.upper.to_path_buf(), layers.work.to_path_buf(), argv);
     spec.layers = layers.lower;
-    spec.hide = vec![env.state.root.clone()];
+    // The state directory and the directory of the key that authenticates it.
+    spec.hide = env.state.hidden().to_vec();
     // The policy in force is neither readable for tricks nor writable for the command.
     spec.hide.extend(policy_file.and_then(|p| std::fs::canonicalize(p).ok()));
     let home = std::env::var_os("HOME").map(PathBuf::from);
@@ -479,7 +486,7 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
     // 2. Recover, 3. begin: the transaction's layers on the workspace's filesystem.
     let base_generation = env.recover()?;
     timeline.mark("recover");
-    let tx = TxDir::create(&env.state, &env.workspace, "run")?;
+    let tx = TxDir::create(&env.state, &env.workspace, TxKind::Run)?;
     timeline.mark("begin");
     let mut r = RunResult::new(tx.id.clone(), evaluation.decision);
 
@@ -612,7 +619,14 @@ pub(crate) fn commit_upper(env: &Env, t: &Target<'_>, base: Base<'_>) -> Result<
         env.state.log_commit(&env.workspace, &ours).map_err(|e| other(&e))?;
     }
     let record = env.state.record_path(t.id);
-    let target = CommitTarget { tx: t.id, workspace: &env.workspace, upper: t.upper, trash: t.trash, record: &record };
+    let target = CommitTarget {
+        tx: t.id,
+        workspace: &env.workspace,
+        upper: t.upper,
+        trash: t.trash,
+        record: &record,
+        seal: env.state.seal(),
+    };
     let mut hook = CrashHook::from_env();
     if std::io::IsTerminal::is_terminal(&std::io::stderr()) && cs.changes.len() >= PROGRESS_FROM {
         hook.progress = Some(crate::progress::commit_step);
@@ -635,7 +649,8 @@ pub(crate) fn commit_upper(env: &Env, t: &Target<'_>, base: Base<'_>) -> Result<
 /// Discard a transaction's directory. Failure to clean up leaves garbage for `recover`, never
 /// a wrong workspace, so it is not an error of the run.
 /// `collected`: a warm server ran the transaction, and deletes retired directories itself
-/// when idle, so retiring it is all there is to do here.
+/// when idle, so retiring it is all there is to do here, unless so many wait that a
+/// collector is wanted now (under sustained load the server is never idle).
 pub(crate) fn drop_tx(state: &StateDir, tx: TxDir, collected: bool) {
     let id = tx.id.clone();
     let wrote_something = std::fs::read_dir(&tx.upper).map(|mut d| d.next().is_some()).unwrap_or(true);
@@ -645,6 +660,8 @@ pub(crate) fn drop_tx(state: &StateDir, tx: TxDir, collected: bool) {
         return;
     }
     if collected && state.retire_tx(&id).is_ok() {
+        drop(tx);
+        start_collector(state, false);
         return;
     }
     drop(tx);
@@ -653,11 +670,20 @@ pub(crate) fn drop_tx(state: &StateDir, tx: TxDir, collected: bool) {
         let _ = state.remove_tx(&id);
         return;
     }
-    // A rollback returns as soon as the layer is renamed aside; a detached helper deletes it
-    // (DESIGN §8: rollback ≤ 50 ms, cleanup may continue in the background). Should the
-    // helper die, the next recovery finishes the job.
+    // A rollback returns as soon as the layer is retired; a detached collector deletes it
+    // (DESIGN §8: rollback ≤ 50 ms, cleanup may continue in the background). Should it die,
+    // the next collector finishes the job.
     if state.retire_tx(&id).is_err() {
         let _ = state.remove_tx(&id);
+        return;
+    }
+    start_collector(state, true);
+}
+
+/// Start a detached `txbox __gc` for the state directory's retired directories if one is
+/// wanted (see `StateDir::collector_wanted`).
+fn start_collector(state: &StateDir, cold: bool) {
+    if !state.collector_wanted(cold) {
         return;
     }
     let _ = std::process::Command::new("/proc/self/exe")

@@ -13,16 +13,21 @@ fn main() {
     if args.get(1).is_some_and(|a| a == "__stage2") {
         txbox_sandbox::stage2::main(&args[2..]);
     }
-    // A warm sandbox server (see txbox_sandbox::warm), started by a run for the next ones.
+    // A warm sandbox server (see txbox_sandbox::warm), started by a run for the next ones. It
+    // deletes retired transaction directories when idle: those in the state directory's
+    // `txbox_txn::layout::RETIRED`.
     if args.get(1).is_some_and(|a| a == "__warm") {
-        txbox_sandbox::warm::server::main(&args[2..]);
+        txbox_sandbox::warm::server::main(&args[2..], std::path::Path::new(txbox_txn::layout::RETIRED));
     }
-    // Background deletion of rolled-back layers (see engine::drop_tx).
+    // Background deletion of retired layers (see engine::drop_tx), in a state directory txbox
+    // made (anything else is refused by opening it).
     if args.get(1).is_some_and(|a| a == "__gc") {
         if let Some(root) = args.get(2) {
             // Detach from the caller's session so its terminal signals do not stop us.
             let _ = rustix::process::setsid();
-            let _ = txbox_txn::StateDir { root: root.into() }.collect_garbage(std::time::Duration::ZERO);
+            if let Ok(Some(state)) = txbox_txn::StateDir::open_existing(std::path::Path::new(root)) {
+                let _ = state.collect_retired();
+            }
         }
         std::process::exit(0);
     }

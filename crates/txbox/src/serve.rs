@@ -21,7 +21,6 @@ use serde_json::{json, Value};
 use txbox::engine::{self, Command, EngineError, Io, Outcome, RunRequest, RunResult};
 use txbox::session;
 use txbox_policy::Policy;
-use txbox_txn::state::TxMeta;
 use txbox_txn::{audit, StateDir, StateError};
 
 /// An operation's failure, with the HTTP status that fits it.
@@ -184,8 +183,8 @@ impl Api {
         self.workspaces.iter().map(|w| w.display().to_string()).collect::<Vec<_>>().join(", ")
     }
 
-    fn state_of(&self, ws: &Path) -> StateDir {
-        StateDir::for_workspace(self.state_dir.as_deref(), ws)
+    fn state_of(&self, ws: &Path) -> Result<Option<StateDir>, StateError> {
+        StateDir::existing_for_workspace(self.state_dir.as_deref(), ws)
     }
 
     /// The state directory holding transaction `tx` of one of our workspaces.
@@ -195,9 +194,8 @@ impl Api {
             return Err(unknown());
         }
         for ws in &self.workspaces {
-            let state = self.state_of(ws);
-            let dir = state.tx_dir(tx);
-            if let Ok(meta) = TxMeta::read(&dir) {
+            let Ok(Some(state)) = self.state_of(ws) else { continue };
+            if let Ok(meta) = state.read_meta(tx) {
                 if self.workspaces.contains(&meta.workspace) {
                     return Ok(state);
                 }
@@ -234,7 +232,7 @@ impl Api {
             return Err(ApiError::new(400, "exec takes command and limits only (no workspace, validate or no_commit)"));
         }
         let state = self.locate(tx)?;
-        let meta = TxMeta::read(&state.tx_dir(tx)).map_err(|e| ApiError::new(404, e.to_string()))?;
+        let meta = state.read_meta(tx).map_err(|e| ApiError::new(404, e.to_string()))?;
         let req = session::ExecRequest {
             tx: tx.to_string(),
             cwd: meta.workspace,
@@ -269,12 +267,14 @@ impl Api {
     /// The audit log of one workspace (the only one if none is named), the last `n` entries.
     pub fn log(&self, workspace: Option<&str>, n: Option<usize>) -> Result<Value, ApiError> {
         let ws = self.workspace(workspace)?;
-        let path = self.state_of(&ws).audit_path();
-        let mut entries = if path.exists() {
-            audit::read_all(&path).map_err(|e| ApiError::new(500, e.to_string()))?
-        } else {
-            Vec::new()
+        let state = self.state_of(&ws).map_err(|e| ApiError::new(500, e.to_string()))?;
+        let mut entries = match state {
+            Some(state) => audit::read_all(&state.audit_path()).map_err(|e| ApiError::new(500, e.to_string()))?,
+            None => Vec::new(),
         };
+        // One state directory serves many workspaces: show this one's entries only.
+        let name = ws.to_string_lossy();
+        entries.retain(|e| e.workspace == name);
         if let Some(n) = n {
             let skip = entries.len().saturating_sub(n);
             entries.drain(..skip);

@@ -7,7 +7,8 @@ use std::time::Instant;
 
 use serde::Serialize;
 use txbox_policy::{Action, Decision, Policy};
-use txbox_txn::session::{self, Fingerprints};
+use txbox_txn::layout::{Status, TxKind};
+use txbox_txn::session;
 use txbox_txn::state::{remove_tree, TxMeta};
 use txbox_txn::{ChangeSet, StateDir};
 
@@ -16,29 +17,16 @@ use crate::engine::{
     EngineError, Env, Io, Layers, Limits, Outcome, RollbackReason, RunRequest, RunResult, Target,
 };
 
-/// Find the state directory for a transaction id: `--state-dir` if given, else the nearest
-/// `.txbox` at or above `cwd` that holds this transaction.
-pub fn locate_state(explicit: Option<&Path>, cwd: &Path, tx: &str) -> Result<StateDir, EngineError> {
-    if !txbox_txn::state::valid_id(tx) {
-        return Err(txbox_txn::StateError::UnknownTx(tx.to_string()).into());
-    }
-    if let Some(s) = explicit {
-        return Ok(StateDir { root: s.to_path_buf() });
-    }
-    for dir in cwd.ancestors() {
-        let candidate = dir.join(".txbox");
-        if candidate.join("tx").join(tx).is_dir() {
-            return Ok(StateDir { root: candidate });
-        }
-    }
-    Err(txbox_txn::StateError::UnknownTx(tx.to_string()).into())
+/// Find the state directory for a transaction id, from any directory: `--state-dir` if
+/// given, else the default one or one txbox uses on another filesystem (`StateDir::find_tx`).
+pub fn locate_state(explicit: Option<&Path>, _cwd: &Path, tx: &str) -> Result<StateDir, EngineError> {
+    Ok(StateDir::find_tx(explicit, tx)?)
 }
 
 /// Open a session's environment from its id.
 fn open(state: &StateDir, tx: &str) -> Result<(Env, TxMeta), EngineError> {
-    let dir = state.tx_dir(tx);
-    let meta = TxMeta::read(&dir).map_err(|_| txbox_txn::StateError::UnknownTx(tx.to_string()))?;
-    if meta.kind != "session" {
+    let meta = state.read_meta(tx)?;
+    if meta.kind != TxKind::Session {
         return Err(EngineError::Usage(format!("transaction {tx} is a single `run`, not a session")));
     }
     let env = Env::open(&meta.workspace, Some(&state.root))?;
@@ -49,9 +37,7 @@ fn open(state: &StateDir, tx: &str) -> Result<(Env, TxMeta), EngineError> {
 pub fn begin(workspace: &Path, state_dir: Option<&Path>, name: Option<&str>) -> Result<String, EngineError> {
     let env = Env::open(workspace, state_dir)?;
     env.recover()?;
-    let id = env.state.create_session(&env.workspace, name)?;
-    session::choose_steps_root(&env.state.tx_dir(&id), &id, &env.workspace, &env.state.root)?;
-    Ok(id)
+    Ok(env.state.create_session(&env.workspace, name)?)
 }
 
 /// What an `exec` runs and how.
@@ -74,7 +60,7 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
     let started = Instant::now();
     let _lock = state.lock_tx(&req.tx)?;
     let (env, _) = open(state, &req.tx)?;
-    let tx_dir = state.tx_dir(&req.tx);
+    let steps = state.steps_root(&req.tx, &env.workspace)?;
     let evaluation = evaluate(&req.policy, &req.command, &policy_context(&env.workspace, &req.cwd));
     let mut r = RunResult::new(req.tx.clone(), evaluation.decision);
     if r.decision.action == Action::Deny {
@@ -82,10 +68,15 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
         audit(&env, &req.command, &mut r, started, false)?;
         return Ok(r);
     }
-    let layers = session::layers(&tx_dir)?;
-    let n = next_step(&tx_dir, &layers);
+    let layers = session::layers(&steps)?;
+    // Step numbers keep growing even when steps are undone, so a number names one step forever.
+    let n = state
+        .last_step(&req.tx)
+        .max(layers.last().map(|(n, _)| *n).unwrap_or(0))
+        .checked_add(1)
+        .ok_or_else(|| EngineError::Usage(format!("transaction {}: no step numbers left", req.tx)))?;
     r.step = Some(n);
-    let (upper, work) = session::create_step(&tx_dir, n, &env.workspace)?;
+    let (upper, work) = session::create_step(&steps, n, &env.workspace)?;
     let lower: Vec<PathBuf> = layers.iter().rev().map(|(_, p)| p.clone()).collect();
     let layers = Layers { lower, upper: &upper, work: &work };
     let finished = execute(&env, &req.cwd, &req.command, layers, req.io, &req.limits, req.policy_file.as_deref());
@@ -93,34 +84,25 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
         Ok(f) => record(&mut r, f),
         Err(e) => {
             setup_failed(&mut r, e);
-            session::drop_step(&tx_dir, n)?;
+            session::drop_step(&steps, n)?;
             audit(&env, &req.command, &mut r, started, false)?;
             return Ok(r);
         }
     };
-    std::fs::write(tx_dir.join("last_step"), n.to_string())
-        .map_err(|e| EngineError::Usage(format!("recording step: {e}")))?;
+    state.set_last_step(&req.tx, n)?;
     if ok || req.keep_on_failure {
         // The base of every path this step touched, for conflict detection at commit.
-        let fp_file = tx_dir.join("fingerprints");
-        let mut fps = Fingerprints::load(&fp_file)?;
-        fps.record_layer(&upper, &env.workspace)?;
-        fps.save(&fp_file)?;
+        let mut fps = state.load_fingerprints(&req.tx)?;
+        fps.record_layer(n, &upper, &env.workspace)?;
+        state.save_fingerprints(&req.tx, &fps)?;
         r.outcome = Outcome::Pending;
         r.rollback_reason = None;
     } else {
-        session::drop_step(&tx_dir, n)?;
+        session::drop_step(&steps, n)?;
         r.outcome = Outcome::RolledBack;
     }
     audit(&env, &req.command, &mut r, started, false)?;
     Ok(r)
-}
-
-/// Step numbers keep growing even when steps are undone, so a number names one step forever.
-fn next_step(tx_dir: &Path, layers: &[(u32, PathBuf)]) -> u32 {
-    let last =
-        std::fs::read_to_string(tx_dir.join("last_step")).ok().and_then(|s| s.trim().parse::<u32>().ok()).unwrap_or(0);
-    last.max(layers.last().map(|(n, _)| *n).unwrap_or(0)) + 1
 }
 
 /// Squash the layers of a session into its bottom layer; returns it (None: no steps).
@@ -142,17 +124,20 @@ pub fn commit(state: &StateDir, tx: &str) -> Result<RunResult, EngineError> {
     let decision = Decision { action: Action::Transact, rule: None, reason: "commit of an open transaction".into() };
     let mut r = RunResult::new(tx.to_string(), decision);
     r.exit_code = 0;
+    let layers = session::layers(&state.steps_root(tx, &env.workspace)?)?;
+    // Damaged or missing fingerprints are refused before anything changes: the session stays
+    // open, its savepoints intact.
+    let fps = state.load_fingerprints(tx)?;
+    fps.check_covers(&layers)?;
     // From here a crash before the commit record means: the commit did not happen, and
     // recovery discards the half-squashed transaction (the workspace is untouched).
-    state.set_status(tx, "committing")?;
-    let layers = session::layers(&tx_dir)?;
+    state.set_status(tx, Status::Committing)?;
     match squash(&layers)? {
         None => {
             r.outcome = Outcome::Committed;
         }
         Some(upper) => {
-            let fps = Fingerprints::load(&tx_dir.join("fingerprints"))?;
-            let trash = tx_dir.join("trash");
+            let trash = tx_dir.join(txbox_txn::layout::TRASH);
             settle(
                 &mut r,
                 commit_upper(&env, &Target { id: tx, upper: &upper, trash: &trash }, Base::Fingerprints(&fps)),
@@ -174,12 +159,12 @@ pub fn rollback(state: &StateDir, tx: &str, to: Option<u32>) -> Result<RunResult
     let mut r = RunResult::new(tx.to_string(), decision);
     r.exit_code = 0;
     r.rollback_reason = Some(RollbackReason::Requested);
-    let tx_dir = state.tx_dir(tx);
+    let steps = state.steps_root(tx, &env.workspace)?;
     match to {
         Some(step) => {
-            for (n, _) in session::layers(&tx_dir)? {
+            for (n, _) in session::layers(&steps)? {
                 if n > step {
-                    session::drop_step(&tx_dir, n)?;
+                    session::drop_step(&steps, n)?;
                 }
             }
             r.outcome = Outcome::Pending;
@@ -208,14 +193,13 @@ pub fn with_diff<T>(
 ) -> Result<T, EngineError> {
     let _lock = state.lock_tx(tx)?;
     let (env, _) = open(state, tx)?;
-    let tx_dir = state.tx_dir(tx);
-    let scratch = tx_dir.join(format!("diff-{}", std::process::id()));
+    let scratch = state.diff_scratch(tx);
     let _ = remove_tree(&scratch);
     std::fs::create_dir_all(&scratch)
         .map_err(|e| EngineError::Usage(format!("creating {}: {e}", scratch.display())))?;
     let result = (|| {
         let mut copies = Vec::new();
-        for (n, upper) in session::layers(&tx_dir)? {
+        for (n, upper) in session::layers(&state.steps_root(tx, &env.workspace)?)? {
             let dst = scratch.join(n.to_string());
             session::link_copy(&upper, &dst)?;
             copies.push((n, dst));
@@ -245,16 +229,17 @@ pub struct TxInfo {
 pub fn list(state: &StateDir) -> Result<Vec<TxInfo>, EngineError> {
     let mut out = Vec::new();
     for id in state.tx_ids()? {
-        let dir = state.tx_dir(&id);
-        let Ok(meta) = TxMeta::read(&dir) else { continue };
-        if meta.kind != "session" {
+        // Only what verifies is shown (a forged or damaged transaction is not one of ours).
+        let Ok(meta) = state.read_meta(&id) else { continue };
+        if meta.kind != TxKind::Session {
             continue;
         }
+        let steps = state.steps_root(&id, &meta.workspace)?;
         out.push(TxInfo {
-            name: std::fs::read_to_string(dir.join("name")).ok(),
+            name: meta.name,
             workspace: meta.workspace.to_string_lossy().into_owned(),
-            status: state.status(&id).unwrap_or_else(|| "open".into()),
-            steps: session::layers(&dir)?.into_iter().map(|(n, _)| n).collect(),
+            status: state.status(&id).map_or("damaged", |s| s.as_str()).to_string(),
+            steps: session::layers(&steps)?.into_iter().map(|(n, _)| n).collect(),
             tx: id,
         });
     }

@@ -49,7 +49,7 @@ fn escape_attempts_fail_inside_the_sandbox() {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
         let mut victim = std::process::Command::new("sleep").arg("60").spawn().unwrap();
-        let before = digest(&s.root, &["state"]);
+        let before = digest(&s.root, &["state", "xdg"]);
         for (name, body) in ATTEMPTS {
             let script = format!(
                 "SENTINEL = {:?}\nSTATE = {:?}\nPOLICY = {:?}\nPORT = {port}\nVICTIM = {}\n{body}",
@@ -69,6 +69,8 @@ fn escape_attempts_fail_inside_the_sandbox() {
                 .args(["--policy", s.ws.join("policy.toml").to_str().unwrap(), "--", "python3"])
                 .arg(format!("{name}.py"))
                 .env("HOME", &home)
+                // The key's directory (txbox's own, made on first use) outside the digests.
+                .env("XDG_STATE_HOME", s.root.join("xdg"))
                 .output()
                 .unwrap();
             let j: serde_json::Value =
@@ -87,11 +89,16 @@ fn escape_attempts_fail_inside_the_sandbox() {
             "version = 1\n",
             "the policy file was changed"
         );
-        let after = digest(&s.root, &["state"]);
+        let after = digest(&s.root, &["state", "xdg"]);
         assert!(before == after, "{who:?}: something outside the sandbox changed:\n{}", diff(&before, &after));
         let audit = std::fs::read_to_string(s.state.join("audit.log")).unwrap();
         assert!(!audit.contains("forged"));
-        let verify = txbox(As::Me, &s, &["log", "--verify"]);
+        // As the state directory's owner, with its key.
+        let verify = txbox_command(who)
+            .env("XDG_STATE_HOME", s.root.join("xdg"))
+            .args(["--state-dir", s.state.to_str().unwrap(), "log", "--verify"])
+            .output()
+            .unwrap();
         assert_eq!(verify.status.code(), Some(0), "{}", describe(&verify));
         drop(listener);
     }

@@ -223,23 +223,31 @@ fn audit_log_chains_and_detects_tampering() {
 fn default_state_dir_is_invisible_and_never_committed() {
     for who in identities() {
         let s = Scratch::new("hidden");
+        let home = s.root.join("home");
+        std::fs::create_dir_all(&home).unwrap();
         if let As::User(uid) = who {
             s.chown(uid);
         }
         let ws = s.ws.to_str().unwrap().to_string();
-        // No --state-dir: the state lives in <ws>/.txbox, which the command must not see.
+        // No --state-dir: the state lives in $HOME/.local/state/txbox, which the command must
+        // not see, and nothing of it appears in the workspace.
         let mut cmd = txbox_command(who);
+        let script = "ls -A ~/.local/state/txbox; echo x > ~/.local/state/txbox/evil || echo refused; echo ok > f";
         let out = cmd
-            .args(["--json", "run", "-C", &ws, "-c", "ls -A .txbox; echo x > .txbox/evil || echo refused; echo ok > f"])
+            .args(["--json", "run", "-C", &ws, "-c", script])
             .current_dir(&s.ws)
+            .env("HOME", &home)
             .env_remove("TXBOX_STATE_DIR")
+            .env_remove("XDG_STATE_HOME")
             .output()
             .unwrap();
         let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", describe(&out)));
         assert_eq!(j["outcome"], "committed", "{who:?}: {j}");
         assert_eq!(j["stdout"], "refused\n", "{who:?}: the state directory was visible or writable: {j}");
-        assert!(!s.ws.join(".txbox/evil").exists());
-        assert!(s.ws.join(".txbox/audit.log").exists());
+        let state = home.join(".local/state/txbox");
+        assert!(!state.join("evil").exists());
+        assert!(state.join("audit.log").exists());
+        assert!(!s.ws.join(".txbox").exists(), "{who:?}: state in the workspace");
         assert_eq!(std::fs::read_to_string(s.ws.join("f")).unwrap(), "ok\n");
     }
 }

@@ -289,16 +289,23 @@ fn a_directory_swapped_for_a_symlink_or_a_file_is_refused_never_followed() {
 
 #[test]
 fn sessions_work_with_the_default_state_dir_inside_the_workspace() {
-    // overlayfs refuses a lower layer nested in another (ELOOP): with `.txbox` inside the
-    // workspace, a second step used to fail. Layers now live next to the workspace.
+    // overlayfs refuses a lower layer nested in another (ELOOP): with the state directory
+    // inside the workspace (here: $HOME is, and the default state directory is in it), a
+    // second step used to fail. Layers then live next to the workspace.
     for who in identities() {
         let s = Scratch::new("default-state");
+        let home = s.ws.join("home");
+        std::fs::create_dir_all(&home).unwrap();
         if let As::User(uid) = who {
             s.chown(uid);
         }
         let run = |args: &[&str]| {
             let mut c = txbox_command(who);
-            c.args(args).current_dir(&s.ws).env_remove("TXBOX_STATE_DIR");
+            c.args(args)
+                .current_dir(&s.ws)
+                .env("HOME", &home)
+                .env_remove("TXBOX_STATE_DIR")
+                .env_remove("XDG_STATE_HOME");
             c.output().unwrap()
         };
         let out = run(&["begin"]);

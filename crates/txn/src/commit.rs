@@ -86,6 +86,8 @@ pub struct CommitTarget<'a> {
     pub upper: &'a Path,
     pub trash: &'a Path,
     pub record: &'a Path,
+    /// Seals the record for its state directory (`StateDir::seal`).
+    pub seal: &'a crate::seal::Seal,
 }
 
 /// Commit `cs` (classified from `target.upper`) into the workspace. On Ok the change set is in
@@ -116,7 +118,7 @@ pub fn commit(target: &CommitTarget<'_>, cs: &ChangeSet, hook: &mut CrashHook) -
         steps: jsteps,
     };
     hook.tick()?;
-    journal::write_durably(target.record, &record)?;
+    journal::write_durably(target.record, &record, target.seal)?;
     // 5. Apply, 6. mark applied.
     apply_record(&record, hook)?;
     finish(target.record, hook)

@@ -5,18 +5,22 @@
 //! record idempotent, so recovery after a crash is simply "apply it again".
 //!
 //! Format: text lines; paths are hex-encoded bytes (names may hold newlines or non-UTF-8); the
-//! last line is a SHA-256 of everything before it, so a damaged record is refused, never guessed.
+//! last line is a MAC (crate::seal) of everything before it, keyed by the user's key and bound
+//! to the state directory and the transaction, so a damaged, forged, replayed-from-elsewhere or
+//! renamed record is refused, never guessed. The paths in a record are also checked against
+//! the ones derived from its transaction id before anything is applied (`StateDir::read_record`).
+//!
+//! Owns: the record's format. May not touch: anything but the record file it is given.
 
 use std::io::Write;
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 
-use sha2::{Digest, Sha256};
-
+use crate::hex::{path_from_hex, path_to_hex};
 use crate::meta::Kind;
 use crate::plan::Step;
+use crate::seal::{Domain, Seal};
 
-const MAGIC: &str = "txbox-commit v1";
+const MAGIC: &str = "txbox-commit v2";
 
 /// A step with the inode numbers recorded when the commit was prepared.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,23 +45,14 @@ pub struct CommitRecord {
 pub enum JournalError {
     #[error("journal record {path}: {source}")]
     Io { path: PathBuf, source: std::io::Error },
-    #[error("journal record {path} is damaged ({what}); refusing to guess: inspect it by hand")]
+    #[error(
+        "journal record {path} does not verify ({what}): damaged, forged, or not written by txbox for \
+         this transaction of this state directory; refusing to guess: inspect it, and delete it if \
+         you did not expect it"
+    )]
     Damaged { path: PathBuf, what: String },
-}
-
-use crate::state::hex;
-
-/// Bytes back from `hex`; None for anything that is not an even run of hex digits.
-pub(crate) fn unhex(s: &str) -> Option<Vec<u8>> {
-    if !s.len().is_multiple_of(2) {
-        return None;
-    }
-    (0..s.len()).step_by(2).map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok()).collect()
-}
-
-/// A path stored as hex (names may hold any byte, newlines included).
-pub(crate) fn path_from_hex(s: &str) -> Option<PathBuf> {
-    unhex(s).map(|b| PathBuf::from(std::ffi::OsString::from_vec(b)))
+    #[error("journal record {path} is refused: {why}")]
+    Refused { path: PathBuf, why: String },
 }
 
 fn hex_path(p: &Path) -> String {
@@ -65,7 +60,7 @@ fn hex_path(p: &Path) -> String {
     if p.as_os_str().is_empty() {
         "-".to_string()
     } else {
-        hex(p.as_os_str().as_bytes())
+        path_to_hex(p)
     }
 }
 
@@ -77,7 +72,8 @@ fn unhex_path(s: &str) -> Option<PathBuf> {
 }
 
 impl CommitRecord {
-    pub fn render(&self) -> String {
+    /// The record's text, sealed with `seal` for its transaction.
+    pub fn render(&self, seal: &Seal) -> String {
         let mut body = String::new();
         body.push_str(MAGIC);
         body.push('\n');
@@ -99,72 +95,76 @@ impl CommitRecord {
             body.push_str(&line);
             body.push('\n');
         }
-        let sum = hex(&Sha256::digest(body.as_bytes()));
-        body.push_str(&format!("end {sum}\n"));
-        body
+        seal.seal(Domain::Record, &self.tx, &body)
     }
+}
 
-    pub fn parse(text: &str, origin: &Path) -> Result<CommitRecord, JournalError> {
-        let damaged = |what: &str| JournalError::Damaged { path: origin.to_path_buf(), what: what.to_string() };
-        let body_end = text.rfind("end ").ok_or_else(|| damaged("no end line"))?;
-        let (body, end) = text.split_at(body_end);
-        if end != format!("end {}\n", hex(&Sha256::digest(body.as_bytes()))) {
-            return Err(damaged("checksum mismatch"));
-        }
-        let mut lines = body.lines();
-        if lines.next() != Some(MAGIC) {
-            return Err(damaged("unknown format"));
-        }
-        let mut field = |name: &str| -> Result<String, JournalError> {
-            let line = lines.next().ok_or_else(|| damaged("truncated header"))?;
-            line.strip_prefix(name)
-                .and_then(|r| r.strip_prefix(' '))
-                .map(str::to_string)
-                .ok_or_else(|| damaged(&format!("expected {name}")))
-        };
-        let tx = field("tx")?;
-        let workspace = unhex_path(&field("workspace")?).ok_or_else(|| damaged("workspace path"))?;
-        let upper = unhex_path(&field("upper")?).ok_or_else(|| damaged("upper path"))?;
-        let trash = unhex_path(&field("trash")?).ok_or_else(|| damaged("trash path"))?;
-        let mut steps = Vec::new();
-        for line in lines {
-            let w: Vec<&str> = line.split(' ').collect();
-            let kind = |s: &str| Kind::parse(s).ok_or_else(|| damaged("unknown kind"));
-            let num = |s: &str| s.parse::<u64>().map_err(|_| damaged("bad number"));
-            let path = |s: &str| unhex_path(s).ok_or_else(|| damaged("bad path"));
-            let js = match w.as_slice() {
-                ["remove", k, ino, slot, p] => JournalStep {
-                    step: Step::Remove { path: path(p)?, kind: kind(k)?, slot: num(slot)? },
-                    ino: num(ino)?,
-                    old_ino: 0,
-                },
-                ["create", k, ino, p] => {
-                    JournalStep { step: Step::Create { path: path(p)?, kind: kind(k)? }, ino: num(ino)?, old_ino: 0 }
-                }
-                ["replace", n, o, ino, old_ino, p] => JournalStep {
-                    step: Step::Replace { path: path(p)?, new: kind(n)?, old: kind(o)? },
-                    ino: num(ino)?,
-                    old_ino: num(old_ino)?,
-                },
-                ["dirmeta", p] => JournalStep { step: Step::DirMeta { path: path(p)? }, ino: 0, old_ino: 0 },
-                _ => return Err(damaged("unknown step")),
-            };
-            steps.push(js);
-        }
-        Ok(CommitRecord { tx, workspace, upper, trash, steps })
+/// Parse a record found as transaction `id`'s, refusing it unless its MAC verifies for that
+/// transaction and it says it is that transaction's.
+pub fn parse(text: &[u8], origin: &Path, seal: &Seal, id: &str) -> Result<CommitRecord, JournalError> {
+    let damaged = |what: &str| JournalError::Damaged { path: origin.to_path_buf(), what: what.to_string() };
+    let body = seal.open(Domain::Record, id, text).ok_or_else(|| damaged("MAC mismatch"))?;
+    let mut lines = body.lines();
+    if lines.next() != Some(MAGIC) {
+        return Err(damaged("unknown format"));
     }
+    let mut field = |name: &str| -> Result<String, JournalError> {
+        let line = lines.next().ok_or_else(|| damaged("truncated header"))?;
+        line.strip_prefix(name)
+            .and_then(|r| r.strip_prefix(' '))
+            .map(str::to_string)
+            .ok_or_else(|| damaged(&format!("expected {name}")))
+    };
+    let tx = field("tx")?;
+    if tx != id {
+        return Err(damaged("names another transaction"));
+    }
+    let workspace = unhex_path(&field("workspace")?).ok_or_else(|| damaged("workspace path"))?;
+    let upper = unhex_path(&field("upper")?).ok_or_else(|| damaged("upper path"))?;
+    let trash = unhex_path(&field("trash")?).ok_or_else(|| damaged("trash path"))?;
+    let mut steps = Vec::new();
+    for line in lines {
+        let w: Vec<&str> = line.split(' ').collect();
+        let kind = |s: &str| Kind::parse(s).ok_or_else(|| damaged("unknown kind"));
+        let num = |s: &str| s.parse::<u64>().map_err(|_| damaged("bad number"));
+        // Step paths are relative to the workspace; `commit` resolves them beneath it.
+        let path = |s: &str| {
+            unhex_path(s)
+                .filter(|p| p.components().all(|c| matches!(c, std::path::Component::Normal(_))))
+                .ok_or_else(|| damaged("bad path"))
+        };
+        let js = match w.as_slice() {
+            ["remove", k, ino, slot, p] => JournalStep {
+                step: Step::Remove { path: path(p)?, kind: kind(k)?, slot: num(slot)? },
+                ino: num(ino)?,
+                old_ino: 0,
+            },
+            ["create", k, ino, p] => {
+                JournalStep { step: Step::Create { path: path(p)?, kind: kind(k)? }, ino: num(ino)?, old_ino: 0 }
+            }
+            ["replace", n, o, ino, old_ino, p] => JournalStep {
+                step: Step::Replace { path: path(p)?, new: kind(n)?, old: kind(o)? },
+                ino: num(ino)?,
+                old_ino: num(old_ino)?,
+            },
+            ["dirmeta", p] => JournalStep { step: Step::DirMeta { path: path(p)? }, ino: 0, old_ino: 0 },
+            _ => return Err(damaged("unknown step")),
+        };
+        steps.push(js);
+    }
+    Ok(CommitRecord { tx, workspace, upper, trash, steps })
 }
 
 /// Write `record` durably at `path`: temporary file, fsync, rename, fsync of the directory.
 /// When this returns Ok the transaction is committed, whatever happens next.
-pub fn write_durably(path: &Path, record: &CommitRecord) -> Result<(), JournalError> {
+pub fn write_durably(path: &Path, record: &CommitRecord, seal: &Seal) -> Result<(), JournalError> {
     let io = |source| JournalError::Io { path: path.to_path_buf(), source };
     let dir = path.parent().unwrap_or(Path::new("."));
     let mut tmp_name = path.as_os_str().to_owned();
-    tmp_name.push(".tmp");
+    tmp_name.push(crate::layout::TMP_SUFFIX);
     let tmp = PathBuf::from(tmp_name);
     let mut f = std::fs::File::create(&tmp).map_err(io)?;
-    f.write_all(record.render().as_bytes()).map_err(io)?;
+    f.write_all(record.render(seal).as_bytes()).map_err(io)?;
     f.sync_all().map_err(io)?;
     drop(f);
     std::fs::rename(&tmp, path).map_err(io)?;
@@ -172,21 +172,22 @@ pub fn write_durably(path: &Path, record: &CommitRecord) -> Result<(), JournalEr
     Ok(())
 }
 
-pub fn read(path: &Path) -> Result<CommitRecord, JournalError> {
-    let text = std::fs::read_to_string(path).map_err(|source| JournalError::Io { path: path.to_path_buf(), source })?;
-    CommitRecord::parse(&text, path)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::seal::Key;
+    use std::os::unix::ffi::OsStringExt;
+
+    fn seal() -> Seal {
+        Seal::new(Key::from_bytes([3; 32]), b"a state directory")
+    }
 
     fn sample() -> CommitRecord {
         CommitRecord {
-            tx: "abc123".into(),
+            tx: "00000000000abc12".into(),
             workspace: PathBuf::from("/w s"),
-            upper: PathBuf::from("/st/tx/abc123/upper"),
-            trash: PathBuf::from("/st/tx/abc123/trash"),
+            upper: PathBuf::from("/st/tx/00000000000abc12/upper"),
+            trash: PathBuf::from("/st/tx/00000000000abc12/trash"),
             steps: vec![
                 JournalStep {
                     step: Step::Remove { path: "old dir".into(), kind: Kind::Dir, slot: 0 },
@@ -214,18 +215,41 @@ mod tests {
     #[test]
     fn round_trips_odd_names() {
         let r = sample();
-        assert_eq!(CommitRecord::parse(&r.render(), Path::new("x")).ok(), Some(r));
+        assert_eq!(parse(r.render(&seal()).as_bytes(), Path::new("x"), &seal(), &r.tx).ok(), Some(r));
     }
 
     #[test]
     fn any_flipped_byte_is_detected() {
-        let text = sample().render();
+        let r = sample();
+        let text = r.render(&seal());
         for i in 0..text.len() {
             let mut bytes = text.clone().into_bytes();
             bytes[i] ^= 0x01;
-            if let Ok(t) = String::from_utf8(bytes) {
-                assert!(CommitRecord::parse(&t, Path::new("x")).is_err(), "flip at {i} went unnoticed");
-            }
+            assert!(parse(&bytes, Path::new("x"), &seal(), &r.tx).is_err(), "flip at {i} went unnoticed");
+        }
+    }
+
+    #[test]
+    fn a_record_is_valid_only_for_its_transaction_state_and_key() {
+        let r = sample();
+        let text = r.render(&seal());
+        assert!(parse(text.as_bytes(), Path::new("x"), &seal(), "00000000000abc13").is_err(), "renamed");
+        let elsewhere = Seal::new(Key::from_bytes([3; 32]), b"another state directory");
+        assert!(parse(text.as_bytes(), Path::new("x"), &elsewhere, &r.tx).is_err(), "another state dir");
+        let other_key = Seal::new(Key::from_bytes([4; 32]), b"a state directory");
+        assert!(parse(text.as_bytes(), Path::new("x"), &other_key, &r.tx).is_err(), "another key");
+        // A version-1 record (checksummed, not keyed), as an earlier txbox or a forger wrote it.
+        let v1 = "txbox-commit v1\ntx 00000000000abc12\nworkspace 2f\nupper 2f657463\ntrash 2f746d70\nend 00\n";
+        assert!(parse(v1.as_bytes(), Path::new("x"), &seal(), &r.tx).is_err());
+    }
+
+    #[test]
+    fn step_paths_must_stay_relative() {
+        for bad in ["/etc/passwd", "../x", "a/../../b"] {
+            let mut r = sample();
+            r.steps = vec![JournalStep { step: Step::DirMeta { path: bad.into() }, ino: 0, old_ino: 0 }];
+            let text = r.render(&seal());
+            assert!(parse(text.as_bytes(), Path::new("x"), &seal(), &r.tx).is_err(), "{bad}");
         }
     }
 }

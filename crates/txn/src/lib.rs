@@ -4,16 +4,24 @@
 //! - [`plan`] orders the steps of a commit (pure);
 //! - [`journal`] writes the commit record, the single durable commit point;
 //! - [`commit`] prepares, commits and applies, idempotently; recovery re-applies records;
-//! - [`state`] lays out the state directory; [`audit`] keeps the hash-chained log;
-//! - [`writeback`] flushes a long command's layer while it runs, ahead of the commit's flush.
+//! - [`layout`] names everything in the state directory and chooses where it lives;
+//!   [`state`] keeps it (nothing read back is trusted: [`seal`] authenticates it);
+//!   [`session`] keeps a session's layers; [`audit`] keeps the hash-chained log;
+//! - [`writeback`] flushes a long command's layer while it runs, ahead of the commit's flush;
+//! - [`fsx`] and [`hex`]: the crate's shared helpers (errors at a path, no-follow opens and
+//!   removal, hex encoding).
 
 pub mod audit;
 pub mod beneath;
 pub mod changeset;
 pub mod commit;
+pub mod fsx;
+pub mod hex;
 pub mod journal;
+pub mod layout;
 pub mod meta;
 pub mod plan;
+pub mod seal;
 pub mod session;
 pub mod state;
 pub mod writeback;
@@ -43,39 +51,60 @@ pub enum RecoverError {
     Journal(#[from] journal::JournalError),
 }
 
-/// How long a retired transaction directory is left to the collector that was to delete it
-/// (the `txbox __gc` helper, a warm server) before recovery deletes it itself.
-pub const RETIRED_GRACE: std::time::Duration = std::time::Duration::from_secs(60);
+/// How much recovery looked at: the entries of `journal` and `tx` it examined. It must not grow
+/// with history (retired directories are a collector's, and not even listed here).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct RecoverStats {
+    pub looked_at: usize,
+}
 
 /// Finish or undo interrupted commits. With `workspace`, only records of that workspace are
-/// touched and the caller must already hold its lock; without, each record's workspace is
-/// locked in turn.
+/// applied and the caller must already hold its lock; without, each record's workspace is
+/// locked in turn, and retired directories are deleted too (`txbox recover`).
 pub fn recover(
     state: &StateDir,
     workspace: Option<&Path>,
     hook: &mut CrashHook,
 ) -> Result<Vec<Recovered>, RecoverError> {
+    recover_counting(state, workspace, hook, &mut RecoverStats::default())
+}
+
+/// [`recover`], counting what it looked at into `stats`.
+pub fn recover_counting(
+    state: &StateDir,
+    workspace: Option<&Path>,
+    hook: &mut CrashHook,
+    stats: &mut RecoverStats,
+) -> Result<Vec<Recovered>, RecoverError> {
     let mut out = Vec::new();
     for record_path in state.pending_records()? {
-        let record = journal::read(&record_path)?;
+        stats.looked_at += 1;
+        // A record vanishes when its commit finishes (another workspace's, applied right now).
+        let Some(record) = state.read_record(&record_path)? else { continue };
         if workspace.is_some_and(|w| w != record.workspace) {
             continue;
         }
-        let _lock = match workspace {
-            Some(_) => None,
-            None => Some(state.lock_workspace(&record.workspace)?),
+        let (_lock, record) = match workspace {
+            Some(_) => (None, record),
+            None => {
+                let lock = state.lock_workspace(&record.workspace)?;
+                // Its committer may have finished while we waited for the lock.
+                match state.read_record(&record_path)? {
+                    Some(r) => (Some(lock), r),
+                    None => continue,
+                }
+            }
         };
         commit::apply_record(&record, hook)?;
         commit::finish(&record_path, hook)?;
         state.remove_tx(&record.tx)?;
         out.push(Recovered::RolledForward { tx: record.tx, workspace: record.workspace });
     }
-    for tx in state.abandoned()? {
-        state.remove_tx(&tx)?;
+    for tx in state.discard_abandoned(&mut stats.looked_at)? {
         out.push(Recovered::Discarded { tx });
     }
-    // Retired layers (best effort: a background collector may be on them right now, and
-    // those retired in the last minute are left to it).
-    state.collect_garbage(RETIRED_GRACE)?;
+    if workspace.is_none() {
+        state.collect_retired()?;
+    }
     Ok(out)
 }

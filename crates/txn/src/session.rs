@@ -2,92 +2,60 @@
 //! one upper layer when the transaction commits; and base fingerprints for conflict detection.
 //!
 //! ```text
-//! STATE/tx/<id>/steps/<n>/{upper,work}   step n's layer (kept only if the step succeeded)
-//! STATE/tx/<id>/fingerprints             what each touched path looked like in the workspace
-//! STATE/tx/<id>/status                   open | committing
+//! STEPS/<n>/{upper,work}   step n's layer (kept only if the step succeeded); STEPS is derived
+//!                          by `StateDir::steps_root`, never read from disk
 //! ```
+//!
+//! Owns: the layers under a steps root it is given, and the fingerprints' format (the state
+//! directory seals and stores them). May not touch: the state directory's own files.
 
 use std::collections::BTreeMap;
 use std::io;
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::changeset::{ChangeOp, ChangeSet};
+use crate::fsx::{remove_tree, PathError};
+use crate::hex::{path_from_hex, path_to_hex};
 use crate::meta::{self, Kind};
-use crate::state::{hex, remove_tree};
 
 #[derive(Debug, thiserror::Error)]
-#[error("transaction layers at {path}: {what}: {source}")]
-pub struct LayerError {
-    pub path: PathBuf,
-    pub what: &'static str,
-    #[source]
-    pub source: io::Error,
+#[error("transaction layers: {0}")]
+pub struct LayerError(pub PathError);
+
+impl From<PathError> for LayerError {
+    fn from(e: PathError) -> LayerError {
+        LayerError(e)
+    }
 }
 
 fn at<'a>(path: &'a Path, what: &'static str) -> impl FnOnce(io::Error) -> LayerError + 'a {
-    move |source| LayerError { path: path.to_path_buf(), what, source }
+    move |source| LayerError(PathError::new(path, what, source))
 }
 
-/// Where a session's step layers live. Normally `<tx>/steps`; but overlayfs refuses a lower
-/// layer nested inside another lower layer (ELOOP), so when the state directory sits inside the
-/// workspace (the default `.txbox`), the layers of a session go next to the workspace, in
-/// `<workspace>/../.<name>.txbox-layers/<id>` (same filesystem, so commits stay renames). The
-/// choice is recorded in `<tx>/steps_root`.
-pub fn steps_root(tx_dir: &Path) -> PathBuf {
-    std::fs::read(tx_dir.join("steps_root"))
-        .ok()
-        .and_then(|b| crate::journal::path_from_hex(String::from_utf8_lossy(&b).trim()))
-        .unwrap_or_else(|| tx_dir.join("steps"))
-}
-
-/// Decide (at `begin`) where the session's layers live; see [`steps_root`].
-pub fn choose_steps_root(tx_dir: &Path, id: &str, workspace: &Path, state_root: &Path) -> Result<PathBuf, LayerError> {
-    if !state_root.starts_with(workspace) {
-        return Ok(tx_dir.join("steps"));
-    }
-    let (Some(parent), Some(name)) = (workspace.parent(), workspace.file_name()) else {
-        return Err(LayerError {
-            path: workspace.to_path_buf(),
-            what: "place session layers (the workspace is /; give --state-dir outside it)",
-            source: io::ErrorKind::InvalidInput.into(),
-        });
-    };
-    let mut dir_name = std::ffi::OsString::from(".");
-    dir_name.push(name);
-    dir_name.push(".txbox-layers");
-    let root = parent.join(dir_name).join(id);
-    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&root).map_err(at(
-        &root,
-        "create session layers next to the workspace (overlayfs refuses layers nested in it; give --state-dir outside the workspace)",
-    ))?;
-    let file = tx_dir.join("steps_root");
-    std::fs::write(&file, hex(root.as_os_str().as_bytes())).map_err(at(&file, "record layer location"))?;
-    Ok(root)
-}
-
-/// The kept steps of a session, bottom (oldest) first: (step number, upper layer).
-pub fn layers(tx_dir: &Path) -> Result<Vec<(u32, PathBuf)>, LayerError> {
-    let dir = steps_root(tx_dir);
+/// The kept steps of a session whose layers live in `steps`, bottom (oldest) first: (step
+/// number, upper layer). Entries that are not plain directories named by a number are ignored.
+pub fn layers(steps: &Path) -> Result<Vec<(u32, PathBuf)>, LayerError> {
+    let dir = steps;
     let mut out = Vec::new();
-    let rd = match std::fs::read_dir(&dir) {
+    let rd = match std::fs::read_dir(dir) {
         Ok(rd) => rd,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
-        Err(e) => return Err(at(&dir, "list steps")(e)),
+        Err(e) => return Err(at(dir, "list steps")(e)),
     };
     for e in rd {
-        let e = e.map_err(at(&dir, "list steps"))?;
-        if let Some(n) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) {
-            out.push((n, e.path().join("upper")));
+        let e = e.map_err(at(dir, "list steps"))?;
+        let real_dir = e.file_type().is_ok_and(|t| t.is_dir());
+        if let Some(n) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()).filter(|_| real_dir) {
+            out.push((n, e.path().join(crate::layout::UPPER)));
         }
     }
     out.sort();
     // The newest step may have been served by a warm server that has not detached its overlay
     // yet; its layers are handed out only once no overlay uses them (older steps were waited
     // for in their turn).
-    if let Some(work) = out.last().and_then(|(_, upper)| upper.parent()).map(|step| step.join("work")) {
-        match crate::state::wait_unlocked(&work) {
+    if let Some(work) = out.last().and_then(|(_, upper)| upper.parent()).map(|step| step.join(crate::layout::WORK)) {
+        match crate::fsx::wait_unlocked(&work) {
             Err(e) if e.kind() != io::ErrorKind::NotFound => {
                 return Err(at(&work, "wait for the warm server to release")(e))
             }
@@ -97,12 +65,13 @@ pub fn layers(tx_dir: &Path) -> Result<Vec<(u32, PathBuf)>, LayerError> {
     Ok(out)
 }
 
-/// Create the directories of step `n`; the upper root mirrors the workspace root's attributes.
-pub fn create_step(tx_dir: &Path, n: u32, workspace: &Path) -> Result<(PathBuf, PathBuf), LayerError> {
-    let step = steps_root(tx_dir).join(n.to_string());
-    std::fs::create_dir_all(&step).map_err(at(&step, "create step"))?;
-    let upper = step.join("upper");
-    let work = step.join("work");
+/// Create the directories of step `n` in `steps`; the upper root mirrors the workspace root's
+/// attributes.
+pub fn create_step(steps: &Path, n: u32, workspace: &Path) -> Result<(PathBuf, PathBuf), LayerError> {
+    let step = steps.join(n.to_string());
+    std::fs::DirBuilder::new().mode(0o700).create(&step).map_err(at(&step, "create step"))?;
+    let upper = step.join(crate::layout::UPPER);
+    let work = step.join(crate::layout::WORK);
     let ws_md = std::fs::metadata(workspace).map_err(at(workspace, "stat workspace"))?;
     std::fs::DirBuilder::new().mode(0o700).create(&upper).map_err(at(&upper, "create upper"))?;
     std::fs::DirBuilder::new().mode(0o700).create(&work).map_err(at(&work, "create work"))?;
@@ -122,14 +91,10 @@ pub fn mirror_root(upper: &Path, ws_md: &std::fs::Metadata) -> io::Result<()> {
     Ok(())
 }
 
-/// Drop step `n` (a failed step, or one rolled back to an earlier savepoint).
-pub fn drop_step(tx_dir: &Path, n: u32) -> Result<(), LayerError> {
-    let step = steps_root(tx_dir).join(n.to_string());
-    remove_tree(&step).map_err(|e| LayerError {
-        path: step.clone(),
-        what: "remove step",
-        source: io::Error::other(e.to_string()),
-    })
+/// Drop step `n` of the layers in `steps` (a failed step, or one rolled back to an earlier
+/// savepoint).
+pub fn drop_step(steps: &Path, n: u32) -> Result<(), LayerError> {
+    Ok(remove_tree(&steps.join(n.to_string()))?)
 }
 
 fn is_opaque(p: &Path) -> bool {
@@ -167,11 +132,7 @@ fn squash_dir(bottom: &Path, top: &Path, rel: &Path) -> Result<(), LayerError> {
         // Whiteouts, opaque directories, files, symlinks and directories with nothing below:
         // the top entry replaces whatever the bottom layer had.
         if bmd.is_some() {
-            remove_tree(&b).map_err(|e| LayerError {
-                path: b.clone(),
-                what: "replace",
-                source: io::Error::other(e.to_string()),
-            })?;
+            remove_tree(&b)?;
         }
         std::fs::rename(&t, &b).map_err(at(&t, "move into lower layer"))?;
         // A plain directory over a whiteout (or a file) in the layer below hid everything
@@ -290,39 +251,54 @@ impl Fingerprint {
 
 /// The base fingerprints of a transaction: path → what the workspace held there.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Fingerprints(pub BTreeMap<PathBuf, Fingerprint>);
+pub struct Fingerprints {
+    pub paths: BTreeMap<PathBuf, Fingerprint>,
+    /// The last step whose layer was fingerprinted: a kept layer above it (a step cut short
+    /// between keeping its layer and saving these) has paths without a base.
+    pub covers: u32,
+}
 
 impl Fingerprints {
-    pub fn load(file: &Path) -> Result<Fingerprints, LayerError> {
-        let text = match std::fs::read(file) {
-            Ok(t) => t,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Fingerprints::default()),
-            Err(e) => return Err(at(file, "read fingerprints")(e)),
-        };
-        let mut map = BTreeMap::new();
-        for line in String::from_utf8_lossy(&text).lines() {
-            let Some((h, rest)) = line.split_once(' ') else { continue };
-            if let (Some(p), Some(fp)) = (crate::journal::path_from_hex(h), Fingerprint::parse(rest)) {
-                map.insert(p, fp);
-            }
+    /// The text stored (sealed) by `StateDir::save_fingerprints`.
+    pub fn render(&self) -> String {
+        let mut text = format!("covers {}\n", self.covers);
+        for (p, fp) in &self.paths {
+            text.push_str(&format!("{} {}\n", path_to_hex(p), fp.render()));
         }
-        Ok(Fingerprints(map))
+        text
     }
 
-    pub fn save(&self, file: &Path) -> Result<(), LayerError> {
-        let mut text = String::new();
-        for (p, fp) in &self.0 {
-            text.push_str(&format!("{} {}\n", hex(p.as_os_str().as_bytes()), fp.render()));
+    /// Back from [`render`](Self::render); None for anything else (a verified file that does
+    /// not parse is damaged all the same).
+    pub fn parse(text: &str) -> Option<Fingerprints> {
+        let mut lines = text.lines();
+        let covers = lines.next()?.strip_prefix("covers ")?.parse().ok()?;
+        let mut paths = BTreeMap::new();
+        for line in lines {
+            let (h, rest) = line.split_once(' ')?;
+            paths.insert(path_from_hex(h)?, Fingerprint::parse(rest)?);
         }
-        let tmp = file.with_extension("tmp");
-        std::fs::write(&tmp, text).map_err(at(&tmp, "write fingerprints"))?;
-        std::fs::rename(&tmp, file).map_err(at(file, "write fingerprints"))
+        Some(Fingerprints { paths, covers })
     }
 
-    /// Record, for every path a new layer touches and that has no fingerprint yet, what the
-    /// workspace holds there now (the transaction's base for that path).
-    pub fn record_layer(&mut self, upper: &Path, workspace: &Path) -> Result<(), LayerError> {
-        self.walk(upper, workspace, Path::new(""))
+    /// Refuse to commit `layers` if one of them was kept without its fingerprints.
+    pub fn check_covers(&self, layers: &[(u32, PathBuf)]) -> Result<(), LayerError> {
+        match layers.iter().find(|(n, _)| *n > self.covers) {
+            None => Ok(()),
+            Some((_, upper)) => Err(LayerError(PathError::new(
+                upper,
+                "step kept without its base fingerprints (cut short?); roll back to an earlier step",
+                io::ErrorKind::InvalidData.into(),
+            ))),
+        }
+    }
+
+    /// Record, for every path step `n`'s layer touches and that has no fingerprint yet, what
+    /// the workspace holds there now (the transaction's base for that path).
+    pub fn record_layer(&mut self, n: u32, upper: &Path, workspace: &Path) -> Result<(), LayerError> {
+        self.walk(upper, workspace, Path::new(""))?;
+        self.covers = self.covers.max(n);
+        Ok(())
     }
 
     fn walk(&mut self, upper: &Path, workspace: &Path, rel: &Path) -> Result<(), LayerError> {
@@ -330,11 +306,11 @@ impl Fingerprints {
         for e in std::fs::read_dir(&dir).map_err(at(&dir, "list layer"))? {
             let e = e.map_err(at(&dir, "list layer"))?;
             let p = rel.join(e.file_name());
-            let fp = match self.0.get(&p) {
+            let fp = match self.paths.get(&p) {
                 Some(fp) => *fp,
                 None => {
                     let fp = Fingerprint::of(&workspace.join(&p)).map_err(at(&p, "fingerprint"))?;
-                    self.0.insert(p.clone(), fp);
+                    self.paths.insert(p.clone(), fp);
                     fp
                 }
             };
@@ -354,7 +330,7 @@ impl Fingerprints {
             if matches!(c.op, ChangeOp::DirMeta { .. }) {
                 continue;
             }
-            let Some(base) = self.0.get(&c.path) else { continue };
+            let Some(base) = self.paths.get(&c.path) else { continue };
             let now = Fingerprint::of(&workspace.join(&c.path)).map_err(at(&c.path, "fingerprint"))?;
             if !base.unchanged(&now) {
                 out.push(c.path.clone());
@@ -371,38 +347,44 @@ mod tests {
 
     #[test]
     fn layers_wait_until_no_overlay_uses_the_newest_step() -> Result<(), LayerError> {
-        let tx = std::env::temp_dir().join(format!("txbox-layers-wait-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&tx);
+        let steps = std::env::temp_dir().join(format!("txbox-layers-wait-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&steps);
         for n in [1, 3] {
             for d in ["upper", "work"] {
-                let p = steps_root(&tx).join(n.to_string()).join(d);
+                let p = steps.join(n.to_string()).join(d);
                 std::fs::create_dir_all(&p).map_err(at(&p, "mkdir"))?;
             }
         }
+        // Not layers: a file and a symlink with a step's name.
+        std::fs::write(steps.join("4"), "x").map_err(at(&steps, "write"))?;
+        std::os::unix::fs::symlink("/", steps.join("5")).map_err(at(&steps, "symlink"))?;
         // Step 3's overlay is not detached yet.
-        let work = steps_root(&tx).join("3/work");
+        let work = steps.join("3/work");
         let held = held_as_a_warm_server_does(&work).map_err(at(&work, "flock"))?;
-        let t = tx.clone();
+        let t = steps.clone();
         let got = waits_for_release(held, move || layers(&t), || {})?;
         assert_eq!(got.iter().map(|(n, _)| *n).collect::<Vec<_>>(), [1, 3]);
-        std::fs::remove_dir_all(&tx).map_err(at(&tx, "cleanup"))
+        std::fs::remove_dir_all(&steps).map_err(at(&steps, "cleanup"))
     }
 
     #[test]
-    fn fingerprints_round_trip_and_compare() {
+    fn fingerprints_round_trip_and_compare() -> Result<(), LayerError> {
         let d = std::env::temp_dir().join(format!("txbox-fp-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).map_err(|e| e.to_string()).ok();
+        std::fs::create_dir_all(&d).map_err(at(&d, "mkdir"))?;
         let f = d.join("a\nb");
-        std::fs::write(&f, "x").ok();
-        let mut fps = Fingerprints::default();
-        let fp = Fingerprint::of(&f).ok();
-        assert!(matches!(fp, Some(Fingerprint::Present { kind: Kind::File, size: 1, .. })));
-        fps.0.insert(PathBuf::from("a\nb"), fp.unwrap_or(Fingerprint::Absent));
-        fps.0.insert(PathBuf::from("gone"), Fingerprint::Absent);
-        let file = d.join("fingerprints");
-        assert!(fps.save(&file).is_ok());
-        assert_eq!(Fingerprints::load(&file).ok(), Some(fps));
-        let _ = std::fs::remove_dir_all(&d);
+        std::fs::write(&f, "x").map_err(at(&f, "write"))?;
+        let mut fps = Fingerprints { covers: 3, ..Fingerprints::default() };
+        let fp = Fingerprint::of(&f).map_err(at(&f, "stat"))?;
+        assert!(matches!(fp, Fingerprint::Present { kind: Kind::File, size: 1, .. }));
+        assert!(fp.unchanged(&fp) && !fp.unchanged(&Fingerprint::Absent));
+        fps.paths.insert(PathBuf::from("a\nb"), fp);
+        fps.paths.insert(PathBuf::from("gone"), Fingerprint::Absent);
+        assert_eq!(Fingerprints::parse(&fps.render()), Some(fps.clone()));
+        assert!(Fingerprints::parse("covers 1\nzz absent\n").is_none());
+        // Kept layers above what the fingerprints cover are refused.
+        assert!(fps.check_covers(&[(1, d.clone()), (3, d.clone())]).is_ok());
+        assert!(fps.check_covers(&[(4, d.clone())]).is_err());
+        std::fs::remove_dir_all(&d).map_err(at(&d, "cleanup"))
     }
 }

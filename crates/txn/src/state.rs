@@ -1,29 +1,47 @@
-//! The state directory: where transactions, the journal, locks and the audit log live.
+//! The state directory: where transactions, the journal, locks and the audit log live (names
+//! and placement: [`crate::layout`]).
 //!
-//! ```text
-//! STATE/
-//!   tx/<id>/meta        what the transaction is (workspace, kind)
-//!   tx/<id>/owner.lock  flocked by the process running the transaction
-//!   tx/<id>/upper work  overlay layers (upper on the workspace's filesystem)
-//!   tx/<id>/trash/      workspace objects removed by the commit, until cleanup
-//!   journal/<id>.commit commit records: the commit point of each transaction
-//!   locks/<hash>.lock   one per workspace: commits and recovery serialize on it
-//!   audit.log           hash-chained JSON lines
-//! ```
+//! Nothing read from it is trusted: txbox uses a state directory only if its marker verifies
+//! with the user's key ([`crate::seal`]) and binds this very directory; every file that names
+//! a path or decides what happens to one (`meta`, `status`, `fingerprints`, commit records) is
+//! sealed the same way and bound to its transaction; every other path is derived from the
+//! transaction id; and every directory inside is opened beneath the root without following a
+//! symlink. A state directory txbox did not make is refused, never repaired.
+//!
+//! Owns: the state directory's files and directories (creation, locking, retirement and
+//! deletion, spares). May not touch: the workspace (that is `commit`'s), the audit log's
+//! content (`audit`'s), the warm servers' sockets (`sandbox`'s, under [`StateDir::warm_dir`]).
 
+use std::ffi::OsStr;
 use std::fs::File;
 use std::io;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use rustix::fs::FlockOperation;
-use sha2::{Digest, Sha256};
+use rustix::fs::{AtFlags, FlockOperation, Mode, OFlags};
+
+use crate::fsx::{self, at, PathError};
+use crate::hex::{path_from_hex, path_to_hex};
+use crate::journal::{self, CommitRecord, JournalError};
+use crate::layout::{self, Status, TxKind};
+use crate::seal::{Domain, Key, KeyError, Seal};
+use crate::session::Fingerprints;
+
+pub use crate::fsx::remove_tree;
+pub use crate::hex::hex;
+pub use crate::layout::valid_id;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StateError {
-    #[error("state directory {path}: {what}: {source}")]
-    Io { path: PathBuf, what: &'static str, source: io::Error },
+    #[error("state directory: {0}")]
+    Io(PathError),
+    #[error(transparent)]
+    Key(#[from] KeyError),
+    #[error(transparent)]
+    Journal(#[from] JournalError),
     #[error("unknown transaction id `{0}` (see `txbox list`)")]
     UnknownTx(String),
     #[error(
@@ -31,15 +49,52 @@ pub enum StateError {
          commits are renames, so put the state directory on the workspace's filesystem (--state-dir)"
     )]
     CrossDevice { state: PathBuf, workspace: PathBuf },
+    #[error(
+        "{path} is not a txbox state directory: {why}. txbox uses only state directories it made \
+         itself (a repository can ship one, a command can write one); {fix}"
+    )]
+    NotOurs { path: PathBuf, why: String, fix: String },
+    #[error("{path} does not verify (forged, damaged, or copied from elsewhere); txbox will not act on it. {fix}")]
+    Forged { path: PathBuf, fix: &'static str },
+    #[error("a session name must be 1 to {max} printable characters, got {0:?}", max = MAX_NAME)]
+    BadName(String),
 }
 
-fn io_at<'a>(path: &'a Path, what: &'static str) -> impl FnOnce(io::Error) -> StateError + 'a {
-    move |source| StateError::Io { path: path.to_path_buf(), what, source }
+impl From<PathError> for StateError {
+    fn from(e: PathError) -> StateError {
+        StateError::Io(e)
+    }
 }
 
+/// How long a transaction directory without a valid `meta` is left alone (it may be in the
+/// middle of being created, or of taking a spare) before it counts as a crash's leftover.
+const YOUNG: std::time::Duration = std::time::Duration::from_secs(600);
+/// Retired directories a warm server may leave for its idle time before a collector is
+/// started anyway (under sustained load the server is never idle).
+pub const RETIRED_BOUND: u64 = 8;
+const MAX_NAME: usize = 128;
+/// The largest `meta`, `status` or marker read back (they are a few hundred bytes).
+const SMALL: usize = 64 << 10;
+/// The largest fingerprints file or commit record read back.
+const LARGE: usize = 1 << 30;
+
+/// A state directory txbox made, opened and checked. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct StateDir {
+    /// Its absolute path (parents resolved).
     pub root: PathBuf,
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    /// O_PATH handle on the root: every directory inside is opened beneath it.
+    fd: OwnedFd,
+    seal: Seal,
+    /// The base directory holding the key (its real path).
+    base: PathBuf,
+    /// What commands must not see: the root, and the base unless it holds the root.
+    hidden: Vec<PathBuf>,
 }
 
 /// An exclusive flock, released on drop.
@@ -53,79 +108,379 @@ fn flock(path: &Path, op: FlockOperation) -> Result<Option<Lock>, StateError> {
         .create(true)
         .truncate(false)
         .write(true)
+        .custom_flags(libc::O_NOFOLLOW)
         .open(path)
-        .map_err(io_at(path, "open lock"))?;
+        .map_err(at(path, "open lock"))?;
     match rustix::fs::flock(&file, op) {
         Ok(()) => Ok(Some(Lock { _file: file })),
         Err(rustix::io::Errno::WOULDBLOCK) => Ok(None),
-        Err(e) => Err(io_at(path, "lock")(e.into())),
+        Err(e) => Err(PathError::new(path, "lock", e.into()).into()),
     }
 }
 
-/// Wait until no one holds a `flock` on the directory `dir` (take an exclusive lock, drop it).
-/// A warm server share-locks the work directory of the overlay it has mounted until it has
-/// detached it: this waits until the layers are no overlay's any more.
-pub(crate) fn wait_unlocked(dir: &Path) -> io::Result<()> {
-    use rustix::fs::{Mode, OFlags};
-    let fd = rustix::fs::open(dir, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())?;
-    Ok(rustix::fs::flock(&fd, FlockOperation::LockExclusive)?)
+/// `flock` the existing file `rel` beneath `dir` without creating it: Some(lock), None if
+/// someone holds it, Err(NotFound) if there is no such file.
+fn try_lock_beneath(dir: BorrowedFd<'_>, rel: &Path) -> io::Result<Option<Lock>> {
+    let fd = fsx::open_beneath(dir, rel, OFlags::RDONLY, Mode::empty())?;
+    match rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => Ok(Some(Lock { _file: File::from(fd) })),
+        Err(rustix::io::Errno::WOULDBLOCK) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }
 
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+/// Everything the root's identity is made of: its inode and birth time (stable across
+/// reboots, unlike device numbers), else its device. A marker copied into another directory,
+/// or a directory restored from a copy, no longer verifies.
+fn identity(fd: BorrowedFd<'_>, path: &Path) -> Result<Vec<u8>, StateError> {
+    use rustix::fs::StatxFlags;
+    let st = rustix::fs::statx(fd, "", AtFlags::EMPTY_PATH, StatxFlags::INO | StatxFlags::BTIME)
+        .map_err(at(path, "statx"))?;
+    Ok(if st.stx_mask & StatxFlags::BTIME.bits() != 0 {
+        format!("ino {} btime {}.{}", st.stx_ino, st.stx_btime.tv_sec, st.stx_btime.tv_nsec).into_bytes()
+    } else {
+        format!("ino {} dev {}:{}", st.stx_ino, st.stx_dev_major, st.stx_dev_minor).into_bytes()
+    })
+}
+
+const MARKER_BODY: &str = "txbox-state v1\n";
+
+/// Whether a directory may become a state directory: nothing in it but what the base
+/// directory holds anyway (the key and its temporaries, the registry).
+fn blank(names: &[std::ffi::OsString]) -> bool {
+    names.iter().all(|n| {
+        n == layout::KEY
+            || n == layout::REGISTRY
+            || n.as_bytes().ends_with(layout::TMP_SUFFIX.as_bytes())
+                && (n.as_bytes().starts_with(layout::KEY.as_bytes())
+                    || n.as_bytes().starts_with(layout::MARKER.as_bytes())
+                    || n.as_bytes().starts_with(layout::REGISTRY.as_bytes()))
+    })
 }
 
 impl StateDir {
-    /// The state directory for `workspace`: `--state-dir` if given, else `<workspace>/.txbox`.
-    pub fn for_workspace(explicit: Option<&Path>, workspace: &Path) -> StateDir {
-        StateDir { root: explicit.map(Path::to_path_buf).unwrap_or_else(|| workspace.join(".txbox")) }
-    }
-
-    /// Create the layout if missing (mode 0700: other users have no business in it).
-    pub fn ensure(&self) -> Result<(), StateError> {
-        for sub in ["", "tx", "journal", "locks"] {
-            let p = self.root.join(sub);
-            match std::fs::DirBuilder::new().mode(0o700).create(&p) {
+    /// Open (or, when `create`, make) the state directory `root` with `key`; `base` is where
+    /// the key lives. Refused: a symlink, a directory of another user's or writable by
+    /// others, and a directory txbox did not make (no marker, a marker that does not verify).
+    /// A missing or empty directory is initialized.
+    fn open_with(root: &Path, key: Key, base: PathBuf, create: bool) -> Result<Option<StateDir>, StateError> {
+        if create {
+            match std::fs::DirBuilder::new().mode(0o700).create(root) {
                 Ok(()) => {}
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
-                Err(e) => return Err(io_at(&p, "create")(e)),
+                Err(e) => return Err(PathError::new(root, "create", e).into()),
             }
         }
+        let not_ours = |why: String, fix: String| StateError::NotOurs { path: root.to_path_buf(), why, fix };
+        let fd = match rustix::fs::open(
+            root,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        ) {
+            Ok(fd) => fd,
+            Err(rustix::io::Errno::NOENT) if !create => return Ok(None),
+            Err(rustix::io::Errno::LOOP) => {
+                return Err(not_ours("it is a symlink".into(), "name the real directory".into()))
+            }
+            Err(rustix::io::Errno::NOTDIR) => {
+                return Err(not_ours("it is not a directory".into(), "name a directory".into()))
+            }
+            Err(e) => return Err(PathError::new(root, "open", e.into()).into()),
+        };
+        let st = rustix::fs::fstat(&fd).map_err(at(root, "stat"))?;
+        let me = rustix::process::geteuid().as_raw();
+        if st.st_uid != me {
+            return Err(not_ours(
+                format!("it belongs to uid {}, not to this user ({me})", st.st_uid),
+                "use a directory of your own (--state-dir)".into(),
+            ));
+        }
+        if st.st_mode & 0o022 != 0 {
+            return Err(not_ours(
+                format!("others may write to it (mode {:o})", st.st_mode & 0o7777),
+                format!("chmod 700 {}", root.display()),
+            ));
+        }
+        let seal = Seal::new(key, &identity(fd.as_fd(), root)?);
+        Self::check_marker(fd.as_fd(), root, &seal)?;
+        for sub in layout::SUBDIRS {
+            match rustix::fs::mkdirat(&fd, sub, Mode::from_raw_mode(0o700)) {
+                Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                Err(e) => return Err(PathError::new(&root.join(sub), "create", e.into()).into()),
+            }
+        }
+        // Comparisons with the workspace need the real path (parents may be symlinks; the
+        // root itself is not, it was opened O_NOFOLLOW).
+        let real = std::fs::canonicalize(root).map_err(at(root, "resolve"))?;
+        let base = if base == root { real.clone() } else { std::fs::canonicalize(&base).unwrap_or(base) };
+        let mut hidden = vec![real.clone()];
+        if !real.starts_with(&base) {
+            hidden.push(base.clone());
+        }
+        Ok(Some(StateDir { root: real, inner: Arc::new(Inner { fd, seal, base, hidden }) }))
+    }
+
+    /// Accept `root` only if its marker verifies; initialize it if it is blank.
+    fn check_marker(fd: BorrowedFd<'_>, root: &Path, seal: &Seal) -> Result<(), StateError> {
+        let not_ours = |why: &str, fix: &str| StateError::NotOurs {
+            path: root.to_path_buf(),
+            why: why.to_string(),
+            fix: format!("{fix}: {}", root.display()),
+        };
+        // Twice at most: a concurrent first use may initialize it between our two looks.
+        for _ in 0..2 {
+            match fsx::read_small(fd, Path::new(layout::MARKER), SMALL) {
+                Ok(bytes) if seal.open(Domain::Marker, "", &bytes) == Some(MARKER_BODY) => return Ok(()),
+                Ok(_) => {
+                    return Err(not_ours(
+                        "its marker does not verify: it was made with another key (another user's, \
+                         or with another $HOME or XDG_STATE_HOME, or a key that was replaced), or \
+                         moved or copied from where txbox made it",
+                        "move it aside (its unfinished commits cannot be trusted) and txbox starts \
+                         afresh, or name another directory with --state-dir",
+                    ))
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                    let names = fsx::list(fd).map_err(at(root, "list"))?;
+                    if names.iter().any(|n| n == layout::MARKER) {
+                        continue;
+                    }
+                    if !blank(&names) {
+                        return Err(not_ours(
+                            "it is not empty and has no marker (state of an earlier txbox version, \
+                             a directory shipped in a repository, or one txbox did not make)",
+                            "move it aside or delete it, or name an empty or new directory with \
+                             --state-dir (an earlier version's unfinished commits are finished by \
+                             that version's `txbox recover`)",
+                        ));
+                    }
+                    return Self::initialize(fd, root, seal);
+                }
+                Err(e) => return Err(not_ours(&format!("its marker cannot be read ({e})"), "move it aside")),
+            }
+        }
+        Err(not_ours("its marker keeps changing", "move it aside"))
+    }
+
+    /// Make an empty directory a state directory: closed to others, then the marker (last,
+    /// durably: a directory is ours once it is there).
+    fn initialize(fd: BorrowedFd<'_>, root: &Path, seal: &Seal) -> Result<(), StateError> {
+        let dir = rustix::fs::openat(fd, ".", OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+            .map_err(at(root, "open"))?;
+        rustix::fs::fchmod(&dir, Mode::from_raw_mode(0o700)).map_err(at(root, "chmod"))?;
+        let marker = seal.seal(Domain::Marker, "", MARKER_BODY);
+        fsx::replace(fd, layout::MARKER, marker.as_bytes(), true).map_err(at(root, "write marker"))?;
         Ok(())
     }
 
+    /// The state directory `root` with `key`, made or initialized if missing or empty; the
+    /// key's base directory is taken to be `root` (tests, and tools that bring their own key).
+    pub fn open_with_key(root: &Path, key: Key) -> Result<StateDir, StateError> {
+        Self::open_with(root, key, root.to_path_buf(), true)?
+            .ok_or_else(|| PathError::new(root, "open", io::ErrorKind::NotFound.into()).into())
+    }
+
+    /// The state directory for `workspace`: `explicit` (`--state-dir`, `TXBOX_STATE_DIR`) if
+    /// given, else the first of [`layout::candidates`] that can serve. Made if missing.
+    pub fn for_workspace(explicit: Option<&Path>, workspace: &Path) -> Result<StateDir, StateError> {
+        Self::locate_for(explicit, workspace, true)?
+            .ok_or_else(|| PathError::new(workspace, "find state directory", io::ErrorKind::NotFound.into()).into())
+    }
+
+    /// Like [`for_workspace`](Self::for_workspace), but makes nothing: None when the
+    /// workspace has no state directory yet (for `list`, `log`, `recover`).
+    pub fn existing_for_workspace(explicit: Option<&Path>, workspace: &Path) -> Result<Option<StateDir>, StateError> {
+        Self::locate_for(explicit, workspace, false)
+    }
+
+    fn locate_for(explicit: Option<&Path>, workspace: &Path, create: bool) -> Result<Option<StateDir>, StateError> {
+        let base = layout::base_dir()?;
+        let key = Key::load_or_create(&base)?;
+        if let Some(dir) = explicit {
+            let dir = resolve_explicit(dir);
+            return Self::open_with(&dir, key, base, create);
+        }
+        let candidates = layout::candidates(&base, workspace);
+        let last = candidates.len().saturating_sub(1);
+        for (i, dir) in candidates.iter().enumerate() {
+            let opened = if dir == &base {
+                // The base directory is always there (it holds the key).
+                Self::open_with(dir, key.clone(), base.clone(), true)
+            } else {
+                Self::open_with(dir, key.clone(), base.clone(), create)
+            };
+            match opened {
+                Ok(Some(s)) => {
+                    if s.root != base {
+                        s.register(&base, &key);
+                    }
+                    return Ok(Some(s));
+                }
+                Ok(None) => continue,
+                // A fallback that someone else made, squatted or that is unusable: try the
+                // next; the last one's refusal is the answer.
+                Err(e) if i < last && !matches!(e, StateError::Key(_)) => continue,
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(None)
+    }
+
+    /// The state directory holding transaction `id`: `explicit` if given, else the base
+    /// directory's, else one of those registered on other filesystems. Works from any
+    /// directory.
+    pub fn find_tx(explicit: Option<&Path>, id: &str) -> Result<StateDir, StateError> {
+        if !valid_id(id) {
+            return Err(StateError::UnknownTx(id.to_string()));
+        }
+        let base = layout::base_dir()?;
+        let key = Key::load_or_create(&base)?;
+        let mut places = match explicit {
+            Some(dir) => vec![resolve_explicit(dir)],
+            None => {
+                let mut v = vec![base.clone()];
+                v.extend(registered(&base, &key));
+                v
+            }
+        };
+        places.dedup();
+        for dir in places {
+            // Unusable places (gone, not ours) are not where the transaction is.
+            let state = match Self::open_with(&dir, key.clone(), base.clone(), false) {
+                Ok(Some(s)) => s,
+                Ok(None) | Err(_) if explicit.is_none() => continue,
+                Ok(None) => return Err(StateError::UnknownTx(id.to_string())),
+                Err(e) => return Err(e),
+            };
+            if state.read_meta(id).is_ok() {
+                return Ok(state);
+            }
+        }
+        Err(StateError::UnknownTx(id.to_string()))
+    }
+
+    /// An existing state directory by path (the background collector), None if it is gone.
+    pub fn open_existing(root: &Path) -> Result<Option<StateDir>, StateError> {
+        let base = layout::base_dir()?;
+        let key = Key::load_or_create(&base)?;
+        Self::open_with(root, key, base, false)
+    }
+
+    /// Remember a state directory on another filesystem than the base directory's, so that
+    /// transaction ids resolve from anywhere (best effort: it is only a shortcut).
+    fn register(&self, base: &Path, key: &Key) {
+        let seal = Seal::unbound(key.clone());
+        if registered(base, key).contains(&self.root) {
+            return;
+        }
+        let line = path_to_hex(&self.root);
+        let entry = format!("{line} {}\n", hex(&seal.mac(Domain::Registry, "", line.as_bytes())));
+        let Ok(dir) = layout::private_dir(base, false) else { return };
+        let flags = OFlags::WRONLY | OFlags::CREATE | OFlags::APPEND | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        if let Ok(fd) = rustix::fs::openat(&dir, layout::REGISTRY, flags, Mode::from_raw_mode(0o600)) {
+            // One write of a short line: appends of whole lines do not interleave.
+            let _ = rustix::io::write(&fd, entry.as_bytes());
+        }
+    }
+
+    pub fn seal(&self) -> &Seal {
+        &self.inner.seal
+    }
+
+    fn fd(&self) -> BorrowedFd<'_> {
+        self.inner.fd.as_fd()
+    }
+
+    /// Everything a sandboxed command must not see, nor a commit include: this directory and
+    /// the key's.
+    pub fn hidden(&self) -> &[PathBuf] {
+        &self.inner.hidden
+    }
+
+    /// Where the key lives (its directory).
+    pub fn base(&self) -> &Path {
+        &self.inner.base
+    }
+
     pub fn check_same_fs(&self, workspace: &Path) -> Result<(), StateError> {
-        let s = std::fs::metadata(&self.root).map_err(io_at(&self.root, "stat"))?;
-        let w = std::fs::metadata(workspace).map_err(io_at(workspace, "stat workspace"))?;
-        if s.dev() != w.dev() {
+        let s = rustix::fs::fstat(self.fd()).map_err(at(&self.root, "stat"))?;
+        let w = std::fs::metadata(workspace).map_err(at(workspace, "stat workspace"))?;
+        if s.st_dev != w.dev() {
             return Err(StateError::CrossDevice { state: self.root.clone(), workspace: workspace.to_path_buf() });
         }
         Ok(())
     }
 
+    /// A directory beneath the root, opened without following any symlink.
+    fn dir(&self, rel: &str) -> Result<OwnedFd, StateError> {
+        fsx::dir_beneath(self.fd(), Path::new(rel)).map_err(|e| PathError::new(&self.root.join(rel), "open", e).into())
+    }
+
     pub fn tx_dir(&self, id: &str) -> PathBuf {
-        self.root.join("tx").join(id)
+        self.root.join(layout::TX).join(id)
+    }
+
+    fn tx_rel(id: &str, name: &str) -> PathBuf {
+        Path::new(layout::TX).join(id).join(name)
     }
 
     pub fn record_path(&self, id: &str) -> PathBuf {
-        self.root.join("journal").join(format!("{id}.commit"))
+        self.root.join(layout::JOURNAL).join(layout::record_name(id))
     }
 
     pub fn audit_path(&self) -> PathBuf {
-        self.root.join("audit.log")
+        self.root.join(layout::AUDIT)
+    }
+
+    /// Where warm sandbox servers keep their sockets.
+    pub fn warm_dir(&self) -> PathBuf {
+        self.root.join(layout::WARM)
+    }
+
+    /// Where a session's step layers live (derived, see [`layout::steps_root`]), checked to be
+    /// a plain directory reached through no symlink wherever txbox made the path (so a swapped
+    /// `steps` cannot redirect a step's deletion), if it exists yet.
+    pub fn steps_root(&self, id: &str, workspace: &Path) -> Result<PathBuf, StateError> {
+        let root = layout::steps_root(&self.root, id, workspace).ok_or_else(|| {
+            PathError::new(
+                workspace,
+                "place session layers (the workspace is /; give --state-dir outside it)",
+                io::ErrorKind::InvalidInput.into(),
+            )
+        })?;
+        let checked = match root.strip_prefix(&self.root) {
+            Ok(rel) => fsx::dir_beneath(self.fd(), rel).map(drop),
+            Err(_) => {
+                // Next to the workspace: the two components below the workspace's parent
+                // (which the operator chose) are txbox's and are checked.
+                let parent = root.parent().and_then(Path::parent).unwrap_or(Path::new("/"));
+                let rel = root.strip_prefix(parent).unwrap_or(&root);
+                rustix::fs::open(parent, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+                    .map_err(io::Error::from)
+                    .and_then(|fd| fsx::dir_beneath(fd.as_fd(), rel).map(drop))
+            }
+        };
+        match checked {
+            Ok(()) => Ok(root),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(root),
+            Err(e) => Err(PathError::new(&root, "open session layers (a symlink or not a directory?)", e).into()),
+        }
+    }
+
+    /// A scratch directory for `diff` inside a session's directory.
+    pub fn diff_scratch(&self, id: &str) -> PathBuf {
+        self.tx_dir(id).join(format!("{}{}", layout::DIFF_PREFIX, std::process::id()))
     }
 
     /// Block until this process holds the workspace's commit lock.
     pub fn lock_workspace(&self, workspace: &Path) -> Result<Lock, StateError> {
-        let name = hex(&Sha256::digest(workspace.as_os_str().as_bytes())[..8]);
-        let path = self.root.join("locks").join(format!("{name}.lock"));
+        let path = self.root.join(layout::LOCKS).join(layout::lock_name(workspace));
         flock(&path, FlockOperation::LockExclusive)?
-            .ok_or_else(|| io_at(&path, "lock")(io::ErrorKind::WouldBlock.into()))
+            .ok_or_else(|| PathError::new(&path, "lock", io::ErrorKind::WouldBlock.into()).into())
     }
 
     fn commit_log(&self, workspace: &Path) -> PathBuf {
-        let name = hex(&Sha256::digest(workspace.as_os_str().as_bytes())[..8]);
-        self.root.join("locks").join(format!("{name}.commits"))
+        self.root.join(layout::LOCKS).join(layout::commit_log_name(workspace))
     }
 
     /// The workspace's commit generation: how many transactions txbox has committed into it.
@@ -140,16 +495,16 @@ impl StateDir {
     pub fn commits_since(&self, workspace: &Path, since: u64) -> Result<(u64, Vec<PathBuf>), StateError> {
         let log = self.commit_log(workspace);
         let text = match std::fs::File::open(&log) {
-            Ok(mut f) => tail_after(&mut f, since).map_err(io_at(&log, "read commit log"))?,
+            Ok(mut f) => tail_after(&mut f, since).map_err(at(&log, "read commit log"))?,
             Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok((0, Vec::new())),
-            Err(e) => return Err(io_at(&log, "read commit log")(e)),
+            Err(e) => return Err(PathError::new(&log, "read commit log", e).into()),
         };
         let mut generation = 0;
         let mut paths = Vec::new();
         for (g, words) in complete_lines(&text) {
             generation = generation.max(g);
             if g > since {
-                paths.extend(words.split(' ').filter(|w| !w.is_empty()).filter_map(crate::journal::path_from_hex));
+                paths.extend(words.split(' ').filter(|w| !w.is_empty()).filter_map(path_from_hex));
             }
         }
         Ok((generation, paths))
@@ -163,100 +518,399 @@ impl StateDir {
         let mut line = generation.to_string();
         for p in paths {
             line.push(' ');
-            line.push_str(&hex(p.as_os_str().as_bytes()));
+            line.push_str(&path_to_hex(p));
         }
         line.push('\n');
         let log = self.commit_log(workspace);
         let mut f =
-            std::fs::OpenOptions::new().create(true).append(true).open(&log).map_err(io_at(&log, "open commit log"))?;
-        f.write_all(line.as_bytes()).map_err(io_at(&log, "append commit log"))?;
+            std::fs::OpenOptions::new().create(true).append(true).open(&log).map_err(at(&log, "open commit log"))?;
+        f.write_all(line.as_bytes()).map_err(at(&log, "append commit log"))?;
         Ok(generation)
     }
 
-    /// Commit records waiting to be applied (left by a crash).
+    /// Commit records waiting to be applied (left by a crash, or being applied right now by
+    /// a commit of another workspace). Temporary records whose writer is gone are removed on
+    /// the way; any other name in the journal is ignored.
     pub fn pending_records(&self) -> Result<Vec<PathBuf>, StateError> {
-        let dir = self.root.join("journal");
+        let journal = self.dir(layout::JOURNAL)?;
+        let names = fsx::list(journal.as_fd()).map_err(at(&self.root.join(layout::JOURNAL), "list"))?;
         let mut out = Vec::new();
-        let entries = match std::fs::read_dir(&dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
-            Err(e) => return Err(io_at(&dir, "list journal")(e)),
-        };
-        for entry in entries {
-            let p = entry.map_err(io_at(&dir, "list journal"))?.path();
-            if p.extension().is_some_and(|e| e == "commit") {
-                out.push(p);
+        for name in names {
+            match layout::record_id(&name) {
+                Some((_, false)) => out.push(self.root.join(layout::JOURNAL).join(&name)),
+                Some((id, true)) => {
+                    // A record still being written belongs to a process that holds its
+                    // transaction's owner lock.
+                    let writer_alive =
+                        matches!(try_lock_beneath(self.fd(), &Self::tx_rel(id, layout::OWNER_LOCK)), Ok(None));
+                    if !writer_alive {
+                        let _ = rustix::fs::unlinkat(&journal, name.as_os_str(), AtFlags::empty());
+                    }
+                }
+                None => {}
             }
         }
         out.sort();
         Ok(out)
     }
 
-    /// All transaction ids with a directory.
+    /// Read and check a commit record found by [`pending_records`](Self::pending_records):
+    /// its MAC (this state directory, this transaction), its name, and that every path in it
+    /// is the one derived from its transaction id and workspace. Ok(None) if it vanished
+    /// (its commit finished meanwhile).
+    pub fn read_record(&self, path: &Path) -> Result<Option<CommitRecord>, StateError> {
+        let name = path.file_name().unwrap_or_default();
+        let Some((id, false)) = layout::record_id(name) else {
+            return Err(StateError::Forged { path: path.to_path_buf(), fix: "it is no commit record's name" });
+        };
+        let journal = self.dir(layout::JOURNAL)?;
+        let text = match fsx::read_small(journal.as_fd(), Path::new(name), LARGE) {
+            Ok(t) => t,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => {
+                return Err(StateError::Forged {
+                    path: path.to_path_buf(),
+                    fix: leak_fix(e.raw_os_error() == Some(libc::ELOOP)),
+                })
+            }
+        };
+        // A hard link to a record elsewhere (another transaction's name) is no record of ours.
+        let links = rustix::fs::statat(&journal, name, AtFlags::SYMLINK_NOFOLLOW).map(|s| s.st_nlink).unwrap_or(0);
+        if links > 1 {
+            return Err(StateError::Forged { path: path.to_path_buf(), fix: leak_fix(false) });
+        }
+        let record = journal::parse(&text, path, self.seal(), id)?;
+        let refused = |why: &str| -> StateError {
+            JournalError::Refused { path: path.to_path_buf(), why: why.to_string() }.into()
+        };
+        if !layout::is_normal_absolute(&record.workspace) {
+            return Err(refused("its workspace is not a plain absolute path"));
+        }
+        // Replayed: a record of a transaction that is over (records go before their directory).
+        match fsx::dir_beneath(self.fd(), &Path::new(layout::TX).join(id)) {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(refused("its transaction no longer exists (an old record put back?); delete it"))
+            }
+            Err(_) => return Err(refused("its transaction directory is not a plain directory")),
+        }
+        if record.trash != self.tx_dir(id).join(layout::TRASH) {
+            return Err(refused("its trash is not its transaction's"));
+        }
+        let run_upper = self.tx_dir(id).join(layout::UPPER);
+        let session_upper = layout::steps_root(&self.root, id, &record.workspace)
+            .and_then(|root| record.upper.strip_prefix(root).ok().map(Path::to_path_buf))
+            .is_some_and(|rest| {
+                let mut c = rest.components();
+                matches!(
+                    (c.next(), c.next(), c.next()),
+                    (Some(std::path::Component::Normal(n)), Some(std::path::Component::Normal(u)), None)
+                        if n.to_str().is_some_and(|n| n.parse::<u32>().is_ok()) && u == layout::UPPER
+                )
+            });
+        if record.upper != run_upper && !session_upper {
+            return Err(refused("its upper layer is not its transaction's"));
+        }
+        Ok(Some(record))
+    }
+
+    /// All transaction ids with a directory (other names in `tx` are ignored).
     pub fn tx_ids(&self) -> Result<Vec<String>, StateError> {
-        let dir = self.root.join("tx");
-        let mut out = Vec::new();
-        let entries = match std::fs::read_dir(&dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(out),
-            Err(e) => return Err(io_at(&dir, "list transactions")(e)),
-        };
-        for entry in entries {
-            let e = entry.map_err(io_at(&dir, "list transactions"))?;
-            if let Some(s) = e.file_name().to_str() {
-                out.push(s.to_string());
-            }
-        }
+        let tx = self.dir(layout::TX)?;
+        let mut out: Vec<String> = fsx::list(tx.as_fd())
+            .map_err(at(&self.root.join(layout::TX), "list"))?
+            .into_iter()
+            .filter_map(|n| n.into_string().ok())
+            .filter(|n| valid_id(n))
+            .collect();
         out.sort();
         Ok(out)
     }
 
-    /// A session's status (`open`, `committing`), if recorded.
-    pub fn status(&self, id: &str) -> Option<String> {
-        std::fs::read_to_string(self.tx_dir(id).join("status")).ok().map(|s| s.trim().to_string())
+    /// What transaction `id` is, if its `meta` verifies.
+    pub fn read_meta(&self, id: &str) -> Result<TxMeta, StateError> {
+        if !valid_id(id) {
+            return Err(StateError::UnknownTx(id.to_string()));
+        }
+        let rel = Self::tx_rel(id, layout::META);
+        let bytes = match fsx::read_small(self.fd(), &rel, SMALL) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(StateError::UnknownTx(id.to_string())),
+            Err(e) => return Err(PathError::new(&self.root.join(&rel), "read", e).into()),
+        };
+        let forged = || StateError::Forged { path: self.root.join(&rel), fix: "roll the transaction back" };
+        let body = self.seal().open(Domain::Meta, id, &bytes).ok_or_else(forged)?;
+        TxMeta::parse(body).ok_or_else(forged)
     }
 
-    pub fn set_status(&self, id: &str, status: &str) -> Result<(), StateError> {
-        let p = self.tx_dir(id).join("status");
-        let tmp = self.tx_dir(id).join("status.tmp");
-        std::fs::write(&tmp, format!("{status}\n")).map_err(io_at(&tmp, "write status"))?;
-        std::fs::rename(&tmp, &p).map_err(io_at(&p, "write status"))
+    /// Write transaction `id`'s `meta` (sealed). In place and not synced: a run's meta is
+    /// rewritten on every transaction that takes a spare, and a torn one does not verify.
+    fn write_meta(&self, id: &str, meta: &TxMeta, durable: bool) -> Result<(), StateError> {
+        let dir = self.dir(&format!("{}/{id}", layout::TX))?;
+        let text = self.seal().seal(Domain::Meta, id, &meta.render());
+        let p = self.tx_dir(id).join(layout::META);
+        if durable {
+            fsx::replace(dir.as_fd(), layout::META, text.as_bytes(), true).map_err(at(&p, "write"))?;
+        } else {
+            // Overwritten in place, not replaced: freeing the file's block and allocating
+            // another costs a discard on a filesystem mounted with `discard`, on every run.
+            fsx::overwrite(dir.as_fd(), layout::META, text.as_bytes()).map_err(at(&p, "write"))?;
+        }
+        Ok(())
+    }
+
+    /// A session's status; Err if it does not verify.
+    pub fn status(&self, id: &str) -> Result<Status, StateError> {
+        let rel = Self::tx_rel(id, layout::STATUS);
+        let bytes = fsx::read_small(self.fd(), &rel, SMALL).map_err(at(&self.root.join(&rel), "read"))?;
+        self.seal()
+            .open(Domain::Status, id, &bytes)
+            .and_then(|b| Status::parse(b.trim_end()))
+            .ok_or_else(|| StateError::Forged { path: self.root.join(&rel), fix: "roll the transaction back" })
+    }
+
+    pub fn set_status(&self, id: &str, status: Status) -> Result<(), StateError> {
+        let dir = self.dir(&format!("{}/{id}", layout::TX))?;
+        let text = self.seal().seal(Domain::Status, id, &format!("{}\n", status.as_str()));
+        fsx::replace(dir.as_fd(), layout::STATUS, text.as_bytes(), true)
+            .map_err(|e| PathError::new(&self.tx_dir(id).join(layout::STATUS), "write", e).into())
+    }
+
+    /// A session's base fingerprints. Missing, damaged or forged: refused (without them a
+    /// commit could not tell that someone else changed a path).
+    pub fn load_fingerprints(&self, id: &str) -> Result<Fingerprints, StateError> {
+        let rel = Self::tx_rel(id, layout::FINGERPRINTS);
+        let path = self.root.join(&rel);
+        let forged = || StateError::Forged { path: path.clone(), fix: "roll the transaction back and redo it" };
+        let bytes = match fsx::read_small(self.fd(), &rel, LARGE) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(forged()),
+            Err(e) => return Err(PathError::new(&path, "read", e).into()),
+        };
+        let body = self.seal().open(Domain::Fingerprints, id, &bytes).ok_or_else(forged)?;
+        Fingerprints::parse(body).ok_or_else(forged)
+    }
+
+    /// Save a session's fingerprints durably (sealed, synced, then renamed into place).
+    pub fn save_fingerprints(&self, id: &str, fps: &Fingerprints) -> Result<(), StateError> {
+        let dir = self.dir(&format!("{}/{id}", layout::TX))?;
+        let text = self.seal().seal(Domain::Fingerprints, id, &fps.render());
+        fsx::replace(dir.as_fd(), layout::FINGERPRINTS, text.as_bytes(), true)
+            .map_err(|e| PathError::new(&self.tx_dir(id).join(layout::FINGERPRINTS), "write", e).into())
+    }
+
+    /// The highest step number a session has used (0: none). Step numbers keep growing even
+    /// when steps are undone, so a number names one step forever.
+    pub fn last_step(&self, id: &str) -> u32 {
+        fsx::read_small(self.fd(), &Self::tx_rel(id, layout::LAST_STEP), 64)
+            .ok()
+            .and_then(|b| std::str::from_utf8(&b).ok()?.trim().parse().ok())
+            .unwrap_or(0)
+    }
+
+    pub fn set_last_step(&self, id: &str, n: u32) -> Result<(), StateError> {
+        let dir = self.dir(&format!("{}/{id}", layout::TX))?;
+        fsx::replace(dir.as_fd(), layout::LAST_STEP, n.to_string().as_bytes(), false)
+            .map_err(|e| PathError::new(&self.tx_dir(id).join(layout::LAST_STEP), "write", e).into())
     }
 
     /// Block until this process is the only one working on transaction `id`.
     pub fn lock_tx(&self, id: &str) -> Result<Lock, StateError> {
-        let dir = self.tx_dir(id);
-        if !valid_id(id) || !dir.join("meta").exists() {
-            return Err(StateError::UnknownTx(id.to_string()));
-        }
-        flock(&dir.join("owner.lock"), FlockOperation::LockExclusive)?
-            .ok_or_else(|| io_at(&dir, "lock tx")(io::ErrorKind::WouldBlock.into()))
+        self.read_meta(id)?;
+        self.lock_owner(id)
     }
 
     /// Create a session transaction's directory (no layers yet).
     pub fn create_session(&self, workspace: &Path, name: Option<&str>) -> Result<String, StateError> {
+        if let Some(n) = name {
+            if n.is_empty() || n.len() > MAX_NAME || n.chars().any(char::is_control) {
+                return Err(StateError::BadName(n.to_string()));
+            }
+        }
         let id = new_tx_id();
         let dir = self.tx_dir(&id);
-        std::fs::DirBuilder::new().mode(0o700).create(&dir).map_err(io_at(&dir, "create tx dir"))?;
-        TxMeta { workspace: workspace.to_path_buf(), kind: "session".into() }.write(&dir)?;
-        if let Some(n) = name {
-            std::fs::write(dir.join("name"), n).map_err(io_at(&dir, "write name"))?;
-        }
-        self.set_status(&id, "open")?;
+        let tx = self.dir(layout::TX)?;
+        rustix::fs::mkdirat(&tx, id.as_str(), Mode::from_raw_mode(0o700)).map_err(at(&dir, "create"))?;
+        let meta = TxMeta { workspace: workspace.to_path_buf(), kind: TxKind::Session, name: name.map(str::to_string) };
+        // Meta first: from then on the session is one `list` shows and `rollback` removes,
+        // whatever a crash leaves of the rest.
+        self.write_meta(&id, &meta, true)?;
+        self.set_status(&id, Status::Open)?;
+        self.save_fingerprints(&id, &Fingerprints::default())?;
+        let steps = self.steps_root(&id, workspace)?;
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&steps).map_err(at(
+            &steps,
+            "create session layers (outside the workspace; give --state-dir outside the workspace if this fails)",
+        ))?;
         Ok(id)
     }
 
-    /// Retire a transaction's directory in O(1): rename it aside as `.gone-<id>`. Deleting
-    /// it is then anyone's job (`collect_garbage`, or recovery), and no one mistakes it for a
-    /// live transaction.
-    pub fn retire_tx(&self, id: &str) -> Result<(), StateError> {
-        let dir = self.tx_dir(id);
-        let aside = self.root.join("tx").join(format!(".gone-{id}"));
-        match std::fs::rename(&dir, &aside) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(io_at(&dir, "move aside")(e)),
+    /// Retire a transaction's directory in O(1): move it to `gone/`. Deleting it is then a
+    /// collector's job ([`collect_retired`](Self::collect_retired)), and no one mistakes it
+    /// for a live transaction. False if there was nothing to move (someone else did).
+    pub fn retire_tx(&self, id: &str) -> Result<bool, StateError> {
+        if !valid_id(id) {
+            return Err(StateError::UnknownTx(id.to_string()));
         }
+        let (tx, gone) = (self.dir(layout::TX)?, self.dir(layout::RETIRED)?);
+        match fsx::rename_noreplace(tx.as_fd(), OsStr::new(id), gone.as_fd(), OsStr::new(id)) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(PathError::new(&self.tx_dir(id), "retire", e).into()),
+        }
+    }
+
+    /// How many retired directories wait for a collector (O(1): a directory's link count
+    /// is two plus its subdirectories; ext4 says 1 beyond 65,000, which counts as many).
+    pub fn retired_count(&self) -> u64 {
+        match rustix::fs::statat(self.fd(), layout::RETIRED, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) if st.st_nlink >= 2 => st.st_nlink - 2,
+            Ok(_) => u64::MAX,
+            Err(_) => 0,
+        }
+    }
+
+    /// Whether a background collector should be started now: retired directories wait and no
+    /// collector is at work. After a warm run, only beyond [`RETIRED_BOUND`] (its server
+    /// deletes them when idle, off every caller's path); after a cold run, whenever any wait.
+    pub fn collector_wanted(&self, cold: bool) -> bool {
+        let waiting = self.retired_count();
+        if waiting == 0 || (!cold && waiting <= RETIRED_BOUND) {
+            return false;
+        }
+        // Free now means no collector runs; the one started takes the lock itself.
+        matches!(self.gc_lock(false), Ok(Some(_)))
+    }
+
+    fn gc_lock(&self, wait: bool) -> Result<Option<Lock>, StateError> {
+        let path = self.root.join(layout::LOCKS).join(layout::GC_LOCK);
+        let op = if wait { FlockOperation::LockExclusive } else { FlockOperation::NonBlockingLockExclusive };
+        flock(&path, op)
+    }
+
+    /// The collector: delete retired directories until none is left, unless another
+    /// collector is at it. Directories a warm server still has mounted (it share-locks their
+    /// `work` until its overlay is detached) are left for the next pass. Returns how many
+    /// were deleted.
+    pub fn collect_retired(&self) -> Result<usize, StateError> {
+        let mut deleted = 0;
+        // Two rounds: a retirement that saw our lock held while we finished our last pass left
+        // its directory to us, so look again once the lock is released.
+        for _ in 0..2 {
+            let Some(lock) = self.gc_lock(false)? else { return Ok(deleted) };
+            let gone = self.dir(layout::RETIRED)?;
+            loop {
+                let names = fsx::list(gone.as_fd()).map_err(at(&self.root.join(layout::RETIRED), "list"))?;
+                let mut progress = 0;
+                for name in names {
+                    if fsx::is_locked(gone.as_fd(), &Path::new(&name).join(layout::WORK)) {
+                        continue;
+                    }
+                    // Best effort: a warm server may be deleting the same tree.
+                    if fsx::remove_tree_at(gone.as_fd(), &name).is_ok() {
+                        progress += 1;
+                    }
+                }
+                deleted += progress;
+                if progress == 0 {
+                    break;
+                }
+            }
+            drop(lock);
+            if self.retired_count() == 0 {
+                break;
+            }
+        }
+        Ok(deleted)
+    }
+
+    /// Remove a transaction's directory now (and a session's layers next to the workspace).
+    /// It is first moved to `gone/`, so a half-deleted directory is never mistaken for a live
+    /// transaction, and of two removers only the one whose move succeeded deletes it.
+    pub fn remove_tx(&self, id: &str) -> Result<(), StateError> {
+        if !valid_id(id) {
+            return Err(StateError::UnknownTx(id.to_string()));
+        }
+        self.drop_outside_layers(id);
+        if !self.retire_tx(id)? {
+            return Ok(());
+        }
+        // Once retired the transaction is gone; what deleting leaves (a collector at the same
+        // tree, a directory it cannot enter) is the collector's.
+        if let Ok(gone) = self.dir(layout::RETIRED) {
+            let _ = fsx::remove_tree_at(gone.as_fd(), OsStr::new(id));
+        }
+        Ok(())
+    }
+
+    /// Delete a session's layers kept next to the workspace (when the state directory is
+    /// inside it), found from the authenticated meta only: a transaction whose meta does not
+    /// verify has none there that txbox would touch. Best effort: what stays is harmless.
+    fn drop_outside_layers(&self, id: &str) {
+        let Ok(meta) = self.read_meta(id) else { return };
+        if meta.kind != TxKind::Session {
+            return;
+        }
+        if let Ok(steps) = self.steps_root(id, &meta.workspace) {
+            if !steps.starts_with(&self.root) && remove_tree(&steps).is_ok() {
+                // The shared `.<name>.txbox-layers`, once empty.
+                if let Some(parent) = steps.parent() {
+                    let _ = std::fs::remove_dir(parent);
+                }
+            }
+        }
+    }
+
+    /// Discard transactions whose owning process is gone and which hold no open session:
+    /// leftovers of a killed `run`, or of a session commit cut short before its commit
+    /// record. Each is taken under its owner lock and moved aside before it is deleted, so
+    /// concurrent recoveries never fight over one. `looked_at` counts the entries examined.
+    pub fn discard_abandoned(&self, looked_at: &mut usize) -> Result<Vec<String>, StateError> {
+        let mut out = Vec::new();
+        for id in self.tx_ids()? {
+            *looked_at += 1;
+            let rel = Path::new(layout::TX).join(&id);
+            // Only a real directory is a transaction; a symlink or a file is never acted on.
+            let Ok(dir) = fsx::dir_beneath(self.fd(), &rel) else { continue };
+            let discard = match self.read_meta(&id) {
+                Ok(m) if m.kind == TxKind::Session => matches!(self.status(&id), Ok(Status::Committing)),
+                Ok(_) => true,
+                // No meta that verifies: in the middle of its creation (a fresh directory,
+                // or a spare just renamed to this id, whose meta still names its old id), or
+                // a crash's leftover once old. A session (it has a status) is never
+                // discarded on a guess.
+                Err(_) => {
+                    let st = rustix::fs::fstat(&dir).map_err(at(&self.tx_dir(&id), "stat"))?;
+                    let changed = std::time::UNIX_EPOCH + std::time::Duration::from_secs(st.st_ctime.max(0) as u64);
+                    let old = changed.elapsed().is_ok_and(|age| age > YOUNG);
+                    old && rustix::fs::statat(&dir, layout::STATUS, AtFlags::SYMLINK_NOFOLLOW).is_err()
+                }
+            };
+            if !discard {
+                continue;
+            }
+            let record = Path::new(layout::JOURNAL).join(layout::record_name(&id));
+            if rustix::fs::statat(self.fd(), &record, AtFlags::SYMLINK_NOFOLLOW).is_ok() {
+                continue;
+            }
+            let lock = match try_lock_beneath(dir.as_fd(), Path::new(layout::OWNER_LOCK)) {
+                Ok(Some(l)) => Some(l),
+                Ok(None) => continue,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+                Err(_) => continue,
+            };
+            // Retired, not deleted here: recovery runs before every transaction and stays
+            // O(1) in what it deletes; the collector does the rest. The lock was taken through
+            // the directory seen above: if it has moved since (its run recycled it as a
+            // spare and let go), there is nothing here to discard.
+            self.drop_outside_layers(&id);
+            let moved = self.retire_tx(&id)?;
+            drop(lock);
+            if moved {
+                out.push(id);
+            }
+        }
+        Ok(out)
     }
 
     /// Keep the directory of a transaction that left nothing in it (a run that wrote nothing,
@@ -268,101 +922,56 @@ impl StateDir {
     /// enough spares are kept; the caller then deletes or retires it as before. The caller
     /// still holds the transaction's owner lock, so recovery never takes it for abandoned.
     pub fn recycle_tx(&self, id: &str) -> bool {
-        let dir = self.tx_dir(id);
-        if !reusable(&dir) {
+        if !reusable(&self.tx_dir(id)) {
             return false;
         }
-        // A slot that holds a spare refuses the rename (a non-empty directory is not replaced).
-        (0..SPARES).any(|slot| std::fs::rename(&dir, self.spare_path(slot)).is_ok())
+        let Ok(tx) = self.dir(layout::TX) else { return false };
+        // A slot that holds a spare refuses the rename.
+        (0..layout::SPARES).any(|slot| {
+            fsx::rename_noreplace(tx.as_fd(), OsStr::new(id), tx.as_fd(), OsStr::new(&layout::spare_name(slot))).is_ok()
+        })
     }
 
-    /// Take a spare directory as `dir`; false if there is none.
-    fn claim_spare(&self, dir: &Path) -> bool {
-        (0..SPARES).any(|slot| std::fs::rename(self.spare_path(slot), dir).is_ok())
+    /// Take a spare directory as `id`; false if there is none. The spare keeps the `meta` of
+    /// the transaction that left it, sealed for that transaction's id: until this one's is
+    /// written, recovery sees a young directory without a valid meta and leaves it alone.
+    fn claim_spare(&self, id: &str) -> bool {
+        let Ok(tx) = self.dir(layout::TX) else { return false };
+        (0..layout::SPARES).any(|slot| {
+            fsx::rename_noreplace(tx.as_fd(), OsStr::new(&layout::spare_name(slot)), tx.as_fd(), OsStr::new(id)).is_ok()
+        })
     }
+}
 
-    fn spare_path(&self, slot: usize) -> PathBuf {
-        self.root.join("tx").join(format!("{SPARE}{slot}"))
-    }
+/// An explicitly named state directory: its real path (the operator named it, symlinks and
+/// all) if it exists, else as given.
+fn resolve_explicit(dir: &Path) -> PathBuf {
+    std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf())
+}
 
-    /// Delete every retired transaction directory retired at least `older_than` ago (younger
-    /// ones belong to the warm server that will delete them when idle).
-    pub fn collect_garbage(&self, older_than: std::time::Duration) -> Result<(), StateError> {
-        let now = std::time::SystemTime::now();
-        for id in self.tx_ids()? {
-            if id.starts_with(".gone-") {
-                // A young one is its collector's (a warm server deletes what the runs it served
-                // retired, when idle); recovery takes over only if that collector is gone.
-                let retired = std::fs::symlink_metadata(self.tx_dir(&id))
-                    .ok()
-                    .map(|m| std::time::UNIX_EPOCH + std::time::Duration::from_secs(m.ctime().max(0) as u64));
-                if retired.and_then(|t| now.duration_since(t).ok()).is_some_and(|age| age < older_than) {
-                    continue;
-                }
-                // Best effort: several collectors may race on the same directory.
-                let _ = remove_tree(&self.tx_dir(&id));
+/// The state directories on other filesystems, from the base directory's registry: each
+/// line sealed with the key alone, so a line someone else wrote is skipped.
+fn registered(base: &Path, key: &Key) -> Vec<PathBuf> {
+    let seal = Seal::unbound(key.clone());
+    let Ok(dir) = layout::private_dir(base, false) else { return Vec::new() };
+    let Ok(bytes) = fsx::read_small(dir.as_fd(), Path::new(layout::REGISTRY), 1 << 20) else { return Vec::new() };
+    let mut out = Vec::new();
+    for line in String::from_utf8_lossy(&bytes).lines() {
+        let Some((h, mac)) = line.split_once(' ') else { continue };
+        if seal.verify(Domain::Registry, "", h.as_bytes(), mac) {
+            if let Some(p) = path_from_hex(h).filter(|p| layout::is_normal_absolute(p) && !out.contains(p)) {
+                out.push(p);
             }
         }
-        Ok(())
     }
+    out
+}
 
-    /// Remove a transaction's directory. It is first renamed aside, so a half-deleted
-    /// directory is never mistaken for a live transaction.
-    pub fn remove_tx(&self, id: &str) -> Result<(), StateError> {
-        let dir = self.tx_dir(id);
-        // A session whose layers live next to the workspace: remove them first (the record of
-        // where they are is in the directory removed below).
-        if dir.join("steps_root").exists() {
-            let layers = crate::session::steps_root(&dir);
-            remove_tree(&layers)?;
-            if let Some(parent) = layers.parent() {
-                let _ = std::fs::remove_dir(parent);
-            }
-        }
-        let aside = self.root.join("tx").join(format!(".gone-{id}"));
-        match std::fs::rename(&dir, &aside) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(e) => return Err(io_at(&dir, "move aside")(e)),
-        }
-        remove_tree(&aside)
-    }
-
-    /// Transactions whose owning process is gone and which hold no open session: leftovers of a
-    /// killed `run` (retired `.gone-*` directories are `collect_garbage`'s).
-    pub fn abandoned(&self) -> Result<Vec<String>, StateError> {
-        let mut out = Vec::new();
-        for id in self.tx_ids()? {
-            if id.starts_with(".gone-") || id.starts_with(SPARE) {
-                continue;
-            }
-            let dir = self.tx_dir(&id);
-            let meta = TxMeta::read(&dir).ok();
-            // No meta yet: another process is creating this transaction right now (its lock
-            // and meta follow the mkdir). Only a long-stale one is a crash leftover.
-            if meta.is_none() {
-                let young = std::fs::metadata(&dir)
-                    .and_then(|m| m.modified())
-                    .ok()
-                    .and_then(|t| t.elapsed().ok())
-                    .is_none_or(|age| age < std::time::Duration::from_secs(600));
-                if young {
-                    continue;
-                }
-            }
-            // An open session outlives its processes; only one whose commit was cut short
-            // before its commit record (status `committing`) is abandoned.
-            if meta.as_ref().is_some_and(|m| m.kind == "session") && self.status(&id).as_deref() != Some("committing") {
-                continue;
-            }
-            if self.record_path(&id).exists() {
-                continue;
-            }
-            if flock(&dir.join("owner.lock"), FlockOperation::NonBlockingLockExclusive)?.is_some() {
-                out.push(id);
-            }
-        }
-        Ok(out)
+fn leak_fix(symlink: bool) -> &'static str {
+    if symlink {
+        "it is a symlink, not a record txbox wrote; delete it"
+    } else {
+        "it is not a record txbox wrote for this transaction; delete it"
     }
 }
 
@@ -407,11 +1016,6 @@ fn tail_after(f: &mut File, since: u64) -> io::Result<Vec<u8>> {
     }
 }
 
-/// The prefix of a spare transaction directory (`StateDir::recycle_tx`).
-const SPARE: &str = ".spare-";
-/// How many spare directories a state directory keeps.
-const SPARES: usize = 4;
-
 /// Whether a finished run's directory can serve another run exactly as a new one would: only
 /// `owner.lock`, `meta`, an empty `upper` without extended attributes (overlayfs may have
 /// marked it opaque or impure) and a `work` holding at most overlayfs's own empty `work`.
@@ -421,57 +1025,25 @@ fn reusable(dir: &Path) -> bool {
     };
     let Some(mut top) = names(dir) else { return false };
     top.sort();
-    if top != ["meta", "owner.lock", "upper", "work"] {
+    if top != [layout::META, layout::OWNER_LOCK, layout::UPPER, layout::WORK] {
         return false;
     }
-    let upper = dir.join("upper");
+    let upper = dir.join(layout::UPPER);
     // overlayfs records the instance's uuid on the upper root of every mount; it says nothing
     // about the view (unlike opaque, impure, redirect or origin) and a persistent overlay
     // keeps it across mounts, as a reused upper does here.
     let harmless = |x: &std::ffi::OsString| x == "user.overlay.uuid" || x == "trusted.overlay.uuid";
     let empty_upper = names(&upper).is_some_and(|n| n.is_empty())
         && crate::meta::list_xattrs(&upper).is_ok_and(|x| x.iter().all(harmless));
-    let work = dir.join("work");
+    let work = dir.join(layout::WORK);
     let clean_work = match names(&work) {
         Some(n) if n.is_empty() => true,
         Some(n) if n == ["work"] => names(&work.join("work")).is_some_and(|w| w.is_empty()),
         _ => false,
     };
-    let real_dirs = ["upper", "work"].iter().all(|d| std::fs::symlink_metadata(dir.join(d)).is_ok_and(|m| m.is_dir()));
+    let real_dirs =
+        [layout::UPPER, layout::WORK].iter().all(|d| std::fs::symlink_metadata(dir.join(d)).is_ok_and(|m| m.is_dir()));
     empty_upper && clean_work && real_dirs
-}
-
-/// Remove a tree, tolerating its absence. Directories made unwritable by the command are made
-/// writable first (we own everything in the upper layer).
-pub fn remove_tree(path: &Path) -> Result<(), StateError> {
-    match std::fs::symlink_metadata(path) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Ok(md) if !md.is_dir() => return std::fs::remove_file(path).map_err(io_at(path, "remove")),
-        _ => {}
-    }
-    match std::fs::remove_dir_all(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        Err(e) if e.kind() == io::ErrorKind::PermissionDenied => {
-            make_writable(path);
-            std::fs::remove_dir_all(path).map_err(io_at(path, "remove"))
-        }
-        Err(e) => Err(io_at(path, "remove")(e)),
-    }
-}
-
-fn make_writable(path: &Path) {
-    use std::os::unix::fs::PermissionsExt;
-    if let Ok(md) = std::fs::symlink_metadata(path) {
-        if md.is_dir() {
-            let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700));
-            if let Ok(rd) = std::fs::read_dir(path) {
-                for e in rd.flatten() {
-                    make_writable(&e.path());
-                }
-            }
-        }
-    }
 }
 
 /// A transaction's directory, created and owned by this process.
@@ -485,116 +1057,95 @@ pub struct TxDir {
     _owner: Lock,
 }
 
-/// What a transaction is, stored in `tx/<id>/meta`.
+/// What a transaction is, stored sealed in `tx/<id>/meta`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TxMeta {
     pub workspace: PathBuf,
-    /// `run` (one command, owned by a live process) or `session` (begin/exec/commit).
-    pub kind: String,
+    pub kind: TxKind,
+    /// A session's name, given at `begin`.
+    pub name: Option<String>,
 }
 
 impl TxMeta {
-    pub fn write(&self, dir: &Path) -> Result<(), StateError> {
-        let text = format!("workspace {}\nkind {}\n", hex(self.workspace.as_os_str().as_bytes()), self.kind);
-        let p = dir.join("meta");
-        // Overwritten in place, not truncated first: freeing the file's block and allocating
-        // another costs a discard on a filesystem mounted with `discard`, for a spare
-        // directory's meta (see `recycle_tx`) on every transaction.
-        let write = || -> io::Result<()> {
-            let mut f = std::fs::OpenOptions::new().write(true).create(true).truncate(false).open(&p)?;
-            io::Write::write_all(&mut f, text.as_bytes())?;
-            f.set_len(text.len() as u64)
+    fn render(&self) -> String {
+        let mut s = format!("workspace {}\nkind {}\n", path_to_hex(&self.workspace), self.kind.as_str());
+        if let Some(n) = &self.name {
+            s.push_str(&format!("name {}\n", hex(n.as_bytes())));
+        }
+        s
+    }
+
+    /// Parse a verified body; the workspace must be a plain absolute path.
+    fn parse(body: &str) -> Option<TxMeta> {
+        let mut lines = body.lines();
+        let workspace = path_from_hex(lines.next()?.strip_prefix("workspace ")?)?;
+        let kind = TxKind::parse(lines.next()?.strip_prefix("kind ")?)?;
+        let name = match lines.next() {
+            Some(l) => Some(String::from_utf8(crate::hex::unhex(l.strip_prefix("name ")?)?).ok()?),
+            None => None,
         };
-        write().map_err(io_at(&p, "write meta"))
+        (layout::is_normal_absolute(&workspace) && lines.next().is_none()).then_some(TxMeta { workspace, kind, name })
     }
-
-    pub fn read(dir: &Path) -> Result<TxMeta, StateError> {
-        let p = dir.join("meta");
-        let text = std::fs::read_to_string(&p).map_err(io_at(&p, "read meta"))?;
-        let mut ws = None;
-        let mut kind = None;
-        for line in text.lines() {
-            if let Some(h) = line.strip_prefix("workspace ") {
-                ws = crate::journal::path_from_hex(h);
-            } else if let Some(k) = line.strip_prefix("kind ") {
-                kind = Some(k.to_string());
-            }
-        }
-        match (ws, kind) {
-            (Some(workspace), Some(kind)) => Ok(TxMeta { workspace, kind }),
-            _ => Err(io_at(&p, "parse meta")(io::ErrorKind::InvalidData.into())),
-        }
-    }
-}
-
-/// Transaction ids are 16 lowercase hex digits; anything else is refused before it can name
-/// a path.
-pub fn valid_id(id: &str) -> bool {
-    id.len() == 16 && id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
 /// A fresh transaction id: 16 random hex digits.
 pub fn new_tx_id() -> String {
     let mut b = [0u8; 8];
-    let mut filled = 0;
-    while filled < b.len() {
-        match rustix::rand::getrandom(&mut b[filled..], rustix::rand::GetRandomFlags::empty()) {
-            Ok(n) => filled += n,
-            Err(rustix::io::Errno::INTR) => {}
-            // getrandom cannot fail on Linux ≥ 3.17 once the pool is initialised; fall back to
-            // the clock rather than panic.
-            Err(_) => {
-                let t = std::time::SystemTime::now()
-                    .duration_since(std::time::UNIX_EPOCH)
-                    .map(|d| d.as_nanos())
-                    .unwrap_or(0);
-                b.copy_from_slice(&(t as u64 ^ u64::from(std::process::id())).to_le_bytes());
-                break;
-            }
-        }
-    }
+    crate::seal::random(&mut b);
     hex(&b)
 }
 
 impl TxDir {
     /// Create `tx/<id>/{upper,work}` for `workspace`. The upper root copies the workspace root's
     /// mode and owner, because overlay shows the upper root's attributes as the merged root's.
-    pub fn create(state: &StateDir, workspace: &Path, kind: &str) -> Result<TxDir, StateError> {
+    pub fn create(state: &StateDir, workspace: &Path, kind: TxKind) -> Result<TxDir, StateError> {
         let id = new_tx_id();
         let dir = state.tx_dir(&id);
         // A spare left by an earlier transaction (`recycle_tx`) has every piece already.
-        let reused = state.claim_spare(&dir);
+        let reused = state.claim_spare(&id);
         if !reused {
-            std::fs::DirBuilder::new().mode(0o700).create(&dir).map_err(io_at(&dir, "create tx dir"))?;
+            let tx = state.dir(layout::TX)?;
+            rustix::fs::mkdirat(&tx, id.as_str(), Mode::from_raw_mode(0o700)).map_err(at(&dir, "create"))?;
         }
-        let owner = flock(&dir.join("owner.lock"), FlockOperation::LockExclusive)?
-            .ok_or_else(|| io_at(&dir, "lock tx")(io::ErrorKind::WouldBlock.into()))?;
+        let owner = state.lock_owner(&id)?;
+        let (upper, work) = (dir.join(layout::UPPER), dir.join(layout::WORK));
         if reused {
             // The run that left it may have been served by a warm server, which detaches its
             // overlay after answering and share-locks `work` until then: wait for that.
-            let work = dir.join("work");
-            wait_unlocked(&work).map_err(io_at(&work, "wait for the warm server to release"))?;
+            fsx::wait_unlocked(&work).map_err(at(&work, "wait for the warm server to release"))?;
         }
-        TxMeta { workspace: workspace.to_path_buf(), kind: kind.to_string() }.write(&dir)?;
-        let ws_md = std::fs::metadata(workspace).map_err(io_at(workspace, "stat workspace"))?;
-        let upper = dir.join("upper");
-        let work = dir.join("work");
+        state.write_meta(&id, &TxMeta { workspace: workspace.to_path_buf(), kind, name: None }, false)?;
+        let ws_md = std::fs::metadata(workspace).map_err(at(workspace, "stat workspace"))?;
         if !reused {
-            std::fs::DirBuilder::new()
-                .mode(ws_md.mode() & 0o7777)
-                .create(&upper)
-                .map_err(io_at(&upper, "create upper"))?;
-            std::fs::DirBuilder::new().mode(0o700).create(&work).map_err(io_at(&work, "create work"))?;
+            std::fs::DirBuilder::new().mode(ws_md.mode() & 0o7777).create(&upper).map_err(at(&upper, "create"))?;
+            std::fs::DirBuilder::new().mode(0o700).create(&work).map_err(at(&work, "create"))?;
         }
         // Mode (exactly: DirBuilder's is filtered by the umask), times and owner of the
         // workspace root, so an untouched root is not a change.
-        crate::session::mirror_root(&upper, &ws_md).map_err(io_at(&upper, "mirror workspace root"))?;
-        let trash = dir.join("trash");
+        crate::session::mirror_root(&upper, &ws_md).map_err(at(&upper, "mirror workspace root"))?;
+        let trash = dir.join(layout::TRASH);
         Ok(TxDir { id, dir, upper, work, trash, _owner: owner })
     }
 }
 
-/// For tests of what waits for a warm server ([`wait_unlocked`]): its lock, and the check.
+impl StateDir {
+    /// Take the owner lock of a transaction directory (blocking: the run that recycled a
+    /// spare this process just claimed releases its lock right after).
+    fn lock_owner(&self, id: &str) -> Result<Lock, StateError> {
+        let path = self.tx_dir(id).join(layout::OWNER_LOCK);
+        let fd = fsx::open_beneath(
+            self.fd(),
+            &Self::tx_rel(id, layout::OWNER_LOCK),
+            OFlags::RDWR | OFlags::CREATE,
+            Mode::from_raw_mode(0o600),
+        )
+        .map_err(at(&path, "open lock"))?;
+        rustix::fs::flock(&fd, FlockOperation::LockExclusive).map_err(at(&path, "lock"))?;
+        Ok(Lock { _file: File::from(fd) })
+    }
+}
+
+/// For tests of what waits for a warm server ([`fsx::wait_unlocked`]): its lock, and the check.
 #[cfg(test)]
 pub(crate) mod lock_tests {
     use super::*;
@@ -638,152 +1189,4 @@ pub(crate) mod lock_tests {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::lock_tests::{held_as_a_warm_server_does, waits_for_release};
-    use super::*;
-
-    #[test]
-    fn a_spare_still_locked_by_a_warm_server_is_taken_only_once_released() -> Result<(), StateError> {
-        let root = std::env::temp_dir().join(format!("txbox-spare-lock-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        std::fs::create_dir_all(&root).map_err(io_at(&root, "mkdir"))?;
-        let state = StateDir { root: root.join("state") };
-        state.ensure()?;
-        let a = TxDir::create(&state, &root, "run")?;
-        let held = held_as_a_warm_server_does(&a.work).map_err(io_at(&a.work, "flock"))?;
-        let spare_work = a.work.clone();
-        assert!(state.recycle_tx(&a.id));
-        drop(a);
-        let (st, ws) = (state.clone(), root.clone());
-        let b = waits_for_release(
-            held,
-            move || TxDir::create(&st, &ws, "run"),
-            || {
-                assert!(!spare_work.exists(), "the claim renamed the spare before waiting");
-            },
-        )?;
-        assert!(b.work.is_dir());
-        drop(b);
-        std::fs::remove_dir_all(&root).map_err(io_at(&root, "cleanup"))
-    }
-
-    #[test]
-    fn an_empty_run_directory_serves_the_next_run_and_nothing_else() -> Result<(), StateError> {
-        use std::os::unix::fs::MetadataExt;
-        let root = std::env::temp_dir().join(format!("txbox-spare-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        std::fs::create_dir_all(&root).map_err(io_at(&root, "mkdir"))?;
-        let state = StateDir { root: root.join("state") };
-        state.ensure()?;
-        let ws = root.join("ws");
-        std::fs::create_dir_all(&ws).map_err(io_at(&ws, "mkdir"))?;
-        let ino = |p: &Path| std::fs::metadata(p).map(|m| m.ino()).unwrap_or(0);
-
-        // A run that wrote nothing (overlayfs left its empty work/work and its uuid on the
-        // upper root): kept, then reused.
-        // As root, the first workspace belongs to someone else: the spare must not carry that
-        // owner over to the next workspace (overlay shows it as the root's, a commit copies it).
-        let root_user = rustix::process::geteuid().is_root();
-        if root_user {
-            std::os::unix::fs::chown(&ws, Some(1000), Some(1000)).map_err(io_at(&ws, "chown"))?;
-        }
-        let a = TxDir::create(&state, &ws, "run")?;
-        if root_user {
-            let up = std::fs::metadata(&a.upper).map_err(io_at(&a.upper, "stat"))?;
-            assert_eq!((up.uid(), up.gid()), (1000, 1000), "a fresh upper takes the workspace's owner");
-        }
-        std::fs::create_dir(a.work.join("work")).map_err(io_at(&a.work, "mkdir"))?;
-        rustix::fs::lsetxattr(&a.upper, "user.overlay.uuid", b"0123", rustix::fs::XattrFlags::empty())
-            .map_err(|e| io_at(&a.upper, "xattr")(e.into()))?;
-        let upper_ino = ino(&a.upper);
-        assert!(state.recycle_tx(&a.id));
-        drop(a);
-        assert!(state.abandoned()?.is_empty(), "a spare is not an abandoned transaction");
-        state.collect_garbage(std::time::Duration::ZERO)?;
-        let b = TxDir::create(&state, &root, "run")?;
-        assert_eq!(ino(&b.upper), upper_ino, "the spare was not reused");
-        assert_eq!(TxMeta::read(&b.dir)?.workspace, root, "meta not rewritten");
-        let (up, want) = (
-            std::fs::metadata(&b.upper).map_err(io_at(&b.upper, "stat"))?,
-            std::fs::metadata(&root).map_err(io_at(&root, "stat"))?,
-        );
-        assert_eq!(
-            (up.uid(), up.gid(), up.mode()),
-            (want.uid(), want.gid(), want.mode()),
-            "the spare's upper mirrors the new workspace root"
-        );
-        assert!(std::fs::read_dir(&b.upper).map(|mut d| d.next().is_none()).unwrap_or(false));
-
-        // What a run left behind keeps a directory from serving again.
-        std::fs::write(b.upper.join("f"), "x").map_err(io_at(&b.upper, "write"))?;
-        assert!(!state.recycle_tx(&b.id));
-        std::fs::remove_file(b.upper.join("f")).map_err(io_at(&b.upper, "rm"))?;
-        rustix::fs::lsetxattr(&b.upper, "user.overlay.opaque", b"y", rustix::fs::XattrFlags::empty())
-            .map_err(|e| io_at(&b.upper, "xattr")(e.into()))?;
-        assert!(!state.recycle_tx(&b.id), "an opaque upper would hide the workspace");
-        drop(b);
-        let c = TxDir::create(&state, &ws, "run")?;
-        std::fs::create_dir(&c.trash).map_err(io_at(&c.trash, "mkdir"))?;
-        assert!(!state.recycle_tx(&c.id));
-        drop(c);
-        // Nor anything overlayfs's work directory still holds, nor a work that is no directory.
-        for leftover in ["work/x", "index", "link"] {
-            let d = TxDir::create(&state, &ws, "run")?;
-            std::fs::create_dir_all(d.work.join("work")).map_err(io_at(&d.work, "mkdir"))?;
-            if leftover == "link" {
-                std::fs::remove_dir_all(&d.work).map_err(io_at(&d.work, "rm"))?;
-                std::os::unix::fs::symlink(&d.upper, &d.work).map_err(io_at(&d.work, "symlink"))?;
-            } else {
-                std::fs::create_dir(d.work.join(leftover)).map_err(io_at(&d.work, "mkdir"))?;
-            }
-            assert!(!state.recycle_tx(&d.id), "work holding {leftover} was kept as a spare");
-        }
-
-        // No more than SPARES are kept.
-        let runs: Vec<TxDir> = (0..SPARES + 1).map(|_| TxDir::create(&state, &ws, "run")).collect::<Result<_, _>>()?;
-        let kept = runs.iter().filter(|t| state.recycle_tx(&t.id)).count();
-        assert_eq!(kept, SPARES);
-        std::fs::remove_dir_all(&root).map_err(io_at(&root, "cleanup"))?;
-        Ok(())
-    }
-
-    #[test]
-    fn commit_log_is_read_from_its_tail_with_the_same_answers() -> Result<(), StateError> {
-        let root = std::env::temp_dir().join(format!("txbox-commitlog-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&root);
-        let state = StateDir { root: root.clone() };
-        state.ensure()?;
-        let ws = Path::new("/w");
-        assert_eq!(state.commits_since(ws, 0)?, (0, Vec::new()));
-        // Enough entries, with long paths, that the tail reader must widen its window.
-        for g in 1..=3000u64 {
-            let paths = vec![PathBuf::from(format!("dir{g}/{}", "x".repeat(40))), PathBuf::from(format!("f{g}"))];
-            assert_eq!(state.log_commit(ws, &paths)?, g);
-        }
-        assert_eq!(state.generation(ws)?, 3000);
-        for since in [0u64, 1, 1234, 2999, 3000] {
-            let (g, paths) = state.commits_since(ws, since)?;
-            assert_eq!(g, 3000);
-            let want: Vec<PathBuf> = (since + 1..=3000).map(|g| PathBuf::from(format!("f{g}"))).collect();
-            // The `f<g>` path of each entry (Path::starts_with compares whole components).
-            let got: Vec<PathBuf> =
-                paths.into_iter().filter(|p| p.to_str().is_some_and(|s| s.starts_with('f'))).collect();
-            assert!(
-                got == want,
-                "since {since}: {} paths, first {:?}, want {} from {:?}",
-                got.len(),
-                got.first(),
-                want.len(),
-                want.first()
-            );
-        }
-        // A line cut by a crash (no newline) is no commit.
-        let log = state.commit_log(ws);
-        let mut f = std::fs::OpenOptions::new().append(true).open(&log).map_err(io_at(&log, "open"))?;
-        std::io::Write::write_all(&mut f, b"3001 6631").map_err(io_at(&log, "append"))?;
-        assert_eq!(state.generation(ws)?, 3000);
-        assert!(state.commits_since(ws, 3000)?.1.is_empty());
-        let _ = std::fs::remove_dir_all(&root);
-        Ok(())
-    }
-}
+mod tests;

@@ -8,7 +8,9 @@ use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 use txbox_txn::commit::{self, CommitError, CommitTarget, CrashHook};
-use txbox_txn::state::{StateDir, TxMeta};
+use txbox_txn::layout::TxKind;
+use txbox_txn::seal::Key;
+use txbox_txn::state::{StateDir, TxDir};
 
 fn digest(root: &Path) -> BTreeMap<Vec<u8>, String> {
     fn walk(root: &Path, dir: &Path, out: &mut BTreeMap<Vec<u8>, String>) {
@@ -49,12 +51,10 @@ fn build(root: &Path) -> Option<(PathBuf, StateDir, String)> {
     write(&ws.join("typechange"), "was a file");
     write(&ws.join("gone.txt"), "bye");
     std::os::unix::fs::symlink("src/f0.rs", ws.join("link")).unwrap();
-    let state = StateDir { root: root.join("state") };
-    state.ensure().unwrap();
-    let id = "00000000000000aa".to_string();
+    let state = StateDir::open_with_key(&root.join("state"), Key::from_bytes([9; 32])).unwrap();
+    // A run's directory whose process is gone (its lock released).
+    let id = TxDir::create(&state, &ws, TxKind::Run).unwrap().id.clone();
     let tx = state.tx_dir(&id);
-    std::fs::create_dir_all(&tx).unwrap();
-    TxMeta { workspace: ws.clone(), kind: "run".into() }.write(&tx).unwrap();
     let up = tx.join("upper");
     std::fs::create_dir_all(&up).unwrap();
     std::fs::set_permissions(&up, std::fs::Permissions::from_mode(std::fs::metadata(&ws).unwrap().mode() & 0o7777))
@@ -94,7 +94,14 @@ fn commit_with(ws: &Path, state: &StateDir, id: &str, hook: &mut CrashHook) -> R
     let upper = tx.join("upper");
     let cs = txbox_txn::classify(&upper, ws, &HashSet::new()).unwrap();
     let record = state.record_path(id);
-    let target = CommitTarget { tx: id, workspace: ws, upper: &upper, trash: &tx.join("trash"), record: &record };
+    let target = CommitTarget {
+        tx: id,
+        workspace: ws,
+        upper: &upper,
+        trash: &tx.join("trash"),
+        record: &record,
+        seal: state.seal(),
+    };
     commit::commit(&target, &cs, hook)
 }
 

@@ -80,8 +80,10 @@ impl ServerArgs {
 }
 
 /// Entry point of `txbox __warm`. Never returns. Nobody reads its output: a server that cannot
-/// start simply is not there, and its clients build their own sandboxes.
-pub fn main(args: &[OsString]) -> ! {
+/// start simply is not there, and its clients build their own sandboxes. `retired`: where, in
+/// the state directory, finished transactions leave directories for it to delete when idle
+/// (the caller knows the state directory's layout; this crate does not).
+pub fn main(args: &[OsString], retired: &Path) -> ! {
     let Ok(args) = ServerArgs::from_args(args) else { stage2::exit(2) };
     // The spawner waits for this first process only; the server proper is its child, which
     // leaves the spawner's session so terminal signals do not reach it.
@@ -95,7 +97,7 @@ pub fn main(args: &[OsString]) -> ! {
     let _ = rustix::process::chdir("/");
     // Its name in `ps`/`top` (the command line says the rest).
     let _ = rustix::thread::set_name(c"txbox-warm");
-    match serve(&args) {
+    match serve(&args, retired) {
         Ok(()) => stage2::exit(0),
         Err(_) => stage2::exit(1),
     }
@@ -116,7 +118,7 @@ fn record_failure(dir: &OwnedFd, name: &OsString, e: &StepError) {
 
 /// The host side of the server (S in the module diagram). The order of the steps is the
 /// documentation.
-fn serve(args: &ServerArgs) -> Result<(), StepError> {
+fn serve(args: &ServerArgs, retired: &Path) -> Result<(), StepError> {
     // 1. One server per socket: the lock is held by this process and its init for their lives.
     let lock_path = with_suffix(&args.socket, ".lock");
     let lock =
@@ -131,7 +133,7 @@ fn serve(args: &ServerArgs) -> Result<(), StepError> {
     let dir_fd = rustix::fs::open(dir, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
         .map_err(at(format!("open {}", dir.display())))?;
     let name = args.socket.file_name().map(|n| n.to_os_string()).unwrap_or_default();
-    let served = listen_build_and_serve(args, &dir_fd, &name);
+    let served = listen_build_and_serve(args, retired, &dir_fd, &name);
     if let Err(e) = &served {
         record_failure(&dir_fd, &name, e);
     }
@@ -140,7 +142,12 @@ fn serve(args: &ServerArgs) -> Result<(), StepError> {
 }
 
 /// Steps 2 to 5 of `serve`: listen, build the sandbox, let its init serve until it is done.
-fn listen_build_and_serve(args: &ServerArgs, dir_fd: &OwnedFd, name: &OsString) -> Result<(), StepError> {
+fn listen_build_and_serve(
+    args: &ServerArgs,
+    retired: &Path,
+    dir_fd: &OwnedFd,
+    name: &OsString,
+) -> Result<(), StepError> {
     let spec = &args.spec;
     let _ = rustix::fs::unlinkat(dir_fd, name.as_os_str(), rustix::fs::AtFlags::empty());
     let listener = rustix::net::socket_with(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC, None)
@@ -158,7 +165,7 @@ fn listen_build_and_serve(args: &ServerArgs, dir_fd: &OwnedFd, name: &OsString) 
     // 3. Namespaces, private copies of the two trees every transaction's layers come from,
     //    and every mount that does not depend on the transaction.
     stage2::enter_namespaces(spec)?;
-    let roots = Roots::clone_from(&args.state, &spec.workspace)?;
+    let roots = Roots::clone_from(&args.state, &spec.workspace, retired)?;
     let plan = MountPlan::for_warm(spec);
     let mut pins = Pins::default();
     for p in plan.base.sources() {
@@ -208,10 +215,12 @@ struct Roots {
     state_path: PathBuf,
     state: OwnedFd,
     workspace: OwnedFd,
+    /// Where retired transaction directories wait, relative to `state`.
+    retired: PathBuf,
 }
 
 impl Roots {
-    fn clone_from(state: &Path, workspace: &Path) -> Result<Roots, StepError> {
+    fn clone_from(state: &Path, workspace: &Path, retired: &Path) -> Result<Roots, StepError> {
         use rustix::mount::OpenTreeFlags;
         let clone = |p: &Path| {
             rustix::mount::open_tree(
@@ -221,7 +230,12 @@ impl Roots {
             )
             .map_err(at(format!("clone {}", p.display())))
         };
-        Ok(Roots { state_path: state.to_path_buf(), state: clone(state)?, workspace: clone(workspace)? })
+        Ok(Roots {
+            state_path: state.to_path_buf(),
+            state: clone(state)?,
+            workspace: clone(workspace)?,
+            retired: retired.to_path_buf(),
+        })
     }
 
     /// A directory of a transaction (upper, work, a layer) beneath the state directory,
@@ -244,15 +258,15 @@ impl Roots {
     /// Delete retired transaction directories until a client knocks on `listener`. Returns
     /// whether none is left.
     fn collect_garbage(&self, listener: &OwnedFd) -> bool {
-        let Ok(tx) = rustix::fs::openat(
+        let Ok(retired) = rustix::fs::openat(
             &self.state,
-            "tx",
+            &self.retired,
             OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
             Mode::empty(),
         ) else {
             return true;
         };
-        super::gc::collect(&tx, &mut || {
+        super::gc::collect(&retired, &mut || {
             let mut fds = [PollFd::new(listener, PollFlags::IN)];
             matches!(rustix::event::poll(&mut fds, Some(&rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 })), Ok(n) if n > 0)
         })

@@ -1,0 +1,69 @@
+#!/usr/bin/env python3
+"""Interleaved A/B of `txbox run` between two binaries (or more), per docs/BENCHMARKS.md's method.
+
+    bench/ab.py --rounds 15 --per-round 20 before=/path/to/old/txbox after=target/release/txbox
+
+Each variant gets its own scratch workspace and state directory (`--state-dir`; a variant named
+`NAME:default` uses the default state directory instead, with HOME set to a scratch home), one
+untimed warm-up, then rounds in rotating order (A B, B A, ...), each round `--per-round` timed
+runs of the command. Prints the median per variant and its difference and ratio to the first.
+"""
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("variants", nargs="+", help="NAME=BINARY or NAME:default=BINARY")
+    ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--per-round", type=int, default=20)
+    ap.add_argument("--command", default="true", help="argv of the command, split on spaces")
+    args = ap.parse_args()
+    root = tempfile.mkdtemp(prefix="txbox-ab-", dir="/var/tmp")
+    variants = []
+    for spec in args.variants:
+        name, binary = spec.split("=", 1)
+        default = name.endswith(":default")
+        d = os.path.join(root, name.replace(":", "-"))
+        os.makedirs(os.path.join(d, "ws"))
+        os.makedirs(os.path.join(d, "state"))
+        os.makedirs(os.path.join(d, "home"))
+        env = dict(os.environ, HOME=os.path.join(d, "home"))
+        env.pop("XDG_STATE_HOME", None)
+        env.pop("TXBOX_STATE_DIR", None)
+        argv = [os.path.abspath(binary)]
+        if not default:
+            argv += ["--state-dir", os.path.join(d, "state")]
+        argv += ["run", "-C", os.path.join(d, "ws"), "--"] + args.command.split()
+        variants.append((name, argv, env, []))
+
+    def once(argv, env):
+        t = time.perf_counter()
+        subprocess.run(argv, env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return time.perf_counter() - t
+
+    for _, argv, env, _ in variants:
+        for _ in range(3):  # warm-up: state directory, warm server
+            once(argv, env)
+        time.sleep(0.2)
+    for r in range(args.rounds):
+        k = r % len(variants)
+        for name, argv, env, times in variants[k:] + variants[:k]:
+            times.extend(once(argv, env) for _ in range(args.per_round))
+    base = statistics.median(variants[0][3])
+    print(f"{'variant':<10} {'median ms':>10} {'diff ms':>9} {'ratio':>7}  (n={len(variants[0][3])} each)")
+    for name, _, _, times in variants:
+        m = statistics.median(times)
+        print(f"{name:<10} {m * 1e3:>10.3f} {(m - base) * 1e3:>+9.3f} {m / base:>7.3f}")
+    time.sleep(1)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
