@@ -606,6 +606,10 @@ pub fn classify_abs(p: &Path, children: bool, ctx: &Context) -> ClassSet {
         set.remove(PathClass::System);
         set.remove(PathClass::SystemDir);
     }
+    // A process's environment holds its credentials.
+    if first == Some("proc") && comps.len() == 3 && comps[2] == "environ" {
+        set.insert(PathClass::Secret);
+    }
     // A secret, or a directory that holds one (`tar c /etc/ssh`, `tar c ~`).
     if SECRET_ABS.iter().any(|s| under(&pstr, s) || under(s, &pstr))
         || homes.iter().any(|h| under(&h.to_string_lossy(), &pstr))

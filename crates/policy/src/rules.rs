@@ -450,7 +450,11 @@ impl<'a> CmdView<'a> {
                     }
                 }
                 let d = dyn_at.map(|d| d.saturating_sub(off));
-                v.push(paths::classify(text, d, self.cmd.cwd.as_deref(), self.ctx));
+                let mut info = paths::classify(text, d, self.cmd.cwd.as_deref(), self.ctx);
+                if self.cmd.secret_args.contains(&k) {
+                    info.classes.insert(PathClass::Secret);
+                }
+                v.push(info);
             }
             v
         })
@@ -504,6 +508,11 @@ impl<'a> CmdView<'a> {
                     classes: ClassSet::of(&[PathClass::Secret]),
                     scope: Scope::Full,
                 };
+                if src.program() == "gpg"
+                    && src.argv.iter().any(|a| a == "--export-secret-keys" || a == "--export-secret-subkeys")
+                {
+                    v.push(secret("the GnuPG secret keys".into()));
+                }
                 if matches!(src.program(), "env" | "printenv" | "set" | "export" | "declare")
                     && src.argv.len() <= 2
                     && src.argv.get(1).is_none_or(|a| a.starts_with('-'))
@@ -549,7 +558,7 @@ fn secret_name(name: &str) -> bool {
 }
 
 /// The path inside an argument: `of=/dev/sda` → `/dev/sda`, `@file` → `file`, `f=@x` → `x`.
-fn path_candidate(a: &str) -> (&str, usize) {
+pub(crate) fn path_candidate(a: &str) -> (&str, usize) {
     if let Some(i) = a.find("=@") {
         return (&a[i + 2..], i + 2);
     }

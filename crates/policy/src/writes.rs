@@ -40,6 +40,8 @@ fn valued(prog: &str) -> &'static [&'static str] {
         ],
         "scp" => &["-P", "-i", "-o", "-F", "-c", "-l", "-S", "-J"],
         "sed" => &["-e", "--expression", "-f", "--file", "-l", "--line-length"],
+        "perl" => &["-e", "-E", "-M", "-I"],
+        "touch" => &["-d", "--date", "-t", "-r", "--reference"],
         "truncate" => &["-s", "--size", "-r", "--reference"],
         "tee" => &[],
         _ => &[],
@@ -131,7 +133,18 @@ pub(crate) fn written(argv: &[String]) -> Vec<Operand> {
             let scripted = argv.iter().any(|a| matches!(a.as_str(), "-e" | "--expression" | "-f" | "--file"));
             ops.into_iter().skip(if scripted { 0 } else { 1 }).map(at).collect()
         }
-        "curl" | "sort" => option_values(argv, &["-o", "--output"]),
+        "curl" | "sort" | "fetch" => option_values(argv, &["-o", "--output"]),
+        "touch" => operands(argv, prog).into_iter().map(at).collect(),
+        // In-place edits: `perl -pi -e CODE FILE…`, `awk -i inplace PROG FILE…`.
+        "perl" if argv.iter().any(|a| a == "-i" || a.starts_with("-i")) => {
+            let ops = operands(argv, prog);
+            let coded = argv.iter().any(|a| a == "-e" || a == "-E");
+            ops.into_iter().skip(if coded { 0 } else { 1 }).map(at).collect()
+        }
+        "awk" | "gawk" if argv.windows(2).any(|w| w[0] == "-i" && w[1] == "inplace") => {
+            let ops: Vec<usize> = operands(argv, prog).into_iter().filter(|k| argv[*k] != "inplace").collect();
+            ops.into_iter().skip(1).map(at).collect()
+        }
         "wget" => {
             let mut v = option_values(argv, &["-O", "--output-document", "-P", "--directory-prefix"]);
             v.retain(|o| argv[o.index].get(o.offset..) != Some("-"));
@@ -169,5 +182,10 @@ mod tests {
         assert_eq!(w("curl --output=out https://x"), ["out"]);
         assert_eq!(w("wget -O - https://x"), Vec::<String>::new());
         assert_eq!(w("truncate -s 0 /var/log/wtmp"), ["/var/log/wtmp"]);
+        assert_eq!(w("touch -d 2020-01-01 /etc/nologin"), ["/etc/nologin"]);
+        assert_eq!(w("perl -p -i -e s/a/b/ /etc/hosts"), ["/etc/hosts"]);
+        assert_eq!(w("perl -e print"), Vec::<String>::new());
+        assert_eq!(w("awk -i inplace {print} /etc/hosts"), ["/etc/hosts"]);
+        assert_eq!(w("fetch -o /tmp/x https://x"), ["/tmp/x"]);
     }
 }

@@ -31,6 +31,54 @@ impl super::statics::Files for Extractor<'_> {
     }
 }
 
+impl Extractor<'_> {
+    /// Mark the arguments of `c` that name a copy of a secret; when `c` reads a secret and
+    /// writes files, remember them as copies.
+    pub(super) fn follow_secrets(&mut self, c: &mut Cmd) {
+        let operands = || c.argv.iter().enumerate().skip(1).filter(|(_, a)| !a.starts_with('-'));
+        if !self.secret_copies.is_empty() {
+            let marked: Vec<usize> = operands()
+                .filter(|(_, a)| {
+                    let (text, _) = crate::rules::path_candidate(a);
+                    self.resolve(text, c.cwd.as_deref()).is_some_and(|p| self.secret_copies.contains(&p))
+                })
+                .map(|(k, _)| k)
+                .collect();
+            c.secret_args.extend(marked);
+        }
+        let written: Vec<String> = c
+            .redirects
+            .iter()
+            .filter(|r| r.write && r.dyn_at.is_none())
+            .map(|r| r.target.clone())
+            .chain(
+                crate::writes::written(&c.argv)
+                    .iter()
+                    .filter_map(|o| c.argv.get(o.index).and_then(|a| a.get(o.offset..)).map(str::to_string)),
+            )
+            .collect();
+        if written.is_empty() {
+            return;
+        }
+        let secret = |text: &str, d: Option<usize>| {
+            paths::classify(text, d, c.cwd.as_deref(), self.ctx).classes.contains(paths::PathClass::Secret)
+        };
+        let reads_secret = !c.secret_args.is_empty()
+            || operands().any(|(k, a)| {
+                let (text, off) = crate::rules::path_candidate(a);
+                secret(text, c.dyn_at.get(k).copied().flatten().map(|d| d.saturating_sub(off)))
+            })
+            || c.redirects.iter().any(|r| !r.write && secret(&r.target, r.dyn_at));
+        if reads_secret {
+            for f in written {
+                if let Some(p) = self.resolve(&f, c.cwd.as_deref()) {
+                    self.secret_copies.push(p);
+                }
+            }
+        }
+    }
+}
+
 /// Longest script content kept for later runs.
 const MAX_SCRIPT: usize = 64 * 1024;
 
@@ -150,6 +198,7 @@ impl Extractor<'_> {
             "wget" => !c.argv.iter().any(|a| a == "-O" || a == "--output-document" || a.starts_with("-O")),
             "curl" => c.argv.iter().any(|a| a == "-O" || a == "--remote-name" || a == "--remote-name-all"),
             "aria2c" => !c.argv.iter().any(|a| a == "-o" || a == "--out"),
+            "fetch" => !c.argv.iter().any(|a| a == "-o"),
             _ => false,
         };
         if saves_remote_name {

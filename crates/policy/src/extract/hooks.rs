@@ -156,6 +156,24 @@ fn call_literals(code: &str, calls: &[&str]) -> Vec<String> {
             }
         }
     }
+    // Perl's `qx(…)`, `qx{…}`, `qx/…/` run a shell.
+    let mut from = 0;
+    while let Some(i) = code[from..].find("qx") {
+        let at = from + i + 2;
+        from = at;
+        let Some(open) = code[at..].chars().next() else { break };
+        let close = match open {
+            '(' => ')',
+            '{' => '}',
+            '[' => ']',
+            '<' => '>',
+            '/' | '!' | '|' | '#' => open,
+            _ => continue,
+        };
+        if let Some(end) = code[at + open.len_utf8()..].find(close) {
+            out.push(code[at + open.len_utf8()..at + open.len_utf8() + end].to_string());
+        }
+    }
     // Backticks run a shell in Perl and Ruby.
     let mut parts = code.split('`');
     parts.next();
@@ -306,6 +324,7 @@ mod tests {
         assert_eq!(code("python3\u{1}-c\u{1}import os; os.system('id')"), ["id"]);
         assert_eq!(code("perl\u{1}-e\u{1}exec \"id\""), ["id"]);
         assert_eq!(code("ruby\u{1}-e\u{1}`id`"), ["id"]);
+        assert_eq!(code("perl\u{1}-e\u{1}qx(id -u)"), ["id -u"]);
         assert_eq!(code("python3\u{1}-c\u{1}print(1)"), Vec::<String>::new());
         assert_eq!(code("python3\u{1}-c\u{1}os.system(\"r\" + \"m -rf /\")"), ["rm -rf /"]);
         assert_eq!(code("perl\u{1}-e\u{1}system \"rm\", \"-rf\", \"/\""), ["rm -rf /"]);

@@ -68,6 +68,8 @@ pub(crate) struct Cmd {
     /// pipeline stage, substitutions in its words and redirections, and the substitutions a
     /// variable it expands was assigned from. Rules follow them to see what data it receives.
     pub feeds: Vec<usize>,
+    /// Indices of arguments naming a file an earlier command copied a secret into.
+    pub secret_args: Vec<usize>,
 }
 
 impl Cmd {
@@ -125,6 +127,8 @@ pub(crate) struct Extractor<'a> {
     downloads: Vec<(PathBuf, String)>,
     /// Files written with content known statically (`echo … > f`, `cat > f <<EOF`).
     scripts: Vec<(PathBuf, String)>,
+    /// Files a command wrote while reading a secret (`cp ~/.ssh/id_rsa /tmp/k`).
+    secret_copies: Vec<PathBuf>,
     /// Here-document bodies taken out before parsing, by marker number (`heredoc`).
     bodies: Vec<String>,
     /// Whether to take here-document bodies out before parsing (off only to compare).
@@ -262,6 +266,7 @@ impl<'a> Extractor<'a> {
             var_feeds: HashMap::new(),
             downloads: Vec::new(),
             scripts: Vec::new(),
+            secret_copies: Vec::new(),
             bodies: Vec::new(),
             elide: true,
         }
@@ -269,6 +274,7 @@ impl<'a> Extractor<'a> {
 
     pub(super) fn push(&mut self, mut c: Cmd) {
         self.follow_downloads(&mut c);
+        self.follow_secrets(&mut c);
         let script = self.script_run(&c);
         if self.out.len() < MAX_CMDS {
             self.out.push(c);

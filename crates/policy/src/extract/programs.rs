@@ -141,6 +141,12 @@ impl Extractor<'_> {
                 if !w.sources.is_empty() {
                     cmd.code_from.extend(w.sources.iter().cloned());
                 }
+                // Inline code that executes what it reads on stdin runs what is piped in.
+                const STDIN: &[&str] =
+                    &["sys.stdin", "<STDIN>", "STDIN.read", "$stdin", "process.stdin", "php://stdin"];
+                if STDIN.iter().any(|s| w.text.contains(s)) {
+                    cmd.code_from.extend(raw.stdin_from.iter().cloned());
+                }
                 cmd.opaque = Some(format!("`{prog}` runs inline code the engine cannot see through"));
                 self.push(cmd);
             }
@@ -249,6 +255,10 @@ impl Extractor<'_> {
             // With -0 only NULs separate items: `echo 'rm -rf /' | xargs -0 sh -c` is one.
             (None, Some(t)) if !raw.stdin_other && null => {
                 t.split('\0').filter(|s| !s.is_empty()).take(16).map(EWord::lit).collect()
+            }
+            // With -I each line is one item.
+            (None, Some(t)) if !raw.stdin_other && replace.is_some() => {
+                t.lines().map(str::trim).filter(|s| !s.is_empty()).take(16).map(EWord::lit).collect()
             }
             (None, Some(t)) if !raw.stdin_other => t.split_whitespace().take(16).map(EWord::lit).collect(),
             (None, _) => vec![EWord { text: "{xargs}".into(), dyn_at: Some(0), sources: raw.stdin_from.clone() }],
