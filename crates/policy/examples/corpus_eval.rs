@@ -412,8 +412,10 @@ fn main() {
          purpose. The agent commands are evaluated in the workspace each benchmark prepares (`/app`, \
          InterCode's `/testbed`, `/system`, `/workspace`): most of those still denied write to `/etc`, \
          `/usr/local/bin` or `/`, or move the workspace's files out of it.\n\n\
-         The deny-worthy set grew in rounds: four rounds of new variants, written before looking at the \
-         rules, were denied at 88%, 87%, 91% and 88% before the rules were generalized to cover them; expect a \
+         The deny-worthy set grew in rounds: five rounds of new variants, written before looking at the \
+         rules, were denied at 88%, 87%, 91%, 88% and 72% (the last one reaching for exotic forms) before \
+         the rules were generalized to cover them (the few left uncovered are listed as comments in the \
+         class files); expect a \
          held-out set nearer those figures than 100%.\n"
     );
     if verbose {

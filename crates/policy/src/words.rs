@@ -49,6 +49,8 @@ fn no_eval(_: &str) -> Option<String> {
 pub(crate) struct Vars {
     pub map: HashMap<String, Var>,
     pub positional: Vec<String>,
+    /// `$0`, when a `sh -c CODE NAME …` names it.
+    pub arg0: Option<String>,
     pub home: Option<String>,
     pub pwd: Option<String>,
 }
@@ -438,6 +440,7 @@ fn lookup(name: &str, vars: &Vars) -> Option<String> {
                 if n >= 1 {
                     return vars.positional.get(n - 1).cloned();
                 }
+                return vars.arg0.clone();
             }
             None
         }

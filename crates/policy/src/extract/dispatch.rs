@@ -17,7 +17,12 @@ impl Extractor<'_> {
         if !first.is_static() {
             let argv: Vec<String> = raw.words.iter().map(|w| w.text.clone()).collect();
             let why = format!("the program `{}` is not known statically", first.text);
+            let n = self.out.len();
             self.opaque(argv, why);
+            // An unknown program (`$SHELL`) may be a shell: what is piped in may be its code.
+            if let Some(c) = self.out.get_mut(n) {
+                c.code_from.clone_from(&raw.stdin_from);
+            }
             return;
         }
         let path = first.text.clone();
@@ -95,10 +100,43 @@ impl Extractor<'_> {
                     self.shell_code(&args[0].clone(), Vec::new());
                 }
             }
+            // `read` / `mapfile` from text known statically (`<<< 'rm -rf /'`) know their values.
             "read" | "mapfile" | "readarray" => {
-                for w in rest.iter().filter(|w| !w.text.starts_with('-')) {
-                    self.vars.map.insert(w.text.clone(), Var::Dynamic);
+                let names: Vec<String> =
+                    rest.iter().filter(|w| !w.text.starts_with('-')).map(|w| w.text.clone()).collect();
+                let text = raw.input.as_deref().filter(|_| !raw.stdin_other && rest.iter().all(|w| w.is_static()));
+                let values: Vec<Var> = match (prog.as_str(), text) {
+                    ("read", Some(t)) => {
+                        let line = t.lines().next().unwrap_or_default().trim();
+                        let mut fields: Vec<String> = line.split_whitespace().map(str::to_string).collect();
+                        // The last name takes the rest of the line.
+                        let mut v = Vec::new();
+                        for k in 0..names.len() {
+                            if k + 1 == names.len() {
+                                v.push(Var::Static(std::mem::take(&mut fields).join(" ")));
+                            } else if !fields.is_empty() {
+                                v.push(Var::Static(fields.remove(0)));
+                            } else {
+                                v.push(Var::Static(String::new()));
+                            }
+                        }
+                        v
+                    }
+                    (_, Some(t)) => vec![Var::Array(t.lines().map(str::to_string).collect())],
+                    _ => Vec::new(),
+                };
+                for (k, n) in names.iter().enumerate() {
+                    self.vars.map.insert(n.clone(), values.get(k).cloned().unwrap_or(Var::Dynamic));
                 }
+            }
+            // `printf -v NAME FORMAT ARGS…` assigns what printf would print.
+            "printf" if rest.first().is_some_and(|w| w.text == "-v") && rest.len() >= 3 => {
+                let args: Vec<String> = rest[2..].iter().map(|w| w.text.clone()).collect();
+                let val = match super::statics::printf(&args) {
+                    Some(v) if rest.iter().all(|w| w.is_static()) => Var::Static(v),
+                    _ => Var::Dynamic,
+                };
+                self.vars.map.insert(rest[1].text.clone(), val);
             }
             "unset" => {
                 for w in rest {

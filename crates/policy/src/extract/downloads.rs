@@ -79,6 +79,31 @@ impl Extractor<'_> {
     }
 }
 
+impl Extractor<'_> {
+    /// `tar xf fetched.tgz -C DIR`, `unzip fetched.zip -d DIR`: DIR now holds downloaded files.
+    fn follow_unpacking(&mut self, c: &Cmd) {
+        let prog = c.program();
+        if !matches!(prog, "tar" | "bsdtar" | "gtar" | "unzip" | "7z" | "7za" | "bunzip2" | "gunzip" | "unxz") {
+            return;
+        }
+        let from = c.argv.iter().skip(1).find_map(|a| {
+            let p = self.resolve(a.strip_prefix("--file=").unwrap_or(a), c.cwd.as_deref())?;
+            self.downloads.iter().find(|(d, _)| *d == p).map(|(_, by)| by.clone())
+        });
+        let Some(by) = from else { return };
+        let dir_flag = if prog == "unzip" { ["-d", "-d"] } else { ["-C", "--directory"] };
+        let dir = c
+            .argv
+            .windows(2)
+            .find(|w| dir_flag.contains(&w[0].as_str()))
+            .map(|w| w[1].clone())
+            .or_else(|| c.cwd.as_ref().map(|p| p.to_string_lossy().into_owned()));
+        if let Some(p) = dir.and_then(|d| self.resolve(&d, c.cwd.as_deref())) {
+            self.download_trees.push((p, by));
+        }
+    }
+}
+
 /// Longest script content kept for later runs.
 const MAX_SCRIPT: usize = 64 * 1024;
 
@@ -150,7 +175,7 @@ impl Extractor<'_> {
     /// Record the files `c` writes with downloaded content, and mark `c` when it runs one.
     pub(super) fn follow_downloads(&mut self, c: &mut Cmd) {
         let prog = c.program().to_string();
-        if !self.downloads.is_empty() {
+        if !self.downloads.is_empty() || !self.download_trees.is_empty() {
             let mut run: Vec<&str> = Vec::new();
             if c.path.contains('/') {
                 run.push(&c.path);
@@ -169,7 +194,13 @@ impl Extractor<'_> {
             let hits: Vec<String> = run
                 .iter()
                 .filter_map(|t| self.resolve(t, c.cwd.as_deref()))
-                .filter_map(|p| self.downloads.iter().find(|(d, _)| *d == p).map(|(_, by)| by.clone()))
+                .filter_map(|p| {
+                    self.downloads
+                        .iter()
+                        .find(|(d, _)| *d == p)
+                        .or_else(|| self.download_trees.iter().find(|(d, _)| p.starts_with(d)))
+                        .map(|(_, by)| by.clone())
+                })
                 .collect();
             for by in hits {
                 if !c.code_from.contains(&by) {
@@ -177,6 +208,7 @@ impl Extractor<'_> {
                 }
             }
         }
+        self.follow_unpacking(c);
         let fetched = if DOWNLOADERS.contains(&prog.as_str()) {
             Some(prog.clone())
         } else if passes_through(&prog) {

@@ -125,6 +125,8 @@ pub(crate) struct Extractor<'a> {
     var_feeds: HashMap<String, Vec<usize>>,
     /// Files written with downloaded content (normalised path, downloading program).
     downloads: Vec<(PathBuf, String)>,
+    /// Directories a downloaded archive was unpacked into (everything below came from it).
+    download_trees: Vec<(PathBuf, String)>,
     /// Files written with content known statically (`echo … > f`, `cat > f <<EOF`).
     scripts: Vec<(PathBuf, String)>,
     /// Files a command wrote while reading a secret (`cp ~/.ssh/id_rsa /tmp/k`).
@@ -265,6 +267,7 @@ impl<'a> Extractor<'a> {
             feeds_acc: Vec::new(),
             var_feeds: HashMap::new(),
             downloads: Vec::new(),
+            download_trees: Vec::new(),
             scripts: Vec::new(),
             secret_copies: Vec::new(),
             bodies: Vec::new(),

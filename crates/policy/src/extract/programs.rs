@@ -130,6 +130,9 @@ impl Extractor<'_> {
             };
             if is_shell_code {
                 let positional: Vec<String> = rest.iter().skip(k + 2).map(|w| w.text.clone()).collect();
+                // `sh -c CODE NAME ARGS…`: NAME is `$0`.
+                let arg0 = rest.get(k + 1).filter(|w| w.is_static()).map(|w| w.text.clone());
+                let saved0 = std::mem::replace(&mut self.vars.arg0, arg0);
                 let mut w = w.clone();
                 // `sh -c "$(cat)"`: a filter in the code's substitution reads the shell's stdin.
                 if !w.sources.is_empty() && w.sources.iter().all(|p| super::walk::passes_through(p)) {
@@ -137,6 +140,7 @@ impl Extractor<'_> {
                 }
                 self.push(cmd);
                 self.shell_code(&w, positional);
+                self.vars.arg0 = saved0;
             } else {
                 if !w.sources.is_empty() {
                     cmd.code_from.extend(w.sources.iter().cloned());

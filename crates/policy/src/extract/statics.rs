@@ -204,7 +204,7 @@ fn unescape(s: &str) -> String {
 
 /// `printf FORMAT ARGS…`: `%s`, `%b`, `%d`, `%c`, `%%` and escapes; the format is reused
 /// while arguments remain, as printf does.
-fn printf(args: &[String]) -> Option<String> {
+pub(super) fn printf(args: &[String]) -> Option<String> {
     let (fmt, rest) = args.split_first()?;
     let fmt = unescape(fmt);
     let mut out = String::new();
