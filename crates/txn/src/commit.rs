@@ -7,7 +7,8 @@
 //!   again (recovery) completes exactly the missing steps; replaced objects wait in the upper
 //!   layer (swapped there by `RENAME_EXCHANGE`) and deleted ones in the trash until cleanup;
 //! - after the final sync: the record is deleted ("applied") and the tx directory removed;
-//!   a crash in between leaves only garbage that recovery removes.
+//!   a crash in between leaves only garbage that recovery removes. A retained transaction
+//!   ([`commit_retaining`]) moves its record into its directory instead of deleting it.
 
 use std::ffi::OsStr;
 use std::io;
@@ -62,7 +63,7 @@ impl CrashHook {
         CrashHook { stop_after: Some(n), exit_process: false, progress: None, calls: 0 }
     }
 
-    fn tick(&mut self) -> Result<(), CommitError> {
+    pub(crate) fn tick(&mut self) -> Result<(), CommitError> {
         self.calls += 1;
         if self.stop_after.is_some_and(|n| self.calls >= n) {
             if self.exit_process {
@@ -93,6 +94,26 @@ pub struct CommitTarget<'a> {
 /// Commit `cs` (classified from `target.upper`) into the workspace. On Ok the change set is in
 /// the workspace and durable; on Err before the commit point nothing was changed.
 pub fn commit(target: &CommitTarget<'_>, cs: &ChangeSet, hook: &mut CrashHook) -> Result<(), CommitError> {
+    commit_with(target, cs, None, hook)
+}
+
+/// [`commit`], keeping the applied record at `keep` (inside the transaction's directory)
+/// instead of deleting it: what [`crate::retain`] needs to undo the transaction later.
+pub fn commit_retaining(
+    target: &CommitTarget<'_>,
+    cs: &ChangeSet,
+    keep: &Path,
+    hook: &mut CrashHook,
+) -> Result<(), CommitError> {
+    commit_with(target, cs, Some(keep), hook)
+}
+
+fn commit_with(
+    target: &CommitTarget<'_>,
+    cs: &ChangeSet,
+    keep: Option<&Path>,
+    hook: &mut CrashHook,
+) -> Result<(), CommitError> {
     let steps = plan::plan(cs);
     if steps.is_empty() {
         return Ok(());
@@ -121,7 +142,10 @@ pub fn commit(target: &CommitTarget<'_>, cs: &ChangeSet, hook: &mut CrashHook) -
     journal::write_durably(target.record, &record, target.seal)?;
     // 5. Apply, 6. mark applied.
     apply_record(&record, hook)?;
-    finish(target.record, hook)
+    match keep {
+        None => finish(target.record, hook),
+        Some(keep) => finish_keeping(target.record, keep, hook),
+    }
 }
 
 /// Apply a commit record: every step at most once, whatever already happened.
@@ -146,6 +170,23 @@ pub fn finish(record: &Path, hook: &mut CrashHook) -> Result<(), CommitError> {
         Ok(()) => {}
         Err(e) if e.kind() == io::ErrorKind::NotFound => {}
         Err(e) => return Err(io_err("remove commit record", record)(e)),
+    }
+    if let Some(dir) = record.parent() {
+        std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io_err("sync journal dir", dir))?;
+    }
+    Ok(())
+}
+
+/// Mark a record applied by moving it to `keep` (the transaction's retained copy, on the same
+/// filesystem) instead of deleting it: the journal no longer holds it, which is what "applied"
+/// means, and the undo finds every step with its inode numbers there. A record already gone
+/// was marked applied before.
+pub fn finish_keeping(record: &Path, keep: &Path, hook: &mut CrashHook) -> Result<(), CommitError> {
+    hook.tick()?;
+    match std::fs::rename(record, keep) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io_err("keep commit record", record)(e)),
     }
     if let Some(dir) = record.parent() {
         std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io_err("sync journal dir", dir))?;

@@ -7,6 +7,8 @@
 //! - [`layout`] names everything in the state directory and chooses where it lives;
 //!   [`state`] keeps it (nothing read back is trusted: [`seal`] authenticates it);
 //!   [`session`] keeps a session's layers; [`audit`] keeps the hash-chained log;
+//! - [`retain`] keeps what a commit displaced, within a budget, so that [`undo`] can invert it
+//!   (as a transaction of its own, through the journal);
 //! - [`writeback`] flushes a long command's layer while it runs, ahead of the commit's flush;
 //! - [`fsx`] and [`hex`]: the crate's shared helpers (errors at a path, no-follow opens and
 //!   removal, hex encoding).
@@ -21,9 +23,11 @@ pub mod journal;
 pub mod layout;
 pub mod meta;
 pub mod plan;
+pub mod retain;
 pub mod seal;
 pub mod session;
 pub mod state;
+pub mod undo;
 pub mod writeback;
 
 use std::path::{Path, PathBuf};
@@ -49,6 +53,8 @@ pub enum RecoverError {
     Commit(#[from] CommitError),
     #[error(transparent)]
     Journal(#[from] journal::JournalError),
+    #[error(transparent)]
+    Undo(#[from] Box<undo::UndoError>),
 }
 
 /// How much recovery looked at: the entries of `journal` and `tx` it examined. It must not grow
@@ -96,9 +102,25 @@ pub fn recover_counting(
             }
         };
         commit::apply_record(&record, hook)?;
-        commit::finish(&record_path, hook)?;
-        state.remove_tx(&record.tx)?;
+        // A transaction prepared for undo keeps its record and its data (retain.rs); one that
+        // cannot be kept is removed as before, committed all the same.
+        if retain::prepared(state, &record.tx) {
+            commit::finish_keeping(&record_path, &retain::record_keep_path(state, &record.tx), hook)?;
+            if retain::keep_commit(state, &record.tx, None, &retain::KeepOptions::default()).is_err() {
+                state.remove_tx(&record.tx)?;
+            }
+        } else {
+            commit::finish(&record_path, hook)?;
+            state.remove_tx(&record.tx)?;
+        }
         out.push(Recovered::RolledForward { tx: record.tx, workspace: record.workspace });
+    }
+    // Undos past their commit point (their records in the journal), before discarding
+    // anything: an undo's trash holds what it took from the workspace.
+    for (tx, workspace) in
+        undo::apply::recover_pending(state, workspace, hook, &mut stats.looked_at).map_err(Box::new)?
+    {
+        out.push(Recovered::RolledForward { tx, workspace });
     }
     for tx in state.discard_abandoned(&mut stats.looked_at)? {
         out.push(Recovered::Discarded { tx });
