@@ -14,6 +14,7 @@ use txbox_txn::audit::{self, Counts};
 use txbox_txn::commit::{CommitError, CommitTarget};
 use txbox_txn::layout::TxKind;
 use txbox_txn::meta::display_rel;
+use txbox_txn::retain::{self, KeepOptions, Retention};
 use txbox_txn::session::Fingerprints;
 use txbox_txn::{ChangeSet, CrashHook, StateDir, TxDir};
 
@@ -153,6 +154,14 @@ pub struct RunResult {
     /// For `exec`: the step number this command ran as.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub step: Option<u32>,
+    /// For `undo`: the transactions it undid, newest first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub undone: Vec<String>,
+    /// Transactions that are no longer undoable because of this one: their retained data was
+    /// evicted (retention budget, or yielded to a nearly full disk); this one too if it could not
+    /// be retained.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub no_longer_undoable: Vec<String>,
 }
 
 impl RunResult {
@@ -176,6 +185,8 @@ impl RunResult {
             conflicts: Vec::new(),
             skipped: Vec::new(),
             step: None,
+            undone: Vec::new(),
+            no_longer_undoable: Vec::new(),
         }
     }
 }
@@ -291,6 +302,16 @@ impl Env {
         let _lock = self.state.lock_workspace(&self.workspace)?;
         txbox_txn::recover(&self.state, Some(&self.workspace), &mut CrashHook::default())?;
         Ok(self.state.generation(&self.workspace)?)
+    }
+
+    /// On a nearly full filesystem, retained undo data yields first (oldest first,
+    /// `txbox_txn::retain::yield_if_low`): the transactions no longer undoable. Costs one
+    /// `statvfs` when there is room.
+    pub fn yield_if_low(&self) -> Vec<String> {
+        match crate::retention::budget() {
+            Ok(b) if b.enabled() => retain::yield_if_low(&self.state, &b).unwrap_or_default(),
+            _ => Vec::new(),
+        }
     }
 
     fn cwd_for(&self, cwd: &Path) -> PathBuf {
@@ -485,10 +506,12 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
 
     // 2. Recover, 3. begin: the transaction's layers on the workspace's filesystem.
     let base_generation = env.recover()?;
+    let yielded = env.yield_if_low();
     timeline.mark("recover");
     let tx = TxDir::create(&env.state, &env.workspace, TxKind::Run)?;
     timeline.mark("begin");
     let mut r = RunResult::new(tx.id.clone(), evaluation.decision);
+    r.no_longer_undoable = yielded;
 
     // 4. Execute in the sandbox.
     let layers = Layers { lower: Vec::new(), upper: &tx.upper, work: &tx.work };
@@ -524,8 +547,16 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
     let target = Target { id: &tx.id, upper: &tx.upper, trash: &tx.trash };
     let committed = commit_upper(&env, &target, Base::Generation(base_generation));
     timeline.mark("commit");
-    settle(&mut r, committed);
-    drop_tx(&env.state, tx, served_warm);
+    let retention = settle(&mut r, committed);
+    if retention.retained {
+        // Its directory is retained for undo now (`kept/`), not ours to drop.
+        drop(tx);
+        if retention.collector {
+            start_retention_collector(&env.state);
+        }
+    } else {
+        drop_tx(&env.state, tx, served_warm);
+    }
     timeline.mark("cleanup");
     let durable = r.outcome == Outcome::Committed && r.changes.counts() != Counts::default();
     audit(&env, &req.command, &mut r, started, durable)?;
@@ -539,13 +570,19 @@ pub(crate) fn deny(r: &mut RunResult) {
     r.rollback_reason = Some(RollbackReason::Policy);
 }
 
-/// Turn a commit attempt into the result's outcome.
-pub(crate) fn settle(r: &mut RunResult, committed: Result<ChangeSet, TxError>) {
+/// Turn a commit attempt into the result's outcome; returns what retention did (the
+/// transaction's directory is retention's if `retained`).
+pub(crate) fn settle(r: &mut RunResult, committed: Result<Committed, TxError>) -> Retention {
     match committed {
-        Ok(cs) => {
+        Ok(Committed { cs, retention }) => {
             r.outcome = Outcome::Committed;
             r.changes = Changes::of(&cs);
             r.skipped = cs.skipped.iter().map(|p| display_rel(p)).collect();
+            r.no_longer_undoable.extend(retention.evicted.iter().cloned());
+            if !retention.retained && !cs.is_empty() && retention.error.is_some() {
+                r.no_longer_undoable.push(r.tx.clone());
+            }
+            return retention;
         }
         Err(TxError::Conflict(paths, msg)) => {
             r.outcome = Outcome::Conflict;
@@ -559,6 +596,13 @@ pub(crate) fn settle(r: &mut RunResult, committed: Result<ChangeSet, TxError>) {
             r.error = Some(msg);
         }
     }
+    Retention::default()
+}
+
+/// A commit that happened: its change set and what retention did with it.
+pub(crate) struct Committed {
+    pub cs: ChangeSet,
+    pub retention: Retention,
 }
 
 pub(crate) enum TxError {
@@ -591,8 +635,9 @@ fn overlapping(ours: &[PathBuf], theirs: &[PathBuf]) -> Vec<PathBuf> {
 }
 
 /// Classify `upper` and commit it, under the workspace lock, unless a path it changes was
-/// changed since the transaction's base (first committer wins).
-pub(crate) fn commit_upper(env: &Env, t: &Target<'_>, base: Base<'_>) -> Result<ChangeSet, TxError> {
+/// changed since the transaction's base (first committer wins). A commit that changes
+/// something is retained for undo (`txbox_txn::retain`) within the budget in force.
+pub(crate) fn commit_upper(env: &Env, t: &Target<'_>, base: Base<'_>) -> Result<Committed, TxError> {
     let other = |e: &dyn std::fmt::Display| TxError::Other(e.to_string());
     let _lock = env.state.lock_workspace(&env.workspace).map_err(|e| other(&e))?;
     let cs = txbox_txn::classify(t.upper, &env.workspace, &env.exclude).map_err(|e| other(&e))?;
@@ -615,9 +660,16 @@ pub(crate) fn commit_upper(env: &Env, t: &Target<'_>, base: Base<'_>) -> Result<
         let msg = format!("changed in the workspace since this transaction began: {}", shown.join(", "));
         return Err(TxError::Conflict(shown, msg));
     }
-    if !ours.is_empty() {
-        env.state.log_commit(&env.workspace, &ours).map_err(|e| other(&e))?;
+    if cs.is_empty() {
+        return Ok(Committed { cs, retention: Retention::default() });
     }
+    let budget = crate::retention::budget().map_err(|e| other(&e))?;
+    // The command may have filled the disk: undo data yields before the commit needs room.
+    let yielded = env.yield_if_low();
+    let generation = env.state.log_commit_of(&env.workspace, Some(t.id), &ours).map_err(|e| other(&e))?;
+    // Retention (what undo needs, taken before the commit point) is best effort: a commit that
+    // cannot be retained is committed all the same, and says it is not undoable.
+    let prepared = budget.enabled().then(|| retain::prepare(&env.state, t.id, &env.workspace, &cs));
     let record = env.state.record_path(t.id);
     let target = CommitTarget {
         tx: t.id,
@@ -631,10 +683,32 @@ pub(crate) fn commit_upper(env: &Env, t: &Target<'_>, base: Base<'_>) -> Result<
     if std::io::IsTerminal::is_terminal(&std::io::stderr()) && cs.changes.len() >= PROGRESS_FROM {
         hook.progress = Some(crate::progress::commit_step);
     }
-    let result = txbox_txn::commit::commit(&target, &cs, &mut hook);
+    let keep = retain::record_keep_path(&env.state, t.id);
+    let result = match &prepared {
+        Some(Ok(())) => txbox_txn::commit::commit_retaining(&target, &cs, &keep, &mut hook),
+        _ => txbox_txn::commit::commit(&target, &cs, &mut hook),
+    };
     crate::progress::finish();
+    if result.is_err() && !record.exists() && !keep.exists() {
+        // It failed before its commit point: say so in the commit log, so that undo does not
+        // take it for a commit.
+        let _ = env.state.cancel_commit(&env.workspace, generation, t.id);
+    }
     match result {
-        Ok(()) => Ok(cs),
+        Ok(()) => {
+            let retention = match prepared {
+                Some(Ok(())) => {
+                    let opts = KeepOptions { budget, kept_only: false };
+                    retain::keep_commit(&env.state, t.id, Some(generation), &opts)
+                        .unwrap_or_else(|e| Retention { error: Some(e.to_string()), ..Retention::default() })
+                }
+                Some(Err(e)) => Retention { error: Some(e.to_string()), ..Retention::default() },
+                None => Retention::default(),
+            };
+            let mut retention = retention;
+            retention.evicted.splice(0..0, yielded);
+            Ok(Committed { cs, retention })
+        }
         Err(CommitError::Conflict { path, what }) => {
             let p = display_rel(&path);
             Err(TxError::Conflict(
@@ -686,6 +760,18 @@ fn start_collector(state: &StateDir, cold: bool) {
     if !state.collector_wanted(cold) {
         return;
     }
+    spawn_collector(state);
+}
+
+/// Start a detached `txbox __gc` for retained data to measure or evicted (unless a collector
+/// is at work already).
+pub(crate) fn start_retention_collector(state: &StateDir) {
+    if state.collector_idle() {
+        spawn_collector(state);
+    }
+}
+
+fn spawn_collector(state: &StateDir) {
     let _ = std::process::Command::new("/proc/self/exe")
         .arg("__gc")
         .arg(&state.root)

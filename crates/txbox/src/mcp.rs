@@ -107,6 +107,18 @@ pub fn tools() -> Value {
             }), &["tx"], false)
         },
         {
+            "name": "undo",
+            "description": "Undo a committed transaction: by default the workspace's last commit, or `tx`, or with `to` every commit after `tx` (the workspace returns to the state right after it). \
+    The undo is itself a transaction: exact (contents, modes, symlinks, extended attributes, hard links, empty directories, deletions and creations), atomic, shown in `log`; undoing it redoes. \
+    If a path it would touch changed since (by another command or outside txbox), it is refused (outcome `conflict`, exit_code 3, `conflicts` lists the paths) and nothing changes. \
+    A transaction whose undo data expired (retention budget) cannot be undone (outcome `error`). Result: the same JSON as `run`, with `undone` listing the transactions undone.",
+            "inputSchema": schema(json!({
+                "workspace": ws,
+                "tx": {"type": "string", "description": "Transaction id to undo (16 hex digits, from a result's `tx` or from `log`); default: the last commit."},
+                "to": {"type": "boolean", "description": "Undo every commit after `tx` instead of `tx` itself."}
+            }), &[], false)
+        },
+        {
             "name": "log",
             "description": "The audit log of a workspace: every command txbox ran, denied, committed or rolled back, newest last.",
             "inputSchema": schema(json!({
@@ -179,6 +191,14 @@ pub fn call(api: &Api, name: &str, args: &Value) -> Result<Value, String> {
                 api.rollback(tx, to)
             })
             .map(|r| result_content(&r)),
+        "undo" => {
+            let to = match args.get("to") {
+                None | Some(Value::Null) => Ok(false),
+                Some(Value::Bool(b)) => Ok(*b),
+                Some(_) => Err(ApiError::new(400, "`to` must be true or false")),
+            };
+            to.and_then(|to| api.undo(str_arg(args, "tx"), to, str_arg(args, "workspace"))).map(|r| result_content(&r))
+        }
         "log" => {
             let n = args.get("n").and_then(Value::as_u64).and_then(|n| usize::try_from(n).ok());
             api.log(str_arg(args, "workspace"), n).map(|v| {
@@ -193,7 +213,8 @@ pub fn call(api: &Api, name: &str, args: &Value) -> Result<Value, String> {
 
 const INSTRUCTIONS: &str = "txbox runs shell commands as transactions: a command that fails is rolled back completely, \
 one that succeeds is committed, and irreversible commands are denied. Use `run` for single commands; use begin/exec/diff \
-then commit or rollback to review multi-step work before it reaches the workspace.";
+then commit or rollback to review multi-step work before it reaches the workspace. A committed change can be undone \
+with `undo` (refused if what it touched changed since).";
 
 /// The rmcp handler: tools from [`tools`], calls through [`call`] on a blocking thread.
 #[derive(Clone)]

@@ -264,6 +264,39 @@ impl Api {
         Ok(session::rollback(&state, tx, to)?)
     }
 
+    /// Undo a committed transaction of one of our workspaces (`to`: every commit after it); with
+    /// no id, the last commit of `workspace` (or the only one served).
+    pub fn undo(&self, tx: Option<&str>, to: bool, workspace: Option<&str>) -> Result<RunResult, ApiError> {
+        use txbox_txn::undo::Target;
+        let target = match (tx, to) {
+            (Some(id), true) => Target::To(id.to_string()),
+            (Some(id), false) => Target::Tx(id.to_string()),
+            (None, true) => return Err(ApiError::new(400, "`to` needs a transaction id")),
+            (None, false) => Target::Last,
+        };
+        if let Some(id) = tx {
+            if !txbox_txn::state::valid_id(id) {
+                return Err(ApiError::new(404, format!("unknown transaction id `{id}`")));
+            }
+        }
+        // The transaction's own workspace when it is named and retained; it must be served here.
+        let retained_ws = tx.and_then(|id| {
+            self.workspaces.iter().find_map(|ws| {
+                let state = self.state_of(ws).ok()??;
+                txbox_txn::retain::entry::header(&state, id).ok().map(|(r, _)| r.workspace)
+            })
+        });
+        let workspace = match (retained_ws, workspace) {
+            (Some(w), _) if self.workspaces.contains(&w) => w,
+            (Some(w), _) => {
+                return Err(ApiError::new(403, format!("workspace {} is not served here", w.display())));
+            }
+            (None, requested) => self.workspace(requested)?,
+        };
+        let req = txbox::undo::UndoRequest { workspace, state_dir: self.state_dir.clone(), target };
+        Ok(txbox::undo::undo(&req)?)
+    }
+
     /// The audit log of one workspace (the only one if none is named), the last `n` entries.
     pub fn log(&self, workspace: Option<&str>, n: Option<usize>) -> Result<Value, ApiError> {
         let ws = self.workspace(workspace)?;
@@ -445,6 +478,26 @@ async fn rollback(State(st): State<Shared>, UrlPath(tx): UrlPath<String>, header
     result_response(blocking(move || st.api.rollback(&tx, req.to)).await)
 }
 
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct UndoBody {
+    /// Undo every commit after the transaction, not the transaction itself.
+    #[serde(default)]
+    to: bool,
+}
+
+async fn undo(State(st): State<Shared>, UrlPath(tx): UrlPath<String>, headers: HeaderMap, body: Bytes) -> Response {
+    if let Err(e) = authorize(&st, &headers) {
+        return e.into_response();
+    }
+    let req: UndoBody = match parse(&body, false) {
+        Ok(r) => r,
+        Err(e) => return e.into_response(),
+    };
+    let st = st.clone();
+    result_response(blocking(move || st.api.undo(Some(&tx), req.to, None)).await)
+}
+
 /// Decode `%XX` and `+` in a query component.
 fn unescape(s: &str) -> String {
     let b = s.as_bytes();
@@ -502,7 +555,7 @@ async fn mcp(State(st): State<Shared>, req: Request) -> Response {
 }
 
 async fn not_found() -> Response {
-    error(404, "no such route (see DESIGN §7: /v1/health, /v1/run, /v1/tx, /v1/log; MCP at /mcp)")
+    error(404, "no such route (see DESIGN §8: /v1/health, /v1/run, /v1/tx, /v1/tx/ID/undo, /v1/log; MCP at /mcp)")
 }
 
 /// The token: `--token-file` (first line) or `$TXBOX_TOKEN`; refuse to start without one.
@@ -534,6 +587,7 @@ pub fn router(api: Api, token: Vec<u8>) -> Router {
         .route("/v1/tx/{id}/diff", get(diff))
         .route("/v1/tx/{id}/commit", post(commit))
         .route("/v1/tx/{id}/rollback", post(rollback))
+        .route("/v1/tx/{id}/undo", post(undo))
         .route("/v1/log", get(log))
         .route("/mcp", any(mcp))
         .fallback(not_found)

@@ -132,19 +132,31 @@ pub fn commit(state: &StateDir, tx: &str) -> Result<RunResult, EngineError> {
     // From here a crash before the commit record means: the commit did not happen, and
     // recovery discards the half-squashed transaction (the workspace is untouched).
     state.set_status(tx, Status::Committing)?;
+    let mut kept = None;
     match squash(&layers)? {
         None => {
             r.outcome = Outcome::Committed;
         }
         Some(upper) => {
             let trash = tx_dir.join(txbox_txn::layout::TRASH);
-            settle(
+            let retention = settle(
                 &mut r,
                 commit_upper(&env, &Target { id: tx, upper: &upper, trash: &trash }, Base::Fingerprints(&fps)),
             );
+            kept = Some(retention).filter(|r| r.retained);
         }
     }
-    let _ = state.remove_tx(tx);
+    // A committed session is retained for undo as one transaction (its directory is in `kept/`).
+    match kept {
+        Some(retention) => {
+            if retention.collector {
+                crate::engine::start_retention_collector(state);
+            }
+        }
+        None => {
+            let _ = state.remove_tx(tx);
+        }
+    }
     let durable = r.outcome == Outcome::Committed;
     audit(&env, &Command::Shell(format!("commit {tx}")), &mut r, started, durable)?;
     Ok(r)

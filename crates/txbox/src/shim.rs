@@ -91,6 +91,13 @@ pub struct Config {
     pub pids: Option<u64>,
     pub max_write: Option<String>,
     pub network: Option<String>,
+    // Retention of undo data: read by `txbox::retention` (for every subcommand), accepted here.
+    #[serde(rename = "retain_count")]
+    _retain_count: Option<u64>,
+    #[serde(rename = "retain_size")]
+    _retain_size: Option<String>,
+    #[serde(rename = "retain_min_free")]
+    _retain_min_free: Option<String>,
 }
 
 impl Config {

@@ -207,6 +207,41 @@ fn http_run_commits_rolls_back_and_denies() {
 }
 
 #[test]
+fn http_undo_answers_with_the_run_result() {
+    let s = Scratch::new("http-undo");
+    let srv = serve_with(&s, &[&s.ws], Some(&s.state));
+    let (_, v) = http(srv.port, "POST", "/v1/run", auth(), Some(&json!({"command": "echo hi > a.txt"})));
+    let a = v["tx"].as_str().unwrap().to_string();
+    let (st, u) = http(srv.port, "POST", &format!("/v1/tx/{a}/undo"), auth(), None);
+    assert_eq!(st, 200, "{u}");
+    assert_eq!((u["outcome"].as_str(), u["undone"].clone()), (Some("committed"), json!([a])), "{u}");
+    assert_eq!(u["changes"]["deleted"], json!(["a.txt"]), "{u}");
+    assert!(!s.ws.join("a.txt").exists());
+    // A conflict is 409 and changes nothing.
+    let (_, v) = http(srv.port, "POST", "/v1/run", auth(), Some(&json!({"command": "echo 1 > c.txt"})));
+    let c = v["tx"].as_str().unwrap().to_string();
+    std::fs::write(s.ws.join("c.txt"), "edited outside\n").unwrap();
+    let (st, u) = http(srv.port, "POST", &format!("/v1/tx/{c}/undo"), auth(), Some(&json!({})));
+    assert_eq!(st, 409, "{u}");
+    assert_eq!(u["conflicts"], json!(["c.txt"]), "{u}");
+    assert_eq!(std::fs::read_to_string(s.ws.join("c.txt")).unwrap(), "edited outside\n");
+    // `to`: every commit after one.
+    let (_, v) = http(srv.port, "POST", "/v1/run", auth(), Some(&json!({"command": "echo 2 > d.txt"})));
+    let d = v["tx"].as_str().unwrap().to_string();
+    http(srv.port, "POST", "/v1/run", auth(), Some(&json!({"command": "echo 3 > e.txt; echo 4 > f.txt"})));
+    let (st, u) = http(srv.port, "POST", &format!("/v1/tx/{d}/undo"), auth(), Some(&json!({"to": true})));
+    assert_eq!(st, 200, "{u}");
+    assert!(s.ws.join("d.txt").exists() && !s.ws.join("e.txt").exists(), "{u}");
+    // Bad ids and bodies; the token.
+    let (st, _) = http(srv.port, "POST", "/v1/tx/nothex/undo", auth(), None);
+    assert_eq!(st, 404);
+    let (st, _) = http(srv.port, "POST", &format!("/v1/tx/{d}/undo"), auth(), Some(&json!({"bogus": 1})));
+    assert_eq!(st, 400);
+    let (st, _) = http(srv.port, "POST", &format!("/v1/tx/{d}/undo"), None, None);
+    assert_eq!(st, 401);
+}
+
+#[test]
 fn http_session_flow_and_conflict() {
     let s = Scratch::new("http-tx");
     std::fs::write(s.ws.join("main.rs"), "base\n").unwrap();
@@ -322,7 +357,7 @@ fn http_mcp_behind_the_token() {
     let (st, v) = mcp_http(srv.port, auth(), &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}));
     assert_eq!(st, 200, "{v}");
     let names: Vec<&str> = v["result"]["tools"].as_array().unwrap().iter().filter_map(|t| t["name"].as_str()).collect();
-    assert_eq!(names, ["run", "begin", "exec", "diff", "commit", "rollback", "log"]);
+    assert_eq!(names, ["run", "begin", "exec", "diff", "commit", "rollback", "undo", "log"]);
 
     let payload = |v: &Value| -> Value {
         serde_json::from_str(v["result"]["content"][1]["text"].as_str().unwrap_or("null")).unwrap()
@@ -455,7 +490,7 @@ fn mcp_lists_tools_and_runs_transactions() {
     let list = m.request("tools/list", json!({}));
     let tools = list["result"]["tools"].as_array().unwrap();
     let names: Vec<&str> = tools.iter().filter_map(|t| t["name"].as_str()).collect();
-    assert_eq!(names, ["run", "begin", "exec", "diff", "commit", "rollback", "log"]);
+    assert_eq!(names, ["run", "begin", "exec", "diff", "commit", "rollback", "undo", "log"]);
     for t in tools {
         assert_eq!(t["inputSchema"]["type"], "object", "{t}");
         assert!(t["description"].as_str().unwrap().len() > 40, "{t}");
@@ -497,6 +532,19 @@ fn mcp_lists_tools_and_runs_transactions() {
     let (_, _, r) = m.call("commit", json!({"tx": tx}));
     assert_eq!(r["outcome"], "committed", "{r}");
     assert!(s.ws.join("step.txt").exists());
+
+    // Undo: the last commit (that session), then the undo itself (a redo).
+    let (err, summary, u) = m.call("undo", json!({}));
+    assert!(!err, "{summary}");
+    assert_eq!((u["outcome"].as_str(), u["undone"].clone()), (Some("committed"), json!([tx])), "{u}");
+    assert!(!s.ws.join("step.txt").exists());
+    let (_, _, r) = m.call("undo", json!({"tx": u["tx"]}));
+    assert_eq!(r["outcome"], "committed", "{r}");
+    assert!(s.ws.join("step.txt").exists());
+    let (err, _, r) = m.call("undo", json!({"tx": tx}));
+    assert!(!err);
+    assert_eq!(r["outcome"], "error", "an undone transaction is not undone twice: {r}");
+    assert!(r["error"].as_str().unwrap().contains("was undone by"), "{r}");
 
     // Errors are tool errors, not protocol errors; unknown tools are protocol errors.
     let (err, summary, _) = m.call("diff", json!({"tx": "0123456789abcdef"}));

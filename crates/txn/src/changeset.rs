@@ -74,6 +74,9 @@ pub struct ChangeSet {
     /// changes none of them, so this is what the workspace holds there once committed, but for
     /// entries the commit itself changes (fixups, other names of a hard-linked inode).
     pub placed_inner: Vec<(PathBuf, Fingerprint)>,
+    /// For undo: the entries of `placed_inner` with other names (hard links): committing
+    /// another name changes their ctime, so they are fingerprinted again once committed.
+    pub placed_linked: Vec<PathBuf>,
     /// For undo: the bytes (blocks) of the non-directories the commit removes or replaces,
     /// and how many removed or replaced directories that does not count.
     pub displaced_bytes: u64,
@@ -342,6 +345,7 @@ impl Classifier<'_> {
                     self.out.placed_inner.push((p.clone(), Fingerprint::of_metadata(&u)));
                     if u.nlink() > 1 && kind == Kind::File {
                         self.put_inodes.insert(u.ino());
+                        self.out.placed_linked.push(p.clone());
                     }
                     self.fixups_for(&p, &u, || meta::list_xattrs_at(handle.as_fd(), &dir, &name))?;
                     if kind == Kind::Dir {

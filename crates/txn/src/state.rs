@@ -877,6 +877,11 @@ impl StateDir {
         matches!(self.gc_lock(false), Ok(Some(_)))
     }
 
+    /// Whether no collector is at work right now.
+    pub fn collector_idle(&self) -> bool {
+        matches!(self.gc_lock(false), Ok(Some(_)))
+    }
+
     fn gc_lock(&self, wait: bool) -> Result<Option<Lock>, StateError> {
         let path = self.root.join(layout::LOCKS).join(layout::GC_LOCK);
         let op = if wait { FlockOperation::LockExclusive } else { FlockOperation::NonBlockingLockExclusive };

@@ -90,8 +90,11 @@ impl From<PathError> for RetainError {
 /// What keeping a transaction did.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Retention {
-    /// The transaction is undoable.
+    /// Its directory was moved to `kept/` (it is retention's now). It is undoable unless it is
+    /// also in `evicted` (a nearly full disk took it back at once).
     pub retained: bool,
+    /// Why it could not be retained, if it was to be.
+    pub error: Option<String>,
     /// Transactions no longer undoable because their data was evicted (budget, full disk).
     pub evicted: Vec<String>,
     /// A collector is wanted (data to measure, or evicted data retired to `gone/`).
@@ -142,6 +145,7 @@ pub fn prepare(state: &StateDir, id: &str, workspace: &Path, cs: &ChangeSet) -> 
         }
     }
     pre.inner = cs.placed_inner.iter().cloned().collect();
+    pre.restat.extend(cs.placed_linked.iter().cloned());
     for f in &cs.fixups {
         let p = match f {
             // Removing a node changes its directory.
@@ -299,12 +303,20 @@ pub fn keep_commit(
     let txs = state.dir(layout::TX)?;
     fsx::rename_noreplace(txs.as_fd(), OsStr::new(id), idx.kept(), OsStr::new(id))
         .map_err(fsx::at(&state.tx_dir(id), "move to kept"))?;
-    idx.adjust(1, pre.displaced_bytes as i64)?;
-    if pending {
-        idx.add_pending(id)?;
-    }
+    // From here it is retained: what fails now is bookkeeping, repaired by a recount.
     let mut out = Retention { retained: true, collector: pending, ..Retention::default() };
-    apply_budget(state, &idx, &opts.budget, Eviction::Retire, &mut out)?;
+    let booked = idx.adjust(1, pre.displaced_bytes as i64).and_then(|()| match pending {
+        true => idx.add_pending(id),
+        false => Ok(()),
+    });
+    if let Err(e) = booked {
+        let _ = idx.flag_recount();
+        out.error = Some(e.to_string());
+        out.collector = true;
+    }
+    if let Err(e) = apply_budget(state, &idx, &opts.budget, Eviction::Retire, &mut out) {
+        out.error = Some(e.to_string());
+    }
     Ok(out)
 }
 
@@ -478,6 +490,18 @@ pub fn yield_space(state: &StateDir, want: u64) -> Result<Vec<String>, RetainErr
         Some(e) => Err(e),
         None => Ok(dropped),
     }
+}
+
+/// If the filesystem has less than the budget's free share available, delete retained data,
+/// oldest first, until it has (or nothing is retained): before a transaction, so that a nearly
+/// full disk is freed by what undo kept before anything else fails. One `statvfs` when there is
+/// room. Returns the transactions no longer undoable.
+pub fn yield_if_low(state: &StateDir, budget: &Budget) -> Result<Vec<String>, RetainError> {
+    if !low_on_space(state, budget) {
+        return Ok(Vec::new());
+    }
+    let want = space(state).map_or(0, |(_, total)| total / 100 * u64::from(budget.min_free_percent));
+    yield_space(state, want)
 }
 
 /// What a collection did.

@@ -361,12 +361,18 @@ fn taken_after(
     let mut after = std::collections::BTreeMap::new();
     for (i, op) in rec.ops.iter().enumerate() {
         match op {
-            UndoOp::Restore { path, .. } | UndoOp::Exchange { path, .. } => {
-                let st = ws_stat(&mut ws, path)?.ok_or_else(|| UndoError::Conflict {
-                    path: path.clone(),
-                    what: "gone right after the undo".into(),
-                })?;
-                post.insert(i, fingerprint_of_stat(&st));
+            UndoOp::Restore { path, kind, ino, .. } | UndoOp::Exchange { path, src_kind: kind, src_ino: ino, .. } => {
+                // A later step of the same undo may have moved the object on (undoing several
+                // transactions: a file put back, then its directory removed). Undoing this undo
+                // puts it back first and then compares it by inode only: kind and inode suffice.
+                let fp = match ws_stat(&mut ws, path) {
+                    Ok(Some(st)) if st.st_ino == *ino => fingerprint_of_stat(&st),
+                    Ok(_) | Err(UndoError::Io { .. }) => {
+                        Fingerprint::Present { kind: *kind, ino: *ino, mtime_ns: 0, ctime_ns: 0, size: 0 }
+                    }
+                    Err(e) => return Err(e),
+                };
+                post.insert(i, fp);
             }
             UndoOp::Attrs { path, .. } => {
                 after.insert(i, attrs_at(&ws, path).map_err(io_at("read attributes", path))?);

@@ -275,11 +275,42 @@ fn net(id: &str, range: &Chains, memo: &mut HashMap<String, Net>) -> Net {
     n
 }
 
+/// Whether the audit log says `id` committed. A transaction logged in the commit log (before its
+/// commit point) that has no retained data either expired or never committed (a crash before its
+/// commit point leaves its line uncancelled): the audit log tells the two apart. Read once.
+struct Audited<'s> {
+    state: &'s StateDir,
+    committed: Option<std::collections::HashSet<String>>,
+}
+
+impl Audited<'_> {
+    fn committed(&mut self, id: &str) -> bool {
+        let state = self.state;
+        self.committed
+            .get_or_insert_with(|| {
+                crate::audit::read_all(&state.audit_path())
+                    .unwrap_or_default()
+                    .into_iter()
+                    .filter(|e| matches!(e.outcome.as_str(), "committed" | "rolled_forward"))
+                    .map(|e| e.tx)
+                    .collect()
+            })
+            .contains(id)
+    }
+}
+
 fn resolve(state: &StateDir, workspace: &Path, target: &Target) -> Result<Resolved, UndoError> {
+    let mut audited = Audited { state, committed: None };
     let history: Vec<Logged> = state.commit_history(workspace)?.into_iter().filter(|l| !l.cancelled).collect();
+    // Logged, never committed (cut before its commit point): not history. Asked only of the
+    // lines an undo looks at (those after what it undoes).
+    let mut real = |l: &Logged| match &l.tx {
+        Some(id) => entry::header(state, id).is_ok() || audited.committed(id) || pending(state, id),
+        None => true,
+    };
     match target {
         Target::Last => {
-            for l in history.iter().rev() {
+            for l in history.iter().rev().filter(|l| real(l)) {
                 let Some(id) = &l.tx else {
                     return Err(not_undoable(format!(
                         "the workspace's last commit (generation {}) was made by a txbox that kept no undo data",
@@ -288,7 +319,7 @@ fn resolve(state: &StateDir, workspace: &Path, target: &Target) -> Result<Resolv
                 };
                 match entry::header(state, id) {
                     Ok((r, None)) if r.kept_only => continue,
-                    Ok((_, _)) => return single(state, workspace, &history, entry::load(state, id, false)?),
+                    Ok((_, _)) => return single(state, &history, &mut real, entry::load(state, id, false)?),
                     Err(EntryError::Missing(_)) => {
                         return Err(not_undoable(format!(
                             "the workspace's last commit {id} is not undoable: its retained data expired \
@@ -310,18 +341,27 @@ fn resolve(state: &StateDir, workspace: &Path, target: &Target) -> Result<Resolv
                     workspace.display()
                 )));
             }
-            single(state, workspace, &history, e)
+            single(state, &history, &mut real, e)
         }
-        Target::To(id) => to(state, workspace, &history, id),
+        Target::To(id) => to(state, workspace, &history, &mut real, id),
     }
 }
 
 /// Headers of every transaction logged after generation `after`: id → (header, consumed by).
 /// A transaction without undo data is an error (`what` says what for).
-fn range_of(state: &StateDir, history: &[Logged], after: u64, strict: bool) -> Result<(Chains, Vec<Row>), UndoError> {
+fn range_of(
+    state: &StateDir,
+    history: &[Logged],
+    real: &mut dyn FnMut(&Logged) -> bool,
+    after: u64,
+    strict: bool,
+) -> Result<(Chains, Vec<Row>), UndoError> {
     let mut range = HashMap::new();
     let mut rows = Vec::new();
     for l in history.iter().filter(|l| l.generation > after) {
+        if !real(l) {
+            continue;
+        }
         let Some(id) = &l.tx else {
             if strict {
                 return Err(not_undoable(format!(
@@ -351,13 +391,21 @@ fn range_of(state: &StateDir, history: &[Logged], after: u64, strict: bool) -> R
 }
 
 /// Undo one transaction `e`: later commits stay, and must not have changed its paths.
-fn single(state: &StateDir, _workspace: &Path, history: &[Logged], e: Entry) -> Result<Resolved, UndoError> {
+fn single(
+    state: &StateDir,
+    history: &[Logged],
+    real: &mut dyn FnMut(&Logged) -> bool,
+    e: Entry,
+) -> Result<Resolved, UndoError> {
     let g = e.retained.generation;
-    let (range, rows) = range_of(state, history, g, false)?;
+    let (range, rows) = range_of(state, history, real, g, false)?;
     let mut memo = HashMap::new();
     let mut log_paths = Vec::new();
     let mut later = Vec::new();
     for l in history.iter().filter(|l| l.generation > g) {
+        if !real(l) {
+            continue;
+        }
         let Some(id) = &l.tx else {
             log_paths.extend(l.paths.iter().map(|p| (p.clone(), format!("generation {}", l.generation))));
             continue;
@@ -384,14 +432,20 @@ fn single(state: &StateDir, _workspace: &Path, history: &[Logged], e: Entry) -> 
 }
 
 /// Undo every commit after `id`.
-fn to(state: &StateDir, workspace: &Path, history: &[Logged], id: &str) -> Result<Resolved, UndoError> {
+fn to(
+    state: &StateDir,
+    workspace: &Path,
+    history: &[Logged],
+    real: &mut dyn FnMut(&Logged) -> bool,
+    id: &str,
+) -> Result<Resolved, UndoError> {
     let Some(g) = history.iter().find(|l| l.tx.as_deref() == Some(id)).map(|l| l.generation) else {
         return Err(not_undoable(format!(
             "transaction {id} is not a commit of {} (see `txbox log`)",
             workspace.display()
         )));
     };
-    let (range, rows) = range_of(state, history, g, true)?;
+    let (range, rows) = range_of(state, history, real, g, true)?;
     let mut memo = HashMap::new();
     let mut undo = Vec::new();
     let mut later = Vec::new();
@@ -414,6 +468,11 @@ fn to(state: &StateDir, workspace: &Path, history: &[Logged], id: &str) -> Resul
         return Err(not_undoable(format!("nothing to undo: the workspace is as {id} left it")));
     }
     Ok(Resolved { undo, later, log_paths: Vec::new() })
+}
+
+/// Whether transaction `id` is in flight or waiting for recovery (a directory in `tx/`).
+fn pending(state: &StateDir, id: &str) -> bool {
+    layout::valid_id(id) && crate::fsx::dir_beneath(state.fd(), &Path::new(layout::TX).join(id)).is_ok()
 }
 
 /// Paths of `ours` that are, or are ancestors or descendants of, a path of `theirs`.

@@ -1,0 +1,88 @@
+//! The retention budget in force (how much undo data is kept): the environment
+//! (`TXBOX_RETAIN_COUNT`, `TXBOX_RETAIN_SIZE`, `TXBOX_RETAIN_MIN_FREE`) over the configuration
+//! file's keys (`retain_count`, `retain_size`, `retain_min_free`, in `$TXBOX_CONFIG` or
+//! `~/.config/txbox/config.toml`) over the defaults ([`Budget::DEFAULT`]: 500 transactions,
+//! 1 GiB, 5% of the filesystem kept free). A count or size of 0 turns retention off.
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+use txbox_txn::retain::Budget;
+
+/// The retention keys of the configuration file (other keys are the shim's).
+#[derive(Debug, Default, serde::Deserialize)]
+struct Keys {
+    retain_count: Option<u64>,
+    retain_size: Option<String>,
+    retain_min_free: Option<String>,
+}
+
+fn config_keys() -> Result<Keys, String> {
+    let (path, required) = match std::env::var_os("TXBOX_CONFIG") {
+        Some(p) => (PathBuf::from(p), true),
+        None => match std::env::var_os("HOME") {
+            Some(h) => (PathBuf::from(h).join(".config/txbox/config.toml"), false),
+            None => return Ok(Keys::default()),
+        },
+    };
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => return Ok(Keys::default()),
+        Err(e) => return Err(format!("reading {}: {e}", path.display())),
+    };
+    toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// A share of the filesystem: `5`, `5%`.
+fn parse_percent(s: &str) -> Result<u8, String> {
+    let t = s.trim().trim_end_matches('%');
+    match t.parse::<u8>() {
+        Ok(n) if n <= 100 => Ok(n),
+        _ => Err(format!("`{s}` is not a percentage from 0 to 100")),
+    }
+}
+
+/// Resolve the budget from `env` (a lookup, for tests) and the file's keys.
+fn resolve(env: impl Fn(&str) -> Option<String>, keys: Keys) -> Result<Budget, String> {
+    let mut b = Budget::DEFAULT;
+    let count = env("TXBOX_RETAIN_COUNT")
+        .map(|v| v.trim().parse::<u64>().map_err(|_| format!("TXBOX_RETAIN_COUNT: `{v}` is not a number")));
+    match count {
+        Some(c) => b.count = c?,
+        None => b.count = keys.retain_count.unwrap_or(b.count),
+    }
+    let size = env("TXBOX_RETAIN_SIZE").or(keys.retain_size);
+    if let Some(s) = size {
+        b.bytes = crate::size::parse_size(&s).map_err(|e| format!("retain size: {e}"))?;
+    }
+    let free = env("TXBOX_RETAIN_MIN_FREE").or(keys.retain_min_free);
+    if let Some(f) = free {
+        b.min_free_percent = parse_percent(&f).map_err(|e| format!("retain min free: {e}"))?;
+    }
+    Ok(b)
+}
+
+/// The budget in force for this process (read once).
+pub fn budget() -> Result<Budget, String> {
+    static BUDGET: OnceLock<Result<Budget, String>> = OnceLock::new();
+    BUDGET.get_or_init(|| resolve(|k| std::env::var(k).ok().filter(|v| !v.is_empty()), config_keys()?)).clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn environment_over_file_over_defaults() {
+        let none = |_: &str| None;
+        assert_eq!(resolve(none, Keys::default()), Ok(Budget::DEFAULT));
+        let keys =
+            || Keys { retain_count: Some(3), retain_size: Some("10M".into()), retain_min_free: Some("2%".into()) };
+        assert_eq!(resolve(none, keys()), Ok(Budget { count: 3, bytes: 10 << 20, min_free_percent: 2 }));
+        let env = |k: &str| (k == "TXBOX_RETAIN_COUNT").then(|| "0".to_string());
+        let b = resolve(env, keys());
+        assert!(matches!(b, Ok(b) if b.count == 0 && !b.enabled()));
+        assert!(resolve(|k: &str| (k == "TXBOX_RETAIN_SIZE").then(|| "lots".to_string()), Keys::default()).is_err());
+        assert!(resolve(|k: &str| (k == "TXBOX_RETAIN_MIN_FREE").then(|| "101".to_string()), Keys::default()).is_err());
+    }
+}
