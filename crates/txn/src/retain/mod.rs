@@ -520,10 +520,18 @@ pub struct Collected {
 /// The collector's part (background `txbox __gc`, and `txbox gc`): measure what waits to be
 /// measured, recount if a recovery asked, apply the budget deleting what it evicts.
 pub fn collect(state: &StateDir, budget: &Budget) -> Result<Collected, RetainError> {
+    let pending = Index::lock(state)?.take_pending()?;
+    // Measured without the lock (a large tree takes a while), recorded with it.
+    let mut sizes = Vec::with_capacity(pending.len());
+    for id in pending {
+        if let Some(bytes) = index::measure(state, &id)? {
+            sizes.push((id, bytes));
+        }
+    }
     let idx = Index::lock(state)?;
     let mut out = Collected::default();
-    for id in idx.take_pending()? {
-        let delta = idx.measure(&id)?;
+    for (id, bytes) in sizes {
+        let delta = idx.record_measured(&id, bytes)?;
         idx.adjust(0, delta)?;
         out.measured += 1;
     }
