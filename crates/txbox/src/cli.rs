@@ -501,7 +501,7 @@ fn cmd_gc(state_dir: Option<PathBuf>, json: bool, a: GcArgs) -> Result<i32> {
             serde_json::json!({
                 "purged": purged, "evicted": c.evicted, "measured": c.measured, "retired_deleted": retired,
                 "count": c.count, "bytes": c.bytes,
-                "budget": {"count": budget.count, "bytes": budget.bytes, "min_free_percent": budget.min_free_percent},
+                "budget": {"count": budget.count, "bytes": budget.bytes, "min_free": budget.min_free.to_string()},
             })
         );
     } else {
@@ -512,12 +512,12 @@ fn cmd_gc(state_dir: Option<PathBuf>, json: bool, a: GcArgs) -> Result<i32> {
             eprintln!("txbox: {id} expired (retention budget): no longer undoable");
         }
         eprintln!(
-            "txbox: {} transactions undoable, {} retained (budget: {} transactions, {}, {}% of the filesystem kept free)",
+            "txbox: {} transactions undoable, {} retained (budget: {} transactions, {}, {} kept free)",
             c.count,
             txbox::undo::human_bytes(c.bytes),
             budget.count,
             txbox::undo::human_bytes(budget.bytes),
-            budget.min_free_percent
+            budget.min_free
         );
     }
     Ok(0)

@@ -2,12 +2,13 @@
 //! (`TXBOX_RETAIN_COUNT`, `TXBOX_RETAIN_SIZE`, `TXBOX_RETAIN_MIN_FREE`) over the configuration
 //! file's keys (`retain_count`, `retain_size`, `retain_min_free`, in `$TXBOX_CONFIG` or
 //! `~/.config/txbox/config.toml`) over the defaults ([`Budget::DEFAULT`]: 500 transactions,
-//! 1 GiB, 5% of the filesystem kept free). A count or size of 0 turns retention off.
+//! 1 GiB, and 1 GiB or 5% of the filesystem, whichever is less, kept free). The free share is a
+//! size (`2G`) or a percentage (`5%`). A count or size of 0 turns retention off.
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use txbox_txn::retain::Budget;
+use txbox_txn::retain::{Budget, MinFree};
 
 /// The retention keys of the configuration file (other keys are the shim's).
 #[derive(Debug, Default, serde::Deserialize)]
@@ -33,12 +34,14 @@ fn config_keys() -> Result<Keys, String> {
     toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// A share of the filesystem: `5`, `5%`.
-fn parse_percent(s: &str) -> Result<u8, String> {
-    let t = s.trim().trim_end_matches('%');
-    match t.parse::<u8>() {
-        Ok(n) if n <= 100 => Ok(n),
-        _ => Err(format!("`{s}` is not a percentage from 0 to 100")),
+/// What to leave free: a percentage (`5%`) or a size (`2G`, `0`).
+fn parse_min_free(s: &str) -> Result<MinFree, String> {
+    match s.trim().strip_suffix('%') {
+        Some(p) => match p.trim().parse::<u8>() {
+            Ok(n) if n <= 100 => Ok(MinFree::Percent(n)),
+            _ => Err(format!("`{s}` is not a percentage from 0 to 100")),
+        },
+        None => crate::size::parse_size(s).map(MinFree::Bytes),
     }
 }
 
@@ -57,7 +60,7 @@ fn resolve(env: impl Fn(&str) -> Option<String>, keys: Keys) -> Result<Budget, S
     }
     let free = env("TXBOX_RETAIN_MIN_FREE").or(keys.retain_min_free);
     if let Some(f) = free {
-        b.min_free_percent = parse_percent(&f).map_err(|e| format!("retain min free: {e}"))?;
+        b.min_free = parse_min_free(&f).map_err(|e| format!("retain min free: {e}"))?;
     }
     Ok(b)
 }
@@ -78,11 +81,16 @@ mod tests {
         assert_eq!(resolve(none, Keys::default()), Ok(Budget::DEFAULT));
         let keys =
             || Keys { retain_count: Some(3), retain_size: Some("10M".into()), retain_min_free: Some("2%".into()) };
-        assert_eq!(resolve(none, keys()), Ok(Budget { count: 3, bytes: 10 << 20, min_free_percent: 2 }));
+        assert_eq!(resolve(none, keys()), Ok(Budget { count: 3, bytes: 10 << 20, min_free: MinFree::Percent(2) }));
         let env = |k: &str| (k == "TXBOX_RETAIN_COUNT").then(|| "0".to_string());
         let b = resolve(env, keys());
         assert!(matches!(b, Ok(b) if b.count == 0 && !b.enabled()));
         assert!(resolve(|k: &str| (k == "TXBOX_RETAIN_SIZE").then(|| "lots".to_string()), Keys::default()).is_err());
-        assert!(resolve(|k: &str| (k == "TXBOX_RETAIN_MIN_FREE").then(|| "101".to_string()), Keys::default()).is_err());
+        assert!(resolve(|k: &str| (k == "TXBOX_RETAIN_MIN_FREE").then(|| "101%".to_string()), Keys::default()).is_err());
+        let free = |v: &str| resolve(|k: &str| (k == "TXBOX_RETAIN_MIN_FREE").then(|| v.to_string()), Keys::default());
+        assert_eq!(free("2G").map(|b| b.min_free), Ok(MinFree::Bytes(2 << 30)));
+        assert_eq!(free("0").map(|b| b.min_free), Ok(MinFree::Bytes(0)));
+        assert_eq!(MinFree::Default.bytes(100 << 30), 1 << 30);
+        assert_eq!(MinFree::Default.bytes(10 << 20), (10 << 20) / 20, "a small filesystem keeps 5%");
     }
 }

@@ -53,6 +53,8 @@ fn serve_with(s: &Scratch, workspaces: &[&Path], state_dir: Option<&Path>) -> Se
         }
         let child = cmd
             .env_remove("TXBOX_TOKEN")
+            // Undo data must not yield to a shared disk running low during the undo tests.
+            .env("TXBOX_RETAIN_MIN_FREE", "0")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -413,6 +415,7 @@ impl Mcp {
             .arg("mcp")
             .arg("-C")
             .arg(&s.ws)
+            .env("TXBOX_RETAIN_MIN_FREE", "0")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())

@@ -81,6 +81,7 @@ fn undo(who: As, s: &Scratch, warm: &str) -> serde_json::Value {
         cmd.env("HOME", &s.root);
     }
     let out = cmd
+        .env("TXBOX_RETAIN_MIN_FREE", "0")
         .env("TXBOX_WARM", warm)
         .env("TXBOX_WARM_IDLE", "5")
         .arg("--state-dir")
@@ -112,7 +113,8 @@ proptest! {
         if who != As::Me {
             cmd.env("HOME", &s.root);
         }
-        let out = cmd.env("TXBOX_WARM", warm).env("TXBOX_WARM_IDLE", "5").arg("--state-dir").arg(&s.state)
+        // A shared disk may run low meanwhile: no yielding here (tests/undo.rs tests that).
+        let out = cmd.env("TXBOX_RETAIN_MIN_FREE", "0").env("TXBOX_WARM", warm).env("TXBOX_WARM_IDLE", "5").arg("--state-dir").arg(&s.state)
             .args(["--json", "run", "-C", &ws, "-c", &body]).current_dir(&s.ws).output().unwrap();
         let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", describe(&out)));
         prop_assert_eq!(&j["outcome"], "committed", "{}", describe(&out));

@@ -106,7 +106,8 @@ pub fn recover_counting(
         // cannot be kept is removed as before, committed all the same.
         if retain::prepared(state, &record.tx) {
             commit::finish_keeping(&record_path, &retain::record_keep_path(state, &record.tx), hook)?;
-            if retain::keep_commit(state, &record.tx, None, &retain::KeepOptions::default()).is_err() {
+            let opts = retain::KeepOptions { budget: retain::Budget::KEEP_ALL, kept_only: false };
+            if retain::keep_commit(state, &record.tx, None, &opts).is_err() {
                 state.remove_tx(&record.tx)?;
             }
         } else {

@@ -43,18 +43,53 @@ use files::{read_sealed, write_sealed, DirAttrs, Pre, Retained, RetainedKind};
 use index::{Index, Totals};
 
 /// How much is retained: `count` transactions and `bytes` of data at most, whichever limit is
-/// reached first, and never so much that less than `min_free_percent` of the filesystem stays
-/// free. A count or size of 0 turns retention off (nothing is undoable).
+/// reached first, and never while the filesystem has less than `min_free` available. A count or
+/// size of 0 turns retention off (nothing is undoable).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Budget {
     pub count: u64,
     pub bytes: u64,
-    pub min_free_percent: u8,
+    pub min_free: MinFree,
+}
+
+/// How much of the filesystem retained data leaves available.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MinFree {
+    /// 1 GiB, or 5% of the filesystem if that is less (a small filesystem is not all reserve).
+    Default,
+    /// This share of the filesystem.
+    Percent(u8),
+    /// This many bytes.
+    Bytes(u64),
+}
+
+impl MinFree {
+    /// The bytes to keep available on a filesystem of `total` bytes.
+    pub fn bytes(self, total: u64) -> u64 {
+        match self {
+            MinFree::Default => (1u64 << 30).min(total / 20),
+            MinFree::Percent(p) => total / 100 * u64::from(p.min(100)),
+            MinFree::Bytes(b) => b,
+        }
+    }
+}
+
+impl std::fmt::Display for MinFree {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            MinFree::Default => f.write_str("1 GiB or 5% of the filesystem, whichever is less"),
+            MinFree::Percent(p) => write!(f, "{p}% of the filesystem"),
+            MinFree::Bytes(b) => write!(f, "{b} bytes"),
+        }
+    }
 }
 
 impl Budget {
-    /// 500 transactions, 1 GiB, 5% of the filesystem free.
-    pub const DEFAULT: Budget = Budget { count: 500, bytes: 1 << 30, min_free_percent: 5 };
+    /// 500 transactions, 1 GiB of data, and 1 GiB (at most 5%) of the filesystem left free.
+    pub const DEFAULT: Budget = Budget { count: 500, bytes: 1 << 30, min_free: MinFree::Default };
+    /// Evicts nothing (recovery, which does not know the budget in force: the next commit or
+    /// collector applies it).
+    pub const KEEP_ALL: Budget = Budget { count: u64::MAX, bytes: u64::MAX, min_free: MinFree::Bytes(0) };
 
     pub fn enabled(&self) -> bool {
         self.count > 0 && self.bytes > 0
@@ -406,9 +441,7 @@ fn space(state: &StateDir) -> Option<(u64, u64)> {
 
 fn low_on_space(state: &StateDir, budget: &Budget) -> bool {
     match space(state) {
-        Some((avail, total)) if total > 0 => {
-            avail.saturating_mul(100) < total.saturating_mul(u64::from(budget.min_free_percent))
-        }
+        Some((avail, total)) if total > 0 => avail < budget.min_free.bytes(total),
         _ => false,
     }
 }
@@ -500,7 +533,7 @@ pub fn yield_if_low(state: &StateDir, budget: &Budget) -> Result<Vec<String>, Re
     if !low_on_space(state, budget) {
         return Ok(Vec::new());
     }
-    let want = space(state).map_or(0, |(_, total)| total / 100 * u64::from(budget.min_free_percent));
+    let want = space(state).map_or(0, |(_, total)| budget.min_free.bytes(total));
     yield_space(state, want)
 }
 
