@@ -235,20 +235,21 @@ fn apply_op(
                 ws.forget(path);
             }
         }
-        UndoOp::Restore { path, ino, src, .. } => {
-            match store.stat(src).map_err(io_at("stat retained object", path))? {
-                // Moved already (nothing else takes from the retained data of a pending undo).
-                None => return Ok(()),
-                Some(st) if st.st_ino != *ino => {
-                    return Err(UndoError::Damaged(format!("the retained copy of {} was replaced", path.display())))
-                }
-                Some(_) => {}
-            }
+        UndoOp::Restore { path, src, .. } => {
+            // Rename first, look second (as a commit's creation): the planner saw the retained
+            // object with its inode under the retention lock; a restore already applied (by an
+            // earlier run of this record) fails here with ENOENT for the moved source, and
+            // nothing else takes from the retained data of a pending undo. One call, not two.
             tick(hook)?;
             let (sdir, sname) = store.parent(src).map_err(io_at("open retained data", path))?;
             let (dir, name) = ws.parent(path).map_err(io_at("open parent", path))?;
             match rustix::fs::renameat_with(sdir, sname.as_os_str(), dir, name, RenameFlags::NOREPLACE) {
                 Ok(()) => {}
+                Err(rustix::io::Errno::NOENT) => {
+                    if store.stat(src).map_err(io_at("stat retained object", path))?.is_some() {
+                        return Err(conflict(path, "its directory was removed meanwhile"));
+                    }
+                }
                 Err(rustix::io::Errno::EXIST) => return Err(conflict(path, "created by someone else meanwhile")),
                 Err(e) => return Err(errno_at("restore (rename into workspace)", path)(e)),
             }

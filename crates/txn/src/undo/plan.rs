@@ -104,6 +104,9 @@ struct Planner<'v> {
     attrs: BTreeMap<PathBuf, DirAttrs>,
     /// Whether each path the undo renames held an object before it.
     initially: BTreeMap<PathBuf, bool>,
+    /// Workspace directories known to exist untouched (a restore checks its directory: many
+    /// restores into one directory look once).
+    dirs_seen: BTreeSet<PathBuf>,
     out: Plan,
     slot: u64,
 }
@@ -119,6 +122,7 @@ pub fn plan(entries: &[&Entry], later: &BTreeMap<PathBuf, Fingerprint>, view: &m
         touched: BTreeSet::new(),
         attrs: BTreeMap::new(),
         initially: BTreeMap::new(),
+        dirs_seen: BTreeSet::new(),
         out: Plan::default(),
         slot: 0,
     };
@@ -263,7 +267,14 @@ impl Planner<'_> {
             Loc::Sim(Sim::Present { kind, .. }) => kind == Kind::Dir,
             Loc::Sim(Sim::Absent) | Loc::Gone => false,
             Loc::Kept(src) => matches!(self.view.stat_kept(&src)?, Some(Fingerprint::Present { kind: Kind::Dir, .. })),
-            Loc::Ws => matches!(self.view.stat(parent)?, Some(Fingerprint::Present { kind: Kind::Dir, .. })),
+            Loc::Ws if self.dirs_seen.contains(parent) => true,
+            Loc::Ws => {
+                let dir = matches!(self.view.stat(parent)?, Some(Fingerprint::Present { kind: Kind::Dir, .. }));
+                if dir {
+                    self.dirs_seen.insert(parent.to_path_buf());
+                }
+                dir
+            }
         };
         if !parent_is_dir {
             self.conflict(path, "its directory was removed or replaced since");
