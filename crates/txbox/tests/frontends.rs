@@ -146,14 +146,14 @@ fn http_auth_health_and_workspace_confinement() {
     for token in [None, Some("wrong"), Some("s3cret-test-toke")] {
         let (st, v) = http(srv.port, "POST", "/v1/run", token, Some(&body));
         assert_eq!(st, 401, "{token:?}: {v}");
-        assert!(v["error"].is_string(), "{v}");
+        assert!(v["error"]["kind"] == "unauthorized" && v["error"]["message"].is_string(), "{v}");
     }
     assert!(!s.ws.join("f").exists(), "an unauthorized request ran");
     // Another path, and a path that climbs out of the served one, are refused.
     for ws in [other.to_str().unwrap().to_string(), format!("{}/..", s.ws.display()), "/".into()] {
         let (st, v) = http(srv.port, "POST", "/v1/run", auth(), Some(&json!({"command": "touch x", "workspace": ws})));
         assert!(st == 403 || st == 400, "{ws}: {st} {v}");
-        assert!(v["error"].is_string(), "{v}");
+        assert!(v["error"]["kind"] == "forbidden" || v["error"]["kind"] == "usage", "{v}");
         let (st, _) = http(srv.port, "POST", "/v1/tx", auth(), Some(&json!({"workspace": ws})));
         assert!(st == 403 || st == 400, "{ws}: {st}");
     }
@@ -161,7 +161,7 @@ fn http_auth_health_and_workspace_confinement() {
     // Bad input is a JSON 400; unknown routes and transactions are 404.
     let (st, v) = http(srv.port, "POST", "/v1/run", auth(), Some(&json!({"cmd": "true"})));
     assert_eq!(st, 400, "{v}");
-    assert!(v["error"].is_string());
+    assert!(v["error"]["kind"] == "usage" && v["error"]["message"].is_string(), "{v}");
     for id in ["0123456789abcdef", "nothex", "../../etc"] {
         let (st, v) = http(srv.port, "GET", &format!("/v1/tx/{id}/diff"), auth(), None);
         assert_eq!(st, 404, "{id}: {v}");
@@ -322,7 +322,7 @@ fn http_mcp_behind_the_token() {
     let (st, v) = mcp_http(srv.port, auth(), &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}));
     assert_eq!(st, 200, "{v}");
     let names: Vec<&str> = v["result"]["tools"].as_array().unwrap().iter().filter_map(|t| t["name"].as_str()).collect();
-    assert_eq!(names, ["run", "begin", "exec", "diff", "commit", "rollback", "log"]);
+    assert_eq!(names, ["run", "begin", "exec", "diff", "commit", "rollback", "list", "log"]);
 
     let payload = |v: &Value| -> Value {
         serde_json::from_str(v["result"]["content"][1]["text"].as_str().unwrap_or("null")).unwrap()
@@ -455,7 +455,7 @@ fn mcp_lists_tools_and_runs_transactions() {
     let list = m.request("tools/list", json!({}));
     let tools = list["result"]["tools"].as_array().unwrap();
     let names: Vec<&str> = tools.iter().filter_map(|t| t["name"].as_str()).collect();
-    assert_eq!(names, ["run", "begin", "exec", "diff", "commit", "rollback", "log"]);
+    assert_eq!(names, ["run", "begin", "exec", "diff", "commit", "rollback", "list", "log"]);
     for t in tools {
         assert_eq!(t["inputSchema"]["type"], "object", "{t}");
         assert!(t["description"].as_str().unwrap().len() > 40, "{t}");
