@@ -674,5 +674,6 @@ fn cmd_policy_check(json: bool, ws: WorkspaceArg, policy: &PolicyArg, command: &
             d.rule.as_deref().map(|r| format!(" [{r}]")).unwrap_or_default()
         );
     }
-    Ok(0)
+    // As `run` would: 126 when the command would be refused.
+    Ok(if ev.decision.action == txbox_policy::Action::Deny { 126 } else { 0 })
 }

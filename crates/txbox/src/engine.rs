@@ -88,7 +88,47 @@ pub fn resolve_workspace(dir: &Path) -> Result<PathBuf, EngineError> {
     if !p.is_dir() {
         return Err(EngineError::Workspace { path: p, source: std::io::ErrorKind::NotADirectory.into() });
     }
+    if let Some(why) = unreasonable_workspace(&p) {
+        return Err(EngineError::Usage(format!(
+            "refusing {} as a workspace: {why}; name a project directory",
+            p.display()
+        )));
+    }
     Ok(p)
+}
+
+/// Directories no transaction should cover: the root (the whole host), the system's own
+/// top-level directories, and kernel filesystems.
+fn unreasonable_workspace(p: &Path) -> Option<&'static str> {
+    const SYSTEM: &[&str] = &[
+        "/bin",
+        "/boot",
+        "/etc",
+        "/lib",
+        "/lib32",
+        "/lib64",
+        "/libx32",
+        "/run",
+        "/sbin",
+        "/usr",
+        "/var",
+        "/home",
+        "/tmp",
+        "/var/tmp",
+        "/usr/local",
+        "/usr/lib",
+        "/usr/bin",
+    ];
+    const KERNEL: &[&str] = &["/proc", "/sys", "/dev"];
+    if p == Path::new("/") {
+        Some("it is the root of the filesystem")
+    } else if SYSTEM.iter().any(|s| p == Path::new(s)) {
+        Some("it is a system directory")
+    } else if KERNEL.iter().any(|k| p.starts_with(k)) {
+        Some("it is a kernel filesystem")
+    } else {
+        None
+    }
 }
 
 pub fn policy_context(workspace: &Path, cwd: &Path) -> Context {

@@ -53,11 +53,7 @@ fn text(s: String) -> Value {
 }
 
 fn result_content(r: &RunResult) -> Value {
-    let mut summary = render::summary(r);
-    if r.step.is_some() && r.outcome == txbox::engine::Outcome::RolledBack {
-        summary.push_str(&format!("; step {} undone, transaction {} still open", r.step.unwrap_or(0), r.tx));
-    }
-    json!({"content": [text(summary), text(render::json(r))], "isError": false})
+    json!({"content": [text(render::summary(r)), text(render::json(r))], "isError": false})
 }
 
 /// A tool error: a line for the model, and the error object every front end uses.

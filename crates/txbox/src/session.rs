@@ -284,8 +284,9 @@ pub fn run_as_session(req: &RunRequest) -> Result<RunResult, EngineError> {
     first.keep_on_failure = req.keep_on_failure;
     let mut r = exec(&env.state, &first)?;
     if r.outcome != Outcome::Pending {
-        // Denied, rolled back or failed to start: nothing to keep.
+        // Denied, rolled back or failed to start: nothing to keep (and no step left open).
         let _ = env.state.remove_tx(&tx);
+        r.step = None;
         return Ok(r);
     }
     if r.exit_code != 0 {
@@ -304,6 +305,7 @@ pub fn run_as_session(req: &RunRequest) -> Result<RunResult, EngineError> {
                 r.stderr.push_str(&check.stderr);
                 r.exit_code = if check.exit_code == 0 { 1 } else { check.exit_code };
                 r.error = Some(format!("validation `{v}` failed with exit status {}", check.exit_code));
+                r.step = None;
                 return Ok(r);
             }
         }

@@ -922,3 +922,50 @@ fn cli_refuses_out_of_range_options_with_one_json_error() {
         assert_eq!(v["error"]["kind"], kind, "{args:?}: {v}");
     }
 }
+
+/// Everyday interface (#15): policy check exits 126 on a denial; the root and system
+/// directories are refused as workspaces; a failed step says the transaction is still open;
+/// HTTP lists open transactions; MCP returns capped output (head and tail) and a unified diff.
+#[test]
+fn everyday_interface() {
+    let s = Scratch::new("everyday");
+    let out = txbox(As::Me, &s, &["policy", "check", "-c", "rm -rf ~"]);
+    assert_eq!(out.status.code(), Some(126), "{}", describe(&out));
+    let out = txbox(As::Me, &s, &["policy", "check", "-c", "ls"]);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    for dir in ["/", "/usr", "/etc", "/proc", "/proc/self", "/sys/kernel", "/home", "/tmp"] {
+        let out = txbox(As::Me, &s, &["--json", "run", "-C", dir, "-c", "true"]);
+        assert_eq!(out.status.code(), Some(2), "{dir}: {}", describe(&out));
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(v["error"]["message"].as_str().unwrap().contains("refusing"), "{v}");
+    }
+    let ws = s.ws.to_str().unwrap().to_string();
+    let out = txbox(As::Me, &s, &["begin", "-C", &ws, "--name", "work"]);
+    let tx = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let out = txbox(As::Me, &s, &["exec", &tx, "-c", "echo x > f; exit 1"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("still open"), "{err}");
+
+    let srv = serve_with(&s, &[&s.ws], Some(&s.state));
+    let (st, v) = http(srv.port, "GET", "/v1/tx", auth(), None);
+    assert_eq!(st, 200, "{v}");
+    assert!(v.as_array().unwrap().iter().any(|t| t["tx"] == tx.as_str() && t["name"] == "work"), "{v}");
+    let (st, v) = http(srv.port, "GET", "/v1/tx?workspace=/etc", auth(), None);
+    assert_eq!(st, 403, "{v}");
+    let call = |id: u64, name: &str, args: Value| json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": name, "arguments": args}});
+    let (_, v) = mcp_http(
+        srv.port,
+        auth(),
+        &call(1, "run", json!({"command": "head -c 300000 /dev/zero | tr '\\0' a; echo END"})),
+    );
+    let r: Value = serde_json::from_str(v["result"]["content"][1]["text"].as_str().unwrap()).unwrap();
+    let stdout = r["stdout"].as_str().unwrap();
+    assert!(stdout.len() < 70_000 && stdout.starts_with("aaa") && stdout.ends_with("END\n"), "{}", stdout.len());
+    assert!(stdout.contains("bytes omitted") && r["stdout_truncated"] == true, "{r}");
+    let (_, v) = mcp_http(srv.port, auth(), &call(2, "exec", json!({"tx": tx, "command": "echo hello > g.txt"})));
+    assert_eq!(v["result"]["isError"], false, "{v}");
+    let (_, v) = mcp_http(srv.port, auth(), &call(3, "diff", json!({"tx": tx})));
+    let unified = v["result"]["content"][2]["text"].as_str().unwrap_or_default();
+    assert!(unified.contains("+hello"), "{v}");
+}
