@@ -308,11 +308,11 @@ pub fn main(args: Vec<OsString>) -> i32 {
         Ok(code) => code,
         Err(e) => {
             let e = classify(&e);
+            // With --json the object on stdout is for programs; the line on stderr for people.
             if json {
                 println!("{}", e.to_json());
-            } else {
-                eprintln!("txbox: error: {}", e.message);
             }
+            eprintln!("txbox: error: {}", e.message);
             if shell {
                 125
             } else {

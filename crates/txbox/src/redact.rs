@@ -65,8 +65,61 @@ fn regex(pattern: &str) -> Regex {
     Regex::new(pattern).unwrap_or_else(|_| Regex::new(r"[^\s\S]").unwrap_or_else(|_| unreachable!()))
 }
 
+/// Fragments (lower-cased) without one of which no pattern here can match. Checked first, so
+/// that an ordinary command line or environment value costs a few substring searches, not the
+/// compilation of the patterns (every `txbox run` is a new process).
+const HINTS: &[&str] = &[
+    "://",
+    "auth",
+    "cookie",
+    "api",
+    "token",
+    "pass",
+    "secret",
+    "key",
+    "cred",
+    "pwd",
+    "private",
+    "jwt",
+    "bearer",
+    "gh",
+    "glpat-",
+    "npm_",
+    "xox",
+    "akia",
+    "asia",
+    "agpa",
+    "aida",
+    "aroa",
+    "anpa",
+    "sk-",
+    "aiza",
+    "eyj",
+    "-----begin",
+    // Credential variable names (crate::environ) in assignments.
+    "aws_",
+    "azure_",
+    "arm_client",
+    "vault_",
+    "op_session_",
+    "sessionid",
+    "agent",
+    "krb5",
+    "dbus",
+    "netrc",
+    "docker_config",
+];
+
+fn may_hold_secret(text: &str) -> bool {
+    let lower = text.to_ascii_lowercase();
+    HINTS.iter().any(|h| lower.contains(h))
+}
+
 /// Whether `text` holds a value shaped like a well-known token or a password in a URL.
 pub fn holds_secret(text: &str) -> bool {
+    if !may_hold_secret(text) {
+        return false;
+    }
     TOKEN_SHAPES.is_match(text)
         || URL_USERINFO.captures_iter(text).any(|c| c.name("info").is_some_and(|i| userinfo_is_secret(i.as_str())))
 }
@@ -79,6 +132,9 @@ fn userinfo_is_secret(info: &str) -> bool {
 /// `text` with every secret-looking value replaced by `***`.
 pub fn redact(text: &str) -> Cow<'_, str> {
     let mut out: Cow<'_, str> = Cow::Borrowed(text);
+    if !may_hold_secret(text) {
+        return out;
+    }
     let mut apply = |re: &Regex, f: &dyn Fn(&Captures<'_>) -> String| {
         if re.is_match(&out) {
             out = Cow::Owned(re.replace_all(&out, |c: &Captures<'_>| f(c)).into_owned());
@@ -156,6 +212,30 @@ mod tests {
             "python3 -m http.server --bind 127.0.0.1",
         ] {
             assert_eq!(redact(cmd), cmd);
+        }
+    }
+
+    #[test]
+    fn every_pattern_has_a_hint() {
+        // A secret the hints would miss would skip the patterns: each case above has one.
+        for t in ["https://u:p@h", "Authorization: x", "--password=x", "A_TOKEN=x", "AKIAIOSFODNN7EXAMPLE", "ghp_x"] {
+            assert!(may_hold_secret(t), "{t}");
+        }
+        assert!(!may_hold_secret("make test && cargo build --release"));
+        for a in [
+            "AWS_PROFILE=x",
+            "VAULT_ADDR=y",
+            "SSH_AGENT_PID=3",
+            "KRB5CCNAME=z",
+            "NETRC=n",
+            "DOCKER_CONFIG=d",
+            "DBUS_SESSION_BUS_ADDRESS=u",
+            "OP_SESSION_X=v",
+            "ARM_CLIENT_ID=w",
+            "PGPASSWORD=p",
+            "MY_COOKIE=c",
+        ] {
+            assert!(redact(&format!("env {a} cmd")).contains(MASK), "{a}");
         }
     }
 
