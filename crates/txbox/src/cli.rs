@@ -54,6 +54,8 @@ enum Sub {
     Exec {
         tx: String,
         #[command(flatten)]
+        ws: WorkspaceArg,
+        #[command(flatten)]
         opts: ExecOpts,
         /// Keep a failed step's changes instead of undoing the step.
         #[arg(long, value_enum, default_value = "rollback")]
@@ -66,15 +68,23 @@ enum Sub {
     /// Show what an open transaction would change.
     Diff {
         tx: String,
+        #[command(flatten)]
+        ws: WorkspaceArg,
         /// Only a summary per file.
         #[arg(long)]
         stat: bool,
     },
     /// Commit an open transaction into the workspace.
-    Commit { tx: String },
+    Commit {
+        tx: String,
+        #[command(flatten)]
+        ws: WorkspaceArg,
+    },
     /// Roll back a whole transaction, or back to the state right after step STEP.
     Rollback {
         tx: String,
+        #[command(flatten)]
+        ws: WorkspaceArg,
         #[arg(long, value_name = "STEP")]
         to: Option<u32>,
     },
@@ -378,10 +388,9 @@ fn dispatch(cli: Cli) -> Result<i32> {
             }
             Ok(0)
         }
-        Sub::Exec { tx, opts, on_failure, command, argv } => {
+        Sub::Exec { tx, ws, opts, on_failure, command, argv } => {
             let command = command_of(command, argv)?;
-            let cwd = std::env::current_dir().unwrap_or_default();
-            let state = session::locate_state(state_dir.as_deref(), &cwd, &tx)?;
+            let (state, cwd) = locate_tx(state_dir.as_deref(), &ws, &tx)?;
             let req = session::ExecRequest {
                 tx,
                 cwd,
@@ -396,9 +405,8 @@ fn dispatch(cli: Cli) -> Result<i32> {
             let r = session::exec(&state, &req)?;
             Ok(show(json, &r))
         }
-        Sub::Diff { tx, stat } => {
-            let cwd = std::env::current_dir().unwrap_or_default();
-            let state = session::locate_state(state_dir.as_deref(), &cwd, &tx)?;
+        Sub::Diff { tx, ws, stat } => {
+            let (state, _) = locate_tx(state_dir.as_deref(), &ws, &tx)?;
             let text = session::with_diff(&state, &tx, |env, cs, upper| {
                 Ok(if json {
                     let c = txbox::engine::Changes::of(cs);
@@ -416,15 +424,13 @@ fn dispatch(cli: Cli) -> Result<i32> {
             }
             Ok(0)
         }
-        Sub::Commit { tx } => {
-            let cwd = std::env::current_dir().unwrap_or_default();
-            let state = session::locate_state(state_dir.as_deref(), &cwd, &tx)?;
+        Sub::Commit { tx, ws } => {
+            let (state, _) = locate_tx(state_dir.as_deref(), &ws, &tx)?;
             let r = session::commit(&state, &tx)?;
             Ok(show(json, &r))
         }
-        Sub::Rollback { tx, to } => {
-            let cwd = std::env::current_dir().unwrap_or_default();
-            let state = session::locate_state(state_dir.as_deref(), &cwd, &tx)?;
+        Sub::Rollback { tx, ws, to } => {
+            let (state, _) = locate_tx(state_dir.as_deref(), &ws, &tx)?;
             let r = session::rollback(&state, &tx, to)?;
             Ok(show(json, &r))
         }
@@ -487,6 +493,29 @@ fn dispatch(cli: Cli) -> Result<i32> {
             Ok(0)
         }
     }
+}
+
+/// The state directory of transaction `tx`, found from any directory, and the working directory
+/// for a step: the current one, or with `-C DIR` the workspace, which must be the transaction's
+/// (the current directory is kept when it lies inside it, as for `run`).
+fn locate_tx(state_dir: Option<&std::path::Path>, ws: &WorkspaceArg, tx: &str) -> Result<(StateDir, PathBuf)> {
+    let cwd = std::env::current_dir().unwrap_or_default();
+    let state = session::locate_state(state_dir, &cwd, tx)?;
+    if ws.workspace.is_none() {
+        return Ok((state, cwd));
+    }
+    let named = workspace_of(ws)?;
+    let meta = state.read_meta(tx)?;
+    if meta.workspace != named {
+        return Err(Usage(format!(
+            "transaction {tx} belongs to the workspace {}, not {}",
+            meta.workspace.display(),
+            named.display()
+        ))
+        .into());
+    }
+    let cwd = if cwd.starts_with(&named) { cwd } else { named };
+    Ok((state, cwd))
 }
 
 fn workspace_of(ws: &WorkspaceArg) -> Result<PathBuf> {

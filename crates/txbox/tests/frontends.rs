@@ -969,3 +969,36 @@ fn everyday_interface() {
     let unified = v["result"]["content"][2]["text"].as_str().unwrap_or_default();
     assert!(unified.contains("+hello"), "{v}");
 }
+
+/// `-C` on the transaction subcommands: ids resolve from any directory; with `-C`, the step runs
+/// in the workspace (the current directory when inside it), and a transaction of another
+/// workspace is refused.
+#[test]
+fn transaction_subcommands_take_dash_c() {
+    let s = Scratch::new("dash-c");
+    let other = s.root.join("other");
+    std::fs::create_dir_all(s.ws.join("sub")).unwrap();
+    std::fs::create_dir_all(&other).unwrap();
+    let ws = s.ws.to_str().unwrap().to_string();
+    let run_in = |dir: &Path, args: &[&str]| {
+        let mut c = Command::new(binary());
+        c.arg("--state-dir").arg(&s.state).args(args).current_dir(dir).output().unwrap()
+    };
+    let out = run_in(&s.ws, &["begin"]);
+    let tx = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    // From outside the workspace, by id alone: the step runs where the caller is not, at the root.
+    let out = run_in(&s.root, &["--json", "exec", &tx, "-C", &ws, "-c", "pwd"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", describe(&out)));
+    assert_eq!(v["stdout"].as_str().map(str::trim), Some(ws.as_str()), "{v}");
+    let out = run_in(&s.ws.join("sub"), &["--json", "exec", &tx, "-C", &ws, "-c", "pwd"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["stdout"].as_str().map(str::trim), Some(format!("{ws}/sub").as_str()), "{v}");
+    let out = run_in(&s.root, &["--json", "diff", &tx, "-C", other.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", describe(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["error"]["message"].as_str().unwrap().contains("belongs to the workspace"), "{v}");
+    for sub in ["diff", "commit"] {
+        let out = run_in(&other, &[sub, &tx, "-C", &ws]);
+        assert_eq!(out.status.code(), Some(0), "{sub}: {}", describe(&out));
+    }
+}
