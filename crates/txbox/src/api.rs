@@ -266,13 +266,21 @@ pub struct TxArgs {
     pub tx: String,
 }
 
-/// Roll back (`POST /v1/tx/{id}/rollback`; the MCP tool `rollback` adds `tx`).
+/// Roll back (`POST /v1/tx/{id}/rollback`).
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RollbackBody {
+    /// Keep steps 1..=to and undo the later ones; without it the whole transaction is discarded.
+    #[serde(default)]
+    pub to: Option<u32>,
+}
+
+/// The MCP tool `rollback`: the body, and the transaction.
 #[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RollbackArgs {
-    /// Transaction id (16 hex digits); in the URL for HTTP.
-    #[serde(default)]
-    pub tx: Option<String>,
+    /// Transaction id (16 hex digits) returned by begin or by run with no_commit.
+    pub tx: String,
     /// Keep steps 1..=to and undo the later ones; without it the whole transaction is discarded.
     #[serde(default)]
     pub to: Option<u32>,
@@ -665,7 +673,8 @@ mod tests {
         assert!(parse_bytes::<BeginBody>(b" ").is_ok());
         assert_eq!(parse_bytes::<BeginBody>(b"{").unwrap_err().kind, ErrorKind::Usage);
         assert_eq!(parse::<LogArgs>(json!({"n": -1})).unwrap_err().kind, ErrorKind::Usage);
-        assert_eq!(parse::<RollbackArgs>(json!({"to": "3"})).unwrap_err().kind, ErrorKind::Usage);
+        assert_eq!(parse::<RollbackBody>(json!({"to": "3"})).unwrap_err().kind, ErrorKind::Usage);
+        assert_eq!(parse::<RollbackArgs>(json!({"to": 3})).unwrap_err().kind, ErrorKind::Usage);
     }
 
     #[test]

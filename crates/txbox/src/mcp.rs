@@ -85,12 +85,9 @@ pub fn call(api: &Api, name: &str, args: &Value) -> Result<Value, String> {
             json!({"content": [text(line), text(listing.to_string()), text(unified)], "isError": false})
         }),
         "commit" => api::parse::<TxArgs>(args).and_then(|a| api.commit(&a.tx)).map(|r| result_content(&r)),
-        "rollback" => api::parse::<RollbackArgs>(args)
-            .and_then(|a| match a.tx {
-                Some(tx) => api.rollback(&tx, a.to),
-                None => Err(ApiError::usage("missing field `tx`")),
-            })
-            .map(|r| result_content(&r)),
+        "rollback" => {
+            api::parse::<RollbackArgs>(args).and_then(|a| api.rollback(&a.tx, a.to)).map(|r| result_content(&r))
+        }
         "list" => api::parse::<ListArgs>(args).and_then(|a| api.list(a.workspace.as_deref())).and_then(|txs| {
             let v = serde_json::to_value(&txs).map_err(|e| ApiError::internal(e.to_string()))?;
             Ok(ok(format!("txbox: {} open transactions", txs.len()), v))

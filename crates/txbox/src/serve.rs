@@ -27,7 +27,7 @@ use rmcp::transport::streamable_http_server::session::never::NeverSessionManager
 use rmcp::transport::StreamableHttpService;
 use serde_json::{json, Value};
 use txbox::api::{
-    self, Api, ApiError, BeginBody, Ceiling, ErrorKind, ListArgs, LogArgs, Principal, RollbackArgs, RunBody, StepBody,
+    self, Api, ApiError, BeginBody, Ceiling, ErrorKind, ListArgs, LogArgs, Principal, RollbackBody, RunBody, StepBody,
 };
 use txbox::engine::{Outcome, RunResult};
 
@@ -206,13 +206,10 @@ async fn commit(State(st): State<Shared>, UrlPath(tx): UrlPath<String>) -> Respo
 }
 
 async fn rollback(State(st): State<Shared>, UrlPath(tx): UrlPath<String>, body: Body) -> Response {
-    let req: RollbackArgs = match body_of(&st, body).await {
+    let req: RollbackBody = match body_of(&st, body).await {
         Ok(r) => r,
         Err(e) => return error_response(&e),
     };
-    if req.tx.as_ref().is_some_and(|t| *t != tx) {
-        return error_response(&ApiError::usage("the body's `tx` differs from the URL's"));
-    }
     let st = st.clone();
     result_response(blocking(move || st.api.rollback(&tx, req.to)).await)
 }
