@@ -47,6 +47,9 @@ pub struct LaunchOptions {
     /// The socket of a warm server to try first ([`crate::warm`]); without one, or when it
     /// cannot take the command, the launcher builds a sandbox of its own.
     pub warm: Option<std::path::PathBuf>,
+    /// The command's whole environment (`KEY=VALUE` entries), cold and warm alike; `None`:
+    /// this process's. The caller decides what is in it (txbox withholds credentials).
+    pub env: Option<Vec<OsString>>,
 }
 
 /// Where the command ran.
@@ -154,6 +157,27 @@ pub(crate) unsafe fn install_fds(pairs: &[(i32, i32)]) -> bool {
     true
 }
 
+/// `KEY=VALUE` → (KEY, VALUE); an entry without `=` or with an empty key is skipped.
+fn split_entry(e: &OsString) -> Option<(OsString, OsString)> {
+    use std::os::unix::ffi::OsStrExt;
+    let b = e.as_bytes();
+    let eq = b.iter().position(|&c| c == b'=').filter(|&i| i > 0)?;
+    Some((
+        OsString::from(std::ffi::OsStr::from_bytes(&b[..eq])),
+        OsString::from(std::ffi::OsStr::from_bytes(&b[eq + 1..])),
+    ))
+}
+
+/// Make this process's environment exactly `env` (in a forked, single-threaded child only).
+fn replace_environment(env: &[OsString]) {
+    for (k, _) in std::env::vars_os() {
+        std::env::remove_var(k);
+    }
+    for (k, v) in env.iter().filter_map(split_entry) {
+        std::env::set_var(k, v);
+    }
+}
+
 /// Whether this process has a single thread, which makes `fork` without `exec` safe.
 fn single_threaded() -> bool {
     // Field 20 of /proc/self/stat, counted after the `(comm)` field that may hold spaces.
@@ -257,7 +281,7 @@ fn try_warm(
         out.as_ref().map_or(rustix::stdio::stdout(), |p| p.1.as_fd()),
         err.as_ref().map_or(rustix::stdio::stderr(), |p| p.1.as_fd()),
     ];
-    let conn = crate::warm::claim(socket, spec, stdio)?;
+    let conn = crate::warm::claim(socket, spec, stdio, opts.env.as_deref())?;
     // The write ends now belong to the command; ours would hold its output open.
     Ok((conn, out.map(|(r, _)| r), err.map(|(r, _)| r)))
 }
@@ -301,6 +325,12 @@ pub fn launch(
             return Err(spawn_err(std::io::Error::last_os_error()));
         }
         if pid == 0 {
+            // Stage 2 execs the command with its own environment: make it the one asked for.
+            // This child is single-threaded (a fork of a single-threaded process), so nothing
+            // reads the environment while it changes.
+            if let Some(env) = &opts.env {
+                replace_environment(env);
+            }
             // SAFETY: in the forked child, with fds inherited from the parent.
             if !unsafe { install_fds(&[(in_r, 0), (out_w, 1), (err_w, 2), (w, REPORT_FD), (sr, SYNC_FD)]) } {
                 // SAFETY: leaving the forked child without touching the parent's state.
@@ -312,6 +342,9 @@ pub fn launch(
     } else {
         let mut cmd = Command::new(exe);
         cmd.arg0("txbox-sandbox").arg("__stage2").args(spec.to_args());
+        if let Some(env) = &opts.env {
+            cmd.env_clear().envs(env.iter().filter_map(split_entry));
+        }
         if opts.capture.is_some() {
             cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         }

@@ -121,6 +121,8 @@ fn live_probe() -> Check {
         validate: None,
         no_commit: false,
         keep_on_failure: false,
+        isolation: Default::default(),
+        pass_env: Vec::new(),
     };
     let r = engine::run(&req);
     let ok = matches!(&r, Ok(r) if r.outcome == Outcome::Committed) && dir.join("probe.txt").exists();

@@ -6,10 +6,9 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
-use txbox_policy::{Action, Context, Decision, Policy};
+use txbox_policy::{Action, Context, Policy};
 use txbox_sandbox::warm::NotWarm;
-use txbox_sandbox::{Exit, Finished, LaunchOptions, SandboxSpec, WarmUse};
+use txbox_sandbox::{Finished, LaunchOptions, SandboxSpec, WarmUse};
 use txbox_txn::audit::{self, Counts};
 use txbox_txn::commit::{CommitError, CommitTarget};
 use txbox_txn::layout::TxKind;
@@ -56,129 +55,16 @@ pub struct RunRequest {
     pub no_commit: bool,
     /// On failure, keep the transaction pending instead of rolling it back.
     pub keep_on_failure: bool,
+    /// `strict`: refused as a conflict if any other transaction committed meanwhile.
+    pub isolation: Isolation,
+    /// Variables passed to the command although their name or value marks a credential.
+    pub pass_env: Vec<String>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Outcome {
-    Committed,
-    RolledBack,
-    Denied,
-    Pending,
-    Conflict,
-    Error,
-}
-
-impl Outcome {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Committed => "committed",
-            Outcome::RolledBack => "rolled_back",
-            Outcome::Denied => "denied",
-            Outcome::Pending => "pending",
-            Outcome::Conflict => "conflict",
-            Outcome::Error => "error",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RollbackReason {
-    ExitStatus,
-    Validation,
-    Timeout,
-    Limit,
-    Policy,
-    Requested,
-}
-
-impl RollbackReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RollbackReason::ExitStatus => "exit_status",
-            RollbackReason::Validation => "validation",
-            RollbackReason::Timeout => "timeout",
-            RollbackReason::Limit => "limit",
-            RollbackReason::Policy => "policy",
-            RollbackReason::Requested => "requested",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Changes {
-    pub added: Vec<String>,
-    pub modified: Vec<String>,
-    pub deleted: Vec<String>,
-}
-
-impl Changes {
-    pub fn of(cs: &ChangeSet) -> Changes {
-        let f = |v: &Vec<PathBuf>| v.iter().map(|p| display_rel(p)).collect();
-        Changes { added: f(&cs.added), modified: f(&cs.modified), deleted: f(&cs.deleted) }
-    }
-
-    pub fn counts(&self) -> Counts {
-        Counts { added: self.added.len(), modified: self.modified.len(), deleted: self.deleted.len() }
-    }
-}
-
-/// The result of one `run`, exactly the JSON object of DESIGN §3.
-#[derive(Debug, Clone, Serialize)]
-pub struct RunResult {
-    pub tx: String,
-    pub decision: Decision,
-    pub outcome: Outcome,
-    pub rollback_reason: Option<RollbackReason>,
-    pub exit_code: i32,
-    pub signal: Option<i32>,
-    pub timed_out: bool,
-    pub limit_exceeded: Option<String>,
-    pub changes: Changes,
-    pub stdout: String,
-    pub stderr: String,
-    pub stdout_truncated: bool,
-    pub stderr_truncated: bool,
-    pub duration_ms: f64,
-    /// Why txbox itself failed or refused to commit (not part of the success path).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    /// Paths in conflict, for `outcome: conflict`.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub conflicts: Vec<String>,
-    /// Special files (devices, FIFOs, sockets) the command made; never committed.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub skipped: Vec<String>,
-    /// For `exec`: the step number this command ran as.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub step: Option<u32>,
-}
-
-impl RunResult {
-    pub(crate) fn new(tx: String, decision: Decision) -> RunResult {
-        RunResult {
-            tx,
-            decision,
-            outcome: Outcome::Error,
-            rollback_reason: None,
-            exit_code: 125,
-            signal: None,
-            timed_out: false,
-            limit_exceeded: None,
-            changes: Changes::default(),
-            stdout: String::new(),
-            stderr: String::new(),
-            stdout_truncated: false,
-            stderr_truncated: false,
-            duration_ms: 0.0,
-            error: None,
-            conflicts: Vec::new(),
-            skipped: Vec::new(),
-            step: None,
-        }
-    }
-}
+use crate::options::Isolation;
+pub(crate) use crate::result::{deny, record, setup_failed};
+pub use crate::result::{Changes, Outcome, RollbackReason, RunResult};
+use crate::timing::Timeline;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -202,7 +88,47 @@ pub fn resolve_workspace(dir: &Path) -> Result<PathBuf, EngineError> {
     if !p.is_dir() {
         return Err(EngineError::Workspace { path: p, source: std::io::ErrorKind::NotADirectory.into() });
     }
+    if let Some(why) = unreasonable_workspace(&p) {
+        return Err(EngineError::Usage(format!(
+            "refusing {} as a workspace: {why}; name a project directory",
+            p.display()
+        )));
+    }
     Ok(p)
+}
+
+/// Directories no transaction should cover: the root (the whole host), the system's own
+/// top-level directories, and kernel filesystems.
+fn unreasonable_workspace(p: &Path) -> Option<&'static str> {
+    const SYSTEM: &[&str] = &[
+        "/bin",
+        "/boot",
+        "/etc",
+        "/lib",
+        "/lib32",
+        "/lib64",
+        "/libx32",
+        "/run",
+        "/sbin",
+        "/usr",
+        "/var",
+        "/home",
+        "/tmp",
+        "/var/tmp",
+        "/usr/local",
+        "/usr/lib",
+        "/usr/bin",
+    ];
+    const KERNEL: &[&str] = &["/proc", "/sys", "/dev"];
+    if p == Path::new("/") {
+        Some("it is the root of the filesystem")
+    } else if SYSTEM.iter().any(|s| p == Path::new(s)) {
+        Some("it is a system directory")
+    } else if KERNEL.iter().any(|k| p.starts_with(k)) {
+        Some("it is a kernel filesystem")
+    } else {
+        None
+    }
 }
 
 pub fn policy_context(workspace: &Path, cwd: &Path) -> Context {
@@ -210,48 +136,6 @@ pub fn policy_context(workspace: &Path, cwd: &Path) -> Context {
         workspace: workspace.to_path_buf(),
         cwd: cwd.to_path_buf(),
         home: std::env::var_os("HOME").map(PathBuf::from),
-    }
-}
-
-/// Phase timings of one run, printed to stderr when `TXBOX_TIMING` is set: the documented
-/// way to see where a transaction's time goes (docs/BENCHMARKS.md).
-struct Timeline {
-    enabled: bool,
-    last: Instant,
-    marks: Vec<(&'static str, Duration)>,
-    /// Where the command ran: `warm`, or `cold (why no warm server took it)`.
-    sandbox: Option<String>,
-}
-
-impl Timeline {
-    fn new(started: Instant) -> Timeline {
-        Timeline {
-            enabled: std::env::var_os("TXBOX_TIMING").is_some(),
-            last: started,
-            marks: Vec::new(),
-            sandbox: None,
-        }
-    }
-
-    fn mark(&mut self, phase: &'static str) {
-        if self.enabled {
-            let now = Instant::now();
-            self.marks.push((phase, now - self.last));
-            self.last = now;
-        }
-    }
-}
-
-impl Drop for Timeline {
-    fn drop(&mut self) {
-        if self.enabled {
-            let parts: Vec<String> =
-                self.marks.iter().map(|(p, d)| format!("{p} {:.3}", d.as_secs_f64() * 1e3)).collect();
-            eprintln!("txbox timing (ms): {}", parts.join(", "));
-            if let Some(s) = &self.sandbox {
-                eprintln!("txbox sandbox: {s}");
-            }
-        }
     }
 }
 
@@ -367,6 +251,8 @@ fn warm_socket(state: &StateDir, spec: &SandboxSpec) -> Option<PathBuf> {
     txbox_sandbox::warm::fits(&p).then_some(p)
 }
 
+// Each argument is one independent input of the sandbox; grouping them would only rename them.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn execute(
     env: &Env,
     cwd: &Path,
@@ -375,6 +261,7 @@ pub(crate) fn execute(
     io: Io,
     limits: &Limits,
     policy_file: Option<&Path>,
+    pass_env: &[String],
 ) -> Result<Finished, txbox_sandbox::SandboxError> {
     let argv = match command {
         Command::Argv(a) | Command::Script { argv: a, .. } => a.clone(),
@@ -406,6 +293,7 @@ pub(crate) fn execute(
         output_limit_kills: limits.max_output.is_some(),
         timeout: limits.timeout,
         warm: warm_socket(&env.state, &spec),
+        env: Some(crate::environ::for_command(pass_env)),
     };
     let exe = Path::new("/proc/self/exe");
     let mut finished = txbox_sandbox::launch(exe, &spec, &opts, &mut watch)?;
@@ -420,47 +308,6 @@ pub(crate) fn execute(
     // Dropping the watcher kills anything left in its cgroup and removes it.
     drop(watch);
     Ok(finished)
-}
-
-/// Copy a finished command's fate into the result; true when it succeeded (status 0).
-pub(crate) fn record(r: &mut RunResult, finished: Finished) -> bool {
-    r.stdout = String::from_utf8_lossy(&finished.stdout).into_owned();
-    r.stderr = String::from_utf8_lossy(&finished.stderr).into_owned();
-    r.stdout_truncated = finished.stdout_truncated;
-    r.stderr_truncated = finished.stderr_truncated;
-    r.timed_out = finished.timed_out;
-    match finished.exit {
-        Exit::Code(c) => r.exit_code = c,
-        Exit::Signal(s) => {
-            r.signal = Some(s);
-            r.exit_code = 128 + s;
-        }
-    }
-    if finished.timed_out {
-        r.exit_code = 124;
-    }
-    r.limit_exceeded = finished.limit.map(str::to_string);
-    let ok = !finished.timed_out && finished.limit.is_none() && finished.exit == Exit::Code(0);
-    if !ok {
-        r.rollback_reason = Some(if finished.limit.is_some() {
-            RollbackReason::Limit
-        } else if finished.timed_out {
-            RollbackReason::Timeout
-        } else {
-            RollbackReason::ExitStatus
-        });
-        if finished.limit.is_some() && r.exit_code == 0 {
-            // A command stopped by a limit did not complete, whatever it returned.
-            r.exit_code = 128 + libc::SIGKILL;
-        }
-    }
-    ok
-}
-
-pub(crate) fn setup_failed(r: &mut RunResult, e: impl std::fmt::Display) {
-    r.error = Some(e.to_string());
-    r.outcome = Outcome::Error;
-    r.exit_code = 125;
 }
 
 /// Run one command as one transaction.
@@ -492,15 +339,17 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
 
     // 4. Execute in the sandbox.
     let layers = Layers { lower: Vec::new(), upper: &tx.upper, work: &tx.work };
-    let finished = match execute(&env, &cwd, &req.command, layers, req.io, &req.limits, req.policy_file.as_deref()) {
-        Ok(f) => f,
-        Err(e) => {
-            setup_failed(&mut r, e);
-            drop_tx(&env.state, tx, false);
-            audit(&env, &req.command, &mut r, started, false)?;
-            return Ok(r);
-        }
-    };
+    let finished =
+        match execute(&env, &cwd, &req.command, layers, req.io, &req.limits, req.policy_file.as_deref(), &req.pass_env)
+        {
+            Ok(f) => f,
+            Err(e) => {
+                setup_failed(&mut r, e);
+                drop_tx(&env.state, tx, false);
+                audit(&env, &req.command, &mut r, started, false)?;
+                return Ok(r);
+            }
+        };
     let served_warm = finished.warm == WarmUse::Served;
     timeline.mark("sandbox");
     if timeline.enabled {
@@ -522,7 +371,8 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
 
     // 6. Classify and commit under the workspace lock.
     let target = Target { id: &tx.id, upper: &tx.upper, trash: &tx.trash };
-    let committed = commit_upper(&env, &target, Base::Generation(base_generation));
+    let strict = (req.isolation == Isolation::Strict).then_some(base_generation);
+    let committed = commit_upper(&env, &target, Base::Generation(base_generation), strict);
     timeline.mark("commit");
     settle(&mut r, committed);
     drop_tx(&env.state, tx, served_warm);
@@ -531,12 +381,6 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
     audit(&env, &req.command, &mut r, started, durable)?;
     timeline.mark("audit");
     Ok(r)
-}
-
-pub(crate) fn deny(r: &mut RunResult) {
-    r.outcome = Outcome::Denied;
-    r.exit_code = 126;
-    r.rollback_reason = Some(RollbackReason::Policy);
 }
 
 /// Turn a commit attempt into the result's outcome.
@@ -591,10 +435,20 @@ fn overlapping(ours: &[PathBuf], theirs: &[PathBuf]) -> Vec<PathBuf> {
 }
 
 /// Classify `upper` and commit it, under the workspace lock, unless a path it changes was
-/// changed since the transaction's base (first committer wins).
-pub(crate) fn commit_upper(env: &Env, t: &Target<'_>, base: Base<'_>) -> Result<ChangeSet, TxError> {
+/// changed since the transaction's base (first committer wins), or, with `strict_since` (strict
+/// isolation: the workspace's commit generation when the transaction began), unless any
+/// transaction committed to the workspace since then.
+pub(crate) fn commit_upper(
+    env: &Env,
+    t: &Target<'_>,
+    base: Base<'_>,
+    strict_since: Option<u64>,
+) -> Result<ChangeSet, TxError> {
     let other = |e: &dyn std::fmt::Display| TxError::Other(e.to_string());
     let _lock = env.state.lock_workspace(&env.workspace).map_err(|e| other(&e))?;
+    if let Some(since) = strict_since {
+        strict_check(env, since).map_err(|e| other(&e))??;
+    }
     let cs = txbox_txn::classify(t.upper, &env.workspace, &env.exclude).map_err(|e| other(&e))?;
     let ours: Vec<PathBuf> = cs
         .changes
@@ -644,6 +498,23 @@ pub(crate) fn commit_upper(env: &Env, t: &Target<'_>, base: Base<'_>) -> Result<
         }
         Err(e) => Err(TxError::Other(format!("commit failed: {e}"))),
     }
+}
+
+/// Strict isolation: refused if the workspace's commit generation moved since `since`. What
+/// the transaction read may mix states from before and after those commits, so even one that
+/// changes nothing is refused (its output would describe a workspace that never existed).
+fn strict_check(env: &Env, since: u64) -> Result<Result<(), TxError>, EngineError> {
+    let now = env.state.generation(&env.workspace)?;
+    if now <= since {
+        return Ok(Ok(()));
+    }
+    let n = now - since;
+    let msg = format!(
+        "strict isolation: {n} other transaction{} committed to the workspace since this one began; \
+         nothing applied, run it again",
+        if n == 1 { "" } else { "s" }
+    );
+    Ok(Err(TxError::Conflict(Vec::new(), msg)))
 }
 
 /// Discard a transaction's directory. Failure to clean up leaves garbage for `recover`, never
@@ -710,7 +581,7 @@ pub(crate) fn audit(
             .unwrap_or(0),
         tx: r.tx.clone(),
         workspace: env.workspace.to_string_lossy().into_owned(),
-        command: command.display(),
+        command: crate::redact::redact(&command.display()).into_owned(),
         action: r.decision.action.as_str().to_string(),
         rule: r.decision.rule.clone(),
         reason: r.decision.reason.clone(),

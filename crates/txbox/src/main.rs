@@ -31,12 +31,5 @@ fn main() {
         }
         std::process::exit(0);
     }
-    let code = match cli::main(args) {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("txbox: error: {e:#}");
-            125
-        }
-    };
-    std::process::exit(code);
+    std::process::exit(cli::main(args));
 }

@@ -44,7 +44,15 @@ pub fn summary(r: &RunResult) -> String {
                 (_, Some(sig)) => format!("killed by signal {sig}"),
                 _ => format!("exit status {}", r.exit_code),
             };
-            format!("txbox: rolled back tx {}: {why}", short(&r.tx))
+            match r.step {
+                // A session's failed step: only the step is undone.
+                Some(n) => format!(
+                    "txbox: step {n} of tx {} undone: {why}; the transaction is still open (exec, diff, commit or rollback {})",
+                    short(&r.tx),
+                    r.tx
+                ),
+                None => format!("txbox: rolled back tx {}: {why}", short(&r.tx)),
+            }
         }
         Outcome::Denied => {
             format!("txbox: denied by rule {}: {}", r.decision.rule.as_deref().unwrap_or("policy"), r.decision.reason)

@@ -13,9 +13,11 @@ use txbox_txn::state::{remove_tree, TxMeta};
 use txbox_txn::{ChangeSet, StateDir};
 
 use crate::engine::{
-    audit, commit_upper, deny, evaluate, execute, policy_context, record, settle, setup_failed, Base, Changes, Command,
-    EngineError, Env, Io, Layers, Limits, Outcome, RollbackReason, RunRequest, RunResult, Target,
+    audit, commit_upper, evaluate, execute, policy_context, settle, Base, Command, EngineError, Env, Io, Layers,
+    Limits, RunRequest, Target,
 };
+use crate::options::Isolation;
+use crate::result::{deny, record, setup_failed, Changes, Outcome, RollbackReason, RunResult};
 
 /// Find the state directory for a transaction id, from any directory: `--state-dir` if
 /// given, else the default one or one txbox uses on another filesystem (`StateDir::find_tx`).
@@ -33,11 +35,18 @@ fn open(state: &StateDir, tx: &str) -> Result<(Env, TxMeta), EngineError> {
     Ok((env, meta))
 }
 
-/// `begin`: a new open transaction; returns its id.
-pub fn begin(workspace: &Path, state_dir: Option<&Path>, name: Option<&str>) -> Result<String, EngineError> {
+/// `begin`: a new open transaction; returns its id. With strict isolation, the workspace's
+/// commit generation now is its base: any commit after it refuses this one's.
+pub fn begin(
+    workspace: &Path,
+    state_dir: Option<&Path>,
+    name: Option<&str>,
+    isolation: Isolation,
+) -> Result<String, EngineError> {
     let env = Env::open(workspace, state_dir)?;
-    env.recover()?;
-    Ok(env.state.create_session(&env.workspace, name)?)
+    let generation = env.recover()?;
+    let strict = (isolation == Isolation::Strict).then_some(generation);
+    Ok(env.state.create_session_with(&env.workspace, name, strict)?)
 }
 
 /// What an `exec` runs and how.
@@ -52,6 +61,8 @@ pub struct ExecRequest {
     pub limits: Limits,
     /// Keep a failed step's changes instead of undoing the step.
     pub keep_on_failure: bool,
+    /// Variables passed to the command although they look like credentials.
+    pub pass_env: Vec<String>,
 }
 
 /// `exec`: run one step inside an open transaction. A step that fails is undone alone (unless
@@ -79,7 +90,8 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
     let (upper, work) = session::create_step(&steps, n, &env.workspace)?;
     let lower: Vec<PathBuf> = layers.iter().rev().map(|(_, p)| p.clone()).collect();
     let layers = Layers { lower, upper: &upper, work: &work };
-    let finished = execute(&env, &req.cwd, &req.command, layers, req.io, &req.limits, req.policy_file.as_deref());
+    let finished =
+        execute(&env, &req.cwd, &req.command, layers, req.io, &req.limits, req.policy_file.as_deref(), &req.pass_env);
     let ok = match finished {
         Ok(f) => record(&mut r, f),
         Err(e) => {
@@ -118,7 +130,7 @@ fn squash(layers: &[(u32, PathBuf)]) -> Result<Option<PathBuf>, EngineError> {
 pub fn commit(state: &StateDir, tx: &str) -> Result<RunResult, EngineError> {
     let started = Instant::now();
     let _lock = state.lock_tx(tx)?;
-    let (env, _) = open(state, tx)?;
+    let (env, meta) = open(state, tx)?;
     env.recover()?;
     let tx_dir = state.tx_dir(tx);
     let decision = Decision { action: Action::Transact, rule: None, reason: "commit of an open transaction".into() };
@@ -140,7 +152,12 @@ pub fn commit(state: &StateDir, tx: &str) -> Result<RunResult, EngineError> {
             let trash = tx_dir.join(txbox_txn::layout::TRASH);
             settle(
                 &mut r,
-                commit_upper(&env, &Target { id: tx, upper: &upper, trash: &trash }, Base::Fingerprints(&fps)),
+                commit_upper(
+                    &env,
+                    &Target { id: tx, upper: &upper, trash: &trash },
+                    Base::Fingerprints(&fps),
+                    meta.strict_since,
+                ),
             );
         }
     }
@@ -251,7 +268,7 @@ pub fn list(state: &StateDir) -> Result<Vec<TxInfo>, EngineError> {
 pub fn run_as_session(req: &RunRequest) -> Result<RunResult, EngineError> {
     let started = Instant::now();
     let env = Env::open(&req.workspace, req.state_dir.as_deref())?;
-    let tx = begin(&env.workspace, Some(&env.state.root), None)?;
+    let tx = begin(&env.workspace, Some(&env.state.root), None, req.isolation)?;
     let exec_req = |command: Command| ExecRequest {
         tx: tx.clone(),
         cwd: req.cwd.clone(),
@@ -261,13 +278,15 @@ pub fn run_as_session(req: &RunRequest) -> Result<RunResult, EngineError> {
         io: req.io,
         limits: req.limits.clone(),
         keep_on_failure: false,
+        pass_env: req.pass_env.clone(),
     };
     let mut first = exec_req(req.command.clone());
     first.keep_on_failure = req.keep_on_failure;
     let mut r = exec(&env.state, &first)?;
     if r.outcome != Outcome::Pending {
-        // Denied, rolled back or failed to start: nothing to keep.
+        // Denied, rolled back or failed to start: nothing to keep (and no step left open).
         let _ = env.state.remove_tx(&tx);
+        r.step = None;
         return Ok(r);
     }
     if r.exit_code != 0 {
@@ -286,6 +305,7 @@ pub fn run_as_session(req: &RunRequest) -> Result<RunResult, EngineError> {
                 r.stderr.push_str(&check.stderr);
                 r.exit_code = if check.exit_code == 0 { 1 } else { check.exit_code };
                 r.error = Some(format!("validation `{v}` failed with exit status {}", check.exit_code));
+                r.step = None;
                 return Ok(r);
             }
         }

@@ -722,6 +722,18 @@ impl StateDir {
 
     /// Create a session transaction's directory (no layers yet).
     pub fn create_session(&self, workspace: &Path, name: Option<&str>) -> Result<String, StateError> {
+        self.create_session_with(workspace, name, None)
+    }
+
+    /// [`create_session`](Self::create_session), recording `strict_since`: for a session with
+    /// strict isolation, the workspace's commit generation when it began (sealed in its meta,
+    /// so the check at commit cannot be switched off on disk).
+    pub fn create_session_with(
+        &self,
+        workspace: &Path,
+        name: Option<&str>,
+        strict_since: Option<u64>,
+    ) -> Result<String, StateError> {
         if let Some(n) = name {
             if n.is_empty() || n.len() > MAX_NAME || n.chars().any(char::is_control) {
                 return Err(StateError::BadName(n.to_string()));
@@ -731,7 +743,12 @@ impl StateDir {
         let dir = self.tx_dir(&id);
         let tx = self.dir(layout::TX)?;
         rustix::fs::mkdirat(&tx, id.as_str(), Mode::from_raw_mode(0o700)).map_err(at(&dir, "create"))?;
-        let meta = TxMeta { workspace: workspace.to_path_buf(), kind: TxKind::Session, name: name.map(str::to_string) };
+        let meta = TxMeta {
+            workspace: workspace.to_path_buf(),
+            kind: TxKind::Session,
+            name: name.map(str::to_string),
+            strict_since,
+        };
         // Meta first: from then on the session is one `list` shows and `rollback` removes,
         // whatever a crash leaves of the rest.
         self.write_meta(&id, &meta, true)?;
@@ -1064,6 +1081,8 @@ pub struct TxMeta {
     pub kind: TxKind,
     /// A session's name, given at `begin`.
     pub name: Option<String>,
+    /// Strict isolation: the workspace's commit generation when the session began.
+    pub strict_since: Option<u64>,
 }
 
 impl TxMeta {
@@ -1071,6 +1090,9 @@ impl TxMeta {
         let mut s = format!("workspace {}\nkind {}\n", path_to_hex(&self.workspace), self.kind.as_str());
         if let Some(n) = &self.name {
             s.push_str(&format!("name {}\n", hex(n.as_bytes())));
+        }
+        if let Some(g) = self.strict_since {
+            s.push_str(&format!("strict {g}\n"));
         }
         s
     }
@@ -1080,11 +1102,27 @@ impl TxMeta {
         let mut lines = body.lines();
         let workspace = path_from_hex(lines.next()?.strip_prefix("workspace ")?)?;
         let kind = TxKind::parse(lines.next()?.strip_prefix("kind ")?)?;
-        let name = match lines.next() {
-            Some(l) => Some(String::from_utf8(crate::hex::unhex(l.strip_prefix("name ")?)?).ok()?),
+        let mut next = lines.next();
+        let name = match next.and_then(|l| l.strip_prefix("name ")) {
+            Some(h) => {
+                next = lines.next();
+                Some(String::from_utf8(crate::hex::unhex(h)?).ok()?)
+            }
             None => None,
         };
-        (layout::is_normal_absolute(&workspace) && lines.next().is_none()).then_some(TxMeta { workspace, kind, name })
+        let strict_since = match next {
+            Some(l) => {
+                next = lines.next();
+                Some(l.strip_prefix("strict ")?.parse().ok()?)
+            }
+            None => None,
+        };
+        (layout::is_normal_absolute(&workspace) && next.is_none()).then_some(TxMeta {
+            workspace,
+            kind,
+            name,
+            strict_since,
+        })
     }
 }
 
@@ -1114,7 +1152,11 @@ impl TxDir {
             // overlay after answering and share-locks `work` until then: wait for that.
             fsx::wait_unlocked(&work).map_err(at(&work, "wait for the warm server to release"))?;
         }
-        state.write_meta(&id, &TxMeta { workspace: workspace.to_path_buf(), kind, name: None }, false)?;
+        state.write_meta(
+            &id,
+            &TxMeta { workspace: workspace.to_path_buf(), kind, name: None, strict_since: None },
+            false,
+        )?;
         let ws_md = std::fs::metadata(workspace).map_err(at(workspace, "stat workspace"))?;
         if !reused {
             std::fs::DirBuilder::new().mode(ws_md.mode() & 0o7777).create(&upper).map_err(at(&upper, "create"))?;

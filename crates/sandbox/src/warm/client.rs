@@ -57,7 +57,13 @@ pub(crate) fn with_suffix(p: &Path, suffix: &str) -> PathBuf {
 }
 
 /// Hand `spec`'s command to the server on `socket`, with `stdio` as its stdin, stdout, stderr.
-pub fn claim(socket: &Path, spec: &SandboxSpec, stdio: [BorrowedFd<'_>; 3]) -> Result<Conn, NotWarm> {
+/// `env`: the command's environment (`KEY=VALUE`); `None`: this process's.
+pub fn claim(
+    socket: &Path,
+    spec: &SandboxSpec,
+    stdio: [BorrowedFd<'_>; 3],
+    env: Option<&[OsString]>,
+) -> Result<Conn, NotWarm> {
     if spec.layers.len() > MAX_LAYERS {
         return Err(NotWarm::Unsuitable);
     }
@@ -90,7 +96,8 @@ pub fn claim(socket: &Path, spec: &SandboxSpec, stdio: [BorrowedFd<'_>; 3]) -> R
     for p in [&spec.workspace, &spec.upper, &spec.work].into_iter().chain(spec.layers.iter()) {
         dirs.push(open_dir(p).map_err(|e| refused(&format!("open {}", p.display()), e))?);
     }
-    let req = Request { spec: spec.clone(), env: environment(), umask: umask(), rlimits: rlimits() };
+    let env = env.map_or_else(environment, <[OsString]>::to_vec);
+    let req = Request { spec: spec.clone(), env, umask: umask(), rlimits: rlimits() };
     let frame = req.encode();
     let mut fds: Vec<BorrowedFd<'_>> = stdio.to_vec();
     fds.extend(dirs.iter().map(|d| d.as_fd()));
