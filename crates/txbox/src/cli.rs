@@ -277,8 +277,10 @@ pub fn main(args: Vec<OsString>) -> Result<i32> {
             let text = session::with_diff(&state, &tx, |env, cs, upper| {
                 Ok(if json {
                     let c = txbox::engine::Changes::of(cs);
-                    serde_json::json!({"tx": tx, "added": c.added, "modified": c.modified, "deleted": c.deleted})
-                        .to_string()
+                    let dropped = txbox::engine::DroppedXattr::of(cs);
+                    serde_json::json!({"tx": tx, "added": c.added, "modified": c.modified, "deleted": c.deleted,
+                        "dropped_xattrs": dropped})
+                    .to_string()
                 } else if stat {
                     txbox::diff::stat(cs, &env.workspace, upper)
                 } else {

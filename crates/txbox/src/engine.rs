@@ -124,6 +124,22 @@ impl Changes {
     }
 }
 
+/// An extended attribute a commit did not carry: the path and the name the command set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DroppedXattr {
+    pub path: String,
+    pub name: String,
+}
+
+impl DroppedXattr {
+    pub fn of(cs: &ChangeSet) -> Vec<DroppedXattr> {
+        cs.dropped_xattrs
+            .iter()
+            .map(|(p, n)| DroppedXattr { path: display_rel(p), name: n.to_string_lossy().into_owned() })
+            .collect()
+    }
+}
+
 /// The result of one `run`, exactly the JSON object of DESIGN §3.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunResult {
@@ -150,6 +166,10 @@ pub struct RunResult {
     /// Special files (devices, FIFOs, sockets) the command made; never committed.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub skipped: Vec<String>,
+    /// Extended attributes off the commit allowlist (file capabilities, `security.*`,
+    /// `trusted.*`, `user.overlay.*`, ...): set by the command, never committed.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub dropped_xattrs: Vec<DroppedXattr>,
     /// For `exec`: the step number this command ran as.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub step: Option<u32>,
@@ -175,6 +195,7 @@ impl RunResult {
             error: None,
             conflicts: Vec::new(),
             skipped: Vec::new(),
+            dropped_xattrs: Vec::new(),
             step: None,
         }
     }
@@ -546,6 +567,7 @@ pub(crate) fn settle(r: &mut RunResult, committed: Result<ChangeSet, TxError>) {
             r.outcome = Outcome::Committed;
             r.changes = Changes::of(&cs);
             r.skipped = cs.skipped.iter().map(|p| display_rel(p)).collect();
+            r.dropped_xattrs = DroppedXattr::of(&cs);
         }
         Err(TxError::Conflict(paths, msg)) => {
             r.outcome = Outcome::Conflict;
