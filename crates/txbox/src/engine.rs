@@ -388,6 +388,11 @@ fn warm_socket(state: &StateDir, spec: &SandboxSpec) -> Option<PathBuf> {
     txbox_sandbox::warm::fits(&p).then_some(p)
 }
 
+/// Run one command in a sandbox. `max_file_size` is RLIMIT_FSIZE: the write limit when the
+/// caller gave one, none for the default (a sparse file's length may exceed what it allocates,
+/// and a default must not refuse what runs natively; the watcher and the change-set check
+/// hold the default).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn execute(
     env: &Env,
     cwd: &Path,
@@ -396,6 +401,7 @@ pub(crate) fn execute(
     io: Io,
     limits: &Limits,
     policy_file: Option<&Path>,
+    max_file_size: Option<u64>,
 ) -> Result<Finished, txbox_sandbox::SandboxError> {
     let argv = match command {
         Command::Argv(a) | Command::Script { argv: a, .. } => a.clone(),
@@ -417,7 +423,8 @@ pub(crate) fn execute(
     spec.gid = rustix::process::getgid().as_raw();
     spec.host_network = limits.host_network;
     spec.cpu_seconds = limits.cpu_seconds;
-    spec.max_file_size = limits.max_write;
+    spec.max_file_size = max_file_size;
+    spec.max_procs = crate::limits::default_procs(limits);
     let mut watch = crate::limits::Watcher::new(layers.upper, limits)?;
     spec.sync = watch.needs_sync();
     let opts = LaunchOptions {
@@ -511,9 +518,19 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
     timeline.mark("begin");
     let mut r = RunResult::new(tx.id.clone(), evaluation.decision);
 
-    // 4. Execute in the sandbox.
+    // 4. Execute in the sandbox, with default limits where the request gives none.
+    let limits = crate::limits::with_defaults(&req.limits, &env.workspace);
     let layers = Layers { lower: Vec::new(), upper: &tx.upper, work: &tx.work };
-    let finished = match execute(&env, &cwd, &req.command, layers, req.io, &req.limits, req.policy_file.as_deref()) {
+    let finished = match execute(
+        &env,
+        &cwd,
+        &req.command,
+        layers,
+        req.io,
+        &limits,
+        req.policy_file.as_deref(),
+        req.limits.max_write,
+    ) {
         Ok(f) => f,
         Err(e) => {
             setup_failed(&mut r, e);
@@ -541,8 +558,9 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
         return Ok(r);
     }
 
-    // 6. Classify and commit under the workspace lock.
-    let target = Target { id: &tx.id, upper: &tx.upper, trash: &tx.trash };
+    // 6. Classify and commit under the workspace lock (the write limit is checked on the change
+    // set, whatever the command's status: a fast writer can exit 0 before the watcher looks).
+    let target = Target { id: &tx.id, upper: &tx.upper, trash: &tx.trash, max_write: limits.max_write };
     let committed = commit_upper(&env, &target, Base::Generation(base_generation));
     timeline.mark("commit");
     settle(&mut r, committed);
@@ -580,11 +598,27 @@ pub(crate) fn settle(r: &mut RunResult, committed: Result<ChangeSet, TxError>) {
             r.exit_code = 125;
             r.error = Some(msg);
         }
+        Err(TxError::Limit { name, msg }) => {
+            r.outcome = Outcome::RolledBack;
+            r.rollback_reason = Some(RollbackReason::Limit);
+            r.limit_exceeded = Some(name.to_string());
+            r.error = Some(msg);
+            if r.exit_code == 0 {
+                // The command completed, but what it wrote is over the limit: the status a
+                // shell shows for RLIMIT_FSIZE, which stops a single file the same way.
+                r.exit_code = 128 + libc::SIGXFSZ;
+            }
+        }
     }
 }
 
 pub(crate) enum TxError {
     Conflict(Vec<String>, String),
+    /// The change set is over a limit (`write`); nothing was applied.
+    Limit {
+        name: &'static str,
+        msg: String,
+    },
     Other(String),
 }
 
@@ -593,6 +627,8 @@ pub(crate) struct Target<'a> {
     pub id: &'a str,
     pub upper: &'a Path,
     pub trash: &'a Path,
+    /// The write limit the change set must fit in (a session's steps were each checked).
+    pub max_write: Option<u64>,
 }
 
 /// Commits with at least this many steps show progress on a terminal.
@@ -618,6 +654,12 @@ pub(crate) fn commit_upper(env: &Env, t: &Target<'_>, base: Base<'_>) -> Result<
     let other = |e: &dyn std::fmt::Display| TxError::Other(e.to_string());
     let _lock = env.state.lock_workspace(&env.workspace).map_err(|e| other(&e))?;
     let cs = txbox_txn::classify(t.upper, &env.workspace, &env.exclude).map_err(|e| other(&e))?;
+    if let Some(max) = t.max_write.filter(|max| cs.bytes > *max) {
+        return Err(TxError::Limit {
+            name: "write",
+            msg: format!("the change set allocates {} bytes, over the write limit of {max}", cs.bytes),
+        });
+    }
     let ours: Vec<PathBuf> = cs
         .changes
         .iter()

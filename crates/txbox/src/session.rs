@@ -79,9 +79,20 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
     let (upper, work) = session::create_step(&steps, n, &env.workspace)?;
     let lower: Vec<PathBuf> = layers.iter().rev().map(|(_, p)| p.clone()).collect();
     let layers = Layers { lower, upper: &upper, work: &work };
-    let finished = execute(&env, &req.cwd, &req.command, layers, req.io, &req.limits, req.policy_file.as_deref());
+    let limits = crate::limits::with_defaults(&req.limits, &env.workspace);
+    let finished = execute(
+        &env,
+        &req.cwd,
+        &req.command,
+        layers,
+        req.io,
+        &limits,
+        req.policy_file.as_deref(),
+        req.limits.max_write,
+    );
     let ok = match finished {
-        Ok(f) => record(&mut r, f),
+        // The write limit holds for a step that exited 0 too: its layer is what it would add.
+        Ok(f) => record(&mut r, f) && !over_write_limit(&mut r, &upper, &limits),
         Err(e) => {
             setup_failed(&mut r, e);
             session::drop_step(&steps, n)?;
@@ -90,7 +101,8 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
         }
     };
     state.set_last_step(&req.tx, n)?;
-    if ok || req.keep_on_failure {
+    // A step over the write limit is never kept, even for review: the limit protects the disk.
+    if ok || (req.keep_on_failure && r.limit_exceeded.as_deref() != Some("write")) {
         // The base of every path this step touched, for conflict detection at commit.
         let mut fps = state.load_fingerprints(&req.tx)?;
         fps.record_layer(n, &upper, &env.workspace)?;
@@ -103,6 +115,19 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
     }
     audit(&env, &req.command, &mut r, started, false)?;
     Ok(r)
+}
+
+/// Mark `r` as stopped by the write limit if step layer `upper` is over it.
+fn over_write_limit(r: &mut RunResult, upper: &Path, limits: &Limits) -> bool {
+    if !crate::limits::over_write_limit(upper, limits) {
+        return false;
+    }
+    r.rollback_reason = Some(RollbackReason::Limit);
+    r.limit_exceeded = Some("write".into());
+    if r.exit_code == 0 {
+        r.exit_code = 128 + libc::SIGXFSZ;
+    }
+    true
 }
 
 /// Squash the layers of a session into its bottom layer; returns it (None: no steps).
@@ -138,10 +163,8 @@ pub fn commit(state: &StateDir, tx: &str) -> Result<RunResult, EngineError> {
         }
         Some(upper) => {
             let trash = tx_dir.join(txbox_txn::layout::TRASH);
-            settle(
-                &mut r,
-                commit_upper(&env, &Target { id: tx, upper: &upper, trash: &trash }, Base::Fingerprints(&fps)),
-            );
+            let target = Target { id: tx, upper: &upper, trash: &trash, max_write: None };
+            settle(&mut r, commit_upper(&env, &target, Base::Fingerprints(&fps)));
         }
     }
     let _ = state.remove_tx(tx);
