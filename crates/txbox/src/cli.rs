@@ -64,8 +64,20 @@ enum Sub {
         #[arg(long)]
         stat: bool,
     },
-    /// Commit an open transaction into the workspace.
-    Commit { tx: String },
+    /// Commit an open transaction into the workspace (or hold it for a person, exit 4, if the
+    /// commit-time policy says so).
+    Commit {
+        tx: String,
+        #[command(flatten)]
+        policy: PolicyArg,
+    },
+    /// Commit a transaction held for a person (outcome `held`), after reviewing it with
+    /// `txbox diff TX`. For people only: never offered to an agent over MCP or HTTP.
+    Approve {
+        tx: String,
+        #[command(flatten)]
+        policy: PolicyArg,
+    },
     /// Roll back a whole transaction, or back to the state right after step STEP.
     Rollback {
         tx: String,
@@ -274,17 +286,23 @@ pub fn main(args: Vec<OsString>) -> Result<i32> {
         Sub::Diff { tx, stat } => {
             let cwd = std::env::current_dir().unwrap_or_default();
             let state = session::locate_state(state_dir.as_deref(), &cwd, &tx)?;
+            let held = session::held(&state, &tx)?;
             let text = session::with_diff(&state, &tx, |env, cs, upper| {
                 Ok(if json {
                     let c = txbox::engine::Changes::of(cs);
                     let dropped = txbox::engine::DroppedXattr::of(cs);
                     serde_json::json!({"tx": tx, "added": c.added, "modified": c.modified, "deleted": c.deleted,
-                        "dropped_xattrs": dropped})
+                        "dropped_xattrs": dropped, "held": held})
                     .to_string()
-                } else if stat {
-                    txbox::diff::stat(cs, &env.workspace, upper)
                 } else {
-                    txbox::diff::unified(cs, &env.workspace, upper)
+                    // What a person is asked to approve comes first.
+                    let mut text: String = held.iter().map(|h| format!("held: {} [{}]\n", h.reason, h.rule)).collect();
+                    text.push_str(&if stat {
+                        txbox::diff::stat(cs, &env.workspace, upper)
+                    } else {
+                        txbox::diff::unified(cs, &env.workspace, upper)
+                    });
+                    text
                 })
             })?;
             print!("{text}");
@@ -293,10 +311,16 @@ pub fn main(args: Vec<OsString>) -> Result<i32> {
             }
             Ok(0)
         }
-        Sub::Commit { tx } => {
+        Sub::Commit { tx, policy } => {
             let cwd = std::env::current_dir().unwrap_or_default();
             let state = session::locate_state(state_dir.as_deref(), &cwd, &tx)?;
-            let r = session::commit(&state, &tx)?;
+            let r = session::commit(&state, &tx, &policy.load()?)?;
+            Ok(show(json, &r))
+        }
+        Sub::Approve { tx, policy } => {
+            let cwd = std::env::current_dir().unwrap_or_default();
+            let state = session::locate_state(state_dir.as_deref(), &cwd, &tx)?;
+            let r = session::approve(&state, &tx, &policy.load()?)?;
             Ok(show(json, &r))
         }
         Sub::Rollback { tx, to } => {
@@ -322,6 +346,9 @@ pub fn main(args: Vec<OsString>) -> Result<i32> {
                         t.workspace,
                         t.name.as_deref().map(|n| format!("  ({n})")).unwrap_or_default()
                     );
+                    for h in &t.held {
+                        println!("    held: {} [{}]", h.reason, h.rule);
+                    }
                 }
             }
             Ok(0)

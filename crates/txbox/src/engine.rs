@@ -6,8 +6,8 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
-use txbox_policy::{Action, Context, Decision, Policy};
+use serde::{Deserialize, Serialize};
+use txbox_policy::{Action, CommitAction, Context, Decision, Policy};
 use txbox_sandbox::warm::NotWarm;
 use txbox_sandbox::{Exit, Finished, LaunchOptions, SandboxSpec, WarmUse};
 use txbox_txn::audit::{self, Counts};
@@ -67,7 +67,14 @@ pub enum Outcome {
     Pending,
     Conflict,
     Error,
+    /// The commit-time policy held the change for a person: the transaction stays open until
+    /// `txbox approve` commits it or `txbox rollback` drops it.
+    Held,
 }
+
+/// The exit status of a run, `sh`, `exec --commit` or `commit` whose change is held for a person
+/// (distinct from 3, 124, 125, 126 and 128+N).
+pub const EXIT_HELD: i32 = 4;
 
 impl Outcome {
     pub fn as_str(self) -> &'static str {
@@ -78,6 +85,7 @@ impl Outcome {
             Outcome::Pending => "pending",
             Outcome::Conflict => "conflict",
             Outcome::Error => "error",
+            Outcome::Held => "held",
         }
     }
 }
@@ -124,6 +132,14 @@ impl Changes {
     }
 }
 
+/// A change the commit-time policy holds for a person: the path, the rule and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldChange {
+    pub path: String,
+    pub rule: String,
+    pub reason: String,
+}
+
 /// An extended attribute a commit did not carry: the path and the name the command set.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct DroppedXattr {
@@ -163,6 +179,9 @@ pub struct RunResult {
     /// Paths in conflict, for `outcome: conflict`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub conflicts: Vec<String>,
+    /// For `outcome: held`: what the commit-time policy holds for a person, and why.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub held: Vec<HeldChange>,
     /// Special files (devices, FIFOs, sockets) the command made; never committed.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub skipped: Vec<String>,
@@ -194,6 +213,7 @@ impl RunResult {
             duration_ms: 0.0,
             error: None,
             conflicts: Vec::new(),
+            held: Vec::new(),
             skipped: Vec::new(),
             dropped_xattrs: Vec::new(),
             step: None,
@@ -560,11 +580,21 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
 
     // 6. Classify and commit under the workspace lock (the write limit is checked on the change
     // set, whatever the command's status: a fast writer can exit 0 before the watcher looks).
-    let target = Target { id: &tx.id, upper: &tx.upper, trash: &tx.trash, max_write: limits.max_write };
+    let target = Target {
+        id: &tx.id,
+        upper: &tx.upper,
+        trash: &tx.trash,
+        max_write: limits.max_write,
+        policy: &req.policy,
+        approved: None,
+    };
     let committed = commit_upper(&env, &target, Base::Generation(base_generation));
     timeline.mark("commit");
-    settle(&mut r, committed);
-    drop_tx(&env.state, tx, served_warm);
+    match settle(&mut r, committed) {
+        // Held for a person: the run becomes a session of one step, under the same id.
+        Some(fps) => keep_held(&env, tx, &fps, &mut r, served_warm),
+        None => drop_tx(&env.state, tx, served_warm),
+    }
     timeline.mark("cleanup");
     let durable = r.outcome == Outcome::Committed && r.changes.counts() != Counts::default();
     audit(&env, &req.command, &mut r, started, durable)?;
@@ -578,8 +608,23 @@ pub(crate) fn deny(r: &mut RunResult) {
     r.rollback_reason = Some(RollbackReason::Policy);
 }
 
-/// Turn a commit attempt into the result's outcome.
-pub(crate) fn settle(r: &mut RunResult, committed: Result<ChangeSet, TxError>) {
+/// Keep a held run for a person; if that fails, it is rolled back and the run is an error.
+fn keep_held(env: &Env, tx: TxDir, fps: &Fingerprints, r: &mut RunResult, served_warm: bool) {
+    let kept = serde_json::to_string(&r.held)
+        .map_err(|e| e.to_string())
+        .and_then(|text| env.state.hold_run(&tx, &env.workspace, fps, &text).map_err(|e| e.to_string()));
+    match kept {
+        Ok(()) => drop(tx),
+        Err(e) => {
+            setup_failed(r, format!("keeping the held transaction: {e}"));
+            drop_tx(&env.state, tx, served_warm);
+        }
+    }
+}
+
+/// Turn a commit attempt into the result's outcome. For a held change, returns the base
+/// fingerprints a run's transaction keeps (a session has its own: the default set).
+pub(crate) fn settle(r: &mut RunResult, committed: Result<ChangeSet, TxError>) -> Option<Fingerprints> {
     match committed {
         Ok(cs) => {
             r.outcome = Outcome::Committed;
@@ -598,6 +643,23 @@ pub(crate) fn settle(r: &mut RunResult, committed: Result<ChangeSet, TxError>) {
             r.exit_code = 125;
             r.error = Some(msg);
         }
+        Err(TxError::Held(h)) => {
+            let Held { cs, findings, fps } = *h;
+            r.outcome = Outcome::Held;
+            r.exit_code = EXIT_HELD;
+            r.changes = Changes::of(&cs);
+            r.skipped = cs.skipped.iter().map(|p| display_rel(p)).collect();
+            r.dropped_xattrs = DroppedXattr::of(&cs);
+            r.held = findings;
+            return Some(fps.unwrap_or_default());
+        }
+        Err(TxError::Denied { rule, reason }) => {
+            r.outcome = Outcome::Denied;
+            r.exit_code = 126;
+            r.rollback_reason = Some(RollbackReason::Policy);
+            r.error = Some(format!("commit refused by rule {rule}: {reason}"));
+            r.decision = Decision { action: Action::Deny, rule: Some(rule), reason };
+        }
         Err(TxError::Limit { name, msg }) => {
             r.outcome = Outcome::RolledBack;
             r.rollback_reason = Some(RollbackReason::Limit);
@@ -610,6 +672,15 @@ pub(crate) fn settle(r: &mut RunResult, committed: Result<ChangeSet, TxError>) {
             }
         }
     }
+    None
+}
+
+/// A change held by the commit-time policy (what `settle` reports).
+pub(crate) struct Held {
+    cs: ChangeSet,
+    findings: Vec<HeldChange>,
+    /// A run's base fingerprints, taken under the workspace lock when it was held.
+    fps: Option<Fingerprints>,
 }
 
 pub(crate) enum TxError {
@@ -618,6 +689,13 @@ pub(crate) enum TxError {
     Limit {
         name: &'static str,
         msg: String,
+    },
+    /// The commit-time policy holds the change for a person; nothing was applied.
+    Held(Box<Held>),
+    /// A commit-time rule denies the change; nothing was applied.
+    Denied {
+        rule: String,
+        reason: String,
     },
     Other(String),
 }
@@ -629,6 +707,11 @@ pub(crate) struct Target<'a> {
     pub trash: &'a Path,
     /// The write limit the change set must fit in (a session's steps were each checked).
     pub max_write: Option<u64>,
+    /// Whose commit-time rules judge the change set.
+    pub policy: &'a Policy,
+    /// A person's approval (`txbox approve`): these held changes may commit; any other hold
+    /// (something changed since) holds the transaction again.
+    pub approved: Option<&'a [HeldChange]>,
 }
 
 /// Commits with at least this many steps show progress on a terminal.
@@ -654,6 +737,7 @@ pub(crate) fn commit_upper(env: &Env, t: &Target<'_>, base: Base<'_>) -> Result<
     let other = |e: &dyn std::fmt::Display| TxError::Other(e.to_string());
     let _lock = env.state.lock_workspace(&env.workspace).map_err(|e| other(&e))?;
     let cs = txbox_txn::classify(t.upper, &env.workspace, &env.exclude).map_err(|e| other(&e))?;
+    let run_base = matches!(base, Base::Generation(_));
     if let Some(max) = t.max_write.filter(|max| cs.bytes > *max) {
         return Err(TxError::Limit {
             name: "write",
@@ -678,6 +762,29 @@ pub(crate) fn commit_upper(env: &Env, t: &Target<'_>, base: Base<'_>) -> Result<
         let shown: Vec<String> = paths.iter().map(|p| display_rel(p)).collect();
         let msg = format!("changed in the workspace since this transaction began: {}", shown.join(", "));
         return Err(TxError::Conflict(shown, msg));
+    }
+    // The commit-time policy: files the host runs later by itself wait for a person.
+    let findings = crate::judge::judge(t.policy, &cs, t.upper, &env.workspace);
+    if let Some(d) = findings.iter().find(|f| f.action == CommitAction::Deny) {
+        return Err(TxError::Denied { rule: d.rule.clone(), reason: d.reason.clone() });
+    }
+    let holds: Vec<HeldChange> = findings
+        .into_iter()
+        .filter(|f| f.action == CommitAction::Hold)
+        .map(|f| HeldChange { path: f.path, rule: f.rule, reason: f.reason })
+        .collect();
+    let approved = |h: &HeldChange| t.approved.is_some_and(|a| a.iter().any(|x| x.path == h.path && x.rule == h.rule));
+    if !holds.iter().all(approved) {
+        // A run keeps its base from now on as a session does: what each path holds now.
+        let fps = match run_base {
+            true => {
+                let mut fps = Fingerprints::default();
+                fps.record_layer(1, t.upper, &env.workspace).map_err(|e| other(&e))?;
+                Some(fps)
+            }
+            false => None,
+        };
+        return Err(TxError::Held(Box::new(Held { cs, findings: holds, fps })));
     }
     if !ours.is_empty() {
         env.state.log_commit(&env.workspace, &ours).map_err(|e| other(&e))?;

@@ -1,10 +1,12 @@
 //! txbox as a library: the orchestration every front end shares, and how results are rendered.
 //!
 //! - [`engine`]: one command → one transaction (policy, sandbox, classify, commit/rollback, audit);
+//! - [`judge`]: the commit-time policy on a change set (what is held for a person);
 //! - [`render`]: the human summary line and the JSON of DESIGN §3.
 
 pub mod diff;
 pub mod engine;
+pub mod judge;
 pub mod limits;
 pub mod progress;
 pub mod render;

@@ -63,7 +63,8 @@ pub fn tools() -> Value {
     If it exits 0 (and `validate`, if given, also exits 0) its file changes are committed atomically; \
     if it fails (non-zero exit, signal, timeout, limit) EVERY change it made is rolled back and the workspace is exactly as before. \
     Commands that would do irreversible harm (e.g. deleting outside the workspace, pushing, network exfiltration) are denied by policy: nothing runs, outcome is `denied` and `decision.reason` says why — do not retry the same command. \
-    Result: a one-line summary, then JSON with outcome (committed|rolled_back|denied|pending|conflict|error), exit_code, stdout, stderr, changes {added, modified, deleted}. \
+    Result: a one-line summary, then JSON with outcome (committed|rolled_back|denied|pending|conflict|error|held), exit_code, stdout, stderr, changes {added, modified, deleted}. \
+    Outcome `held` (exit_code 4): the changes include files the host would run by itself later (git hooks, git settings that run programs, .envrc, editor tasks, agent settings); nothing was applied, `held` says why, and only a person can approve it — you cannot; do not retry; continue without it or roll it back. \
     With no_commit=true the changes are kept pending: review with `diff`, then `commit` or `rollback`.",
             "inputSchema": schema(json!({
                 "command": {"type": "string", "description": "The shell command, e.g. \"make test\" or \"sed -i s/a/b/ f.txt\"."},
@@ -95,7 +96,7 @@ pub fn tools() -> Value {
         },
         {
             "name": "commit",
-            "description": "Apply an open transaction's changes to the workspace atomically. If files it touches were changed outside the transaction meanwhile, the commit is refused (outcome `conflict`, nothing changed); the transaction is then gone, so redo the work.",
+            "description": "Apply an open transaction's changes to the workspace atomically. If files it touches were changed outside the transaction meanwhile, the commit is refused (outcome `conflict`, nothing changed); the transaction is then gone, so redo the work. If the changes include files the host runs by itself later (git hooks, ...), the transaction is held for a person (outcome `held`): it stays open, and only a person can approve it.",
             "inputSchema": schema(json!({"tx": tx}), &["tx"], false)
         },
         {

@@ -57,6 +57,18 @@ pub fn summary(r: &RunResult) -> String {
             r.error.as_deref().unwrap_or("a changed path was changed in the workspace too")
         ),
         Outcome::Error => format!("txbox: error, nothing changed: {}", r.error.as_deref().unwrap_or("unknown error")),
+        Outcome::Held => {
+            let why: Vec<String> = r.held.iter().map(|h| format!("{} [{}]", h.reason, h.rule)).collect();
+            format!(
+                "txbox: held tx {} for a person, nothing applied: {}; review with `txbox diff {}`, then a person \
+                 runs `txbox approve {}` or `txbox rollback {}`",
+                short(&r.tx),
+                why.join("; "),
+                r.tx,
+                r.tx,
+                r.tx
+            )
+        }
     }
 }
 
