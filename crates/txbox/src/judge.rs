@@ -5,6 +5,7 @@
 //! device is never opened), and at most [`MAX_JUDGED`] bytes are read. What cannot be read
 //! that way is reported as such, and the judge holds it.
 
+use std::cell::OnceCell;
 use std::collections::HashSet;
 use std::ffi::OsStr;
 use std::io::Read;
@@ -37,36 +38,41 @@ pub fn judge(policy: &Policy, cs: &ChangeSet, upper: &Path, workspace: &Path) ->
     policy.judge_commit(&changes, &sides)
 }
 
-/// The workspace and the transaction's layer, opened once.
+/// The workspace and the transaction's layer, each opened once, when first needed (a change
+/// set no rule looks at needs neither).
 struct Sides<'a> {
     workspace: &'a Path,
     upper: &'a Path,
-    ws: Option<OwnedFd>,
-    up: Option<OwnedFd>,
+    ws: OnceCell<Option<OwnedFd>>,
+    up: OnceCell<Option<OwnedFd>>,
     /// Paths the change set deletes: below them the workspace's objects are gone too.
     deleted: HashSet<&'a Path>,
 }
 
 impl<'a> Sides<'a> {
     fn new(workspace: &'a Path, upper: &'a Path, cs: &'a ChangeSet) -> Sides<'a> {
-        let dir = |p: &Path| {
-            rustix::fs::open(p, OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())
-                .ok()
-        };
         Sides {
             workspace,
             upper,
-            ws: dir(workspace),
-            up: dir(upper),
+            ws: OnceCell::new(),
+            up: OnceCell::new(),
             deleted: cs.deleted.iter().map(PathBuf::as_path).collect(),
         }
+    }
+
+    fn ws(&self) -> Option<&OwnedFd> {
+        self.ws.get_or_init(|| open_dir(self.workspace)).as_ref()
+    }
+
+    fn up(&self) -> Option<&OwnedFd> {
+        self.up.get_or_init(|| open_dir(self.upper)).as_ref()
     }
 
     /// Where the object at `path` comes from after the commit: the layer (Some(true)), the
     /// workspace (Some(false)), or nowhere (None: deleted, whited out, or below an object of
     /// the layer that hides the workspace's: an opaque directory, a file).
     fn after_from(&self, path: &Path) -> Option<bool> {
-        let up = self.up.as_ref()?;
+        let up = self.up()?;
         if self.deleted.iter().any(|d| path.starts_with(d)) {
             return None;
         }
@@ -96,10 +102,14 @@ impl<'a> Sides<'a> {
     }
 
     fn read(&self, from_layer: bool, path: &str) -> FileContent {
-        let dir = if from_layer { self.up.as_ref() } else { self.ws.as_ref() };
+        let dir = if from_layer { self.up() } else { self.ws() };
         let Some(dir) = dir else { return FileContent::Unreadable("cannot open its directory".into()) };
         read_regular(dir, Path::new(path))
     }
+}
+
+fn open_dir(p: &Path) -> Option<OwnedFd> {
+    rustix::fs::open(p, OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty()).ok()
 }
 
 fn kind_of(mode: u32) -> ObjectKind {
@@ -139,15 +149,16 @@ fn read_regular(dir: &OwnedFd, rel: &Path) -> FileContent {
         Err(e) => return FileContent::Unreadable(e.to_string()),
     };
     let mut f = std::fs::File::from(fd);
-    match f.metadata() {
+    let size = match f.metadata() {
         Ok(md) if !md.is_file() => return FileContent::NotRegular(ObjectKind::Other),
         Ok(md) if md.size() > MAX_JUDGED => {
             return FileContent::Unreadable(format!("{} bytes, more than the {} judged", md.size(), MAX_JUDGED))
         }
-        Ok(_) => {}
+        Ok(md) => md.size(),
         Err(e) => return FileContent::Unreadable(e.to_string()),
-    }
-    let mut bytes = Vec::new();
+    };
+    // Room for all of it and one byte more: one read for the content, one that says it ended.
+    let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0).saturating_add(1));
     match f.by_ref().take(MAX_JUDGED + 1).read_to_end(&mut bytes) {
         Ok(n) if n as u64 > MAX_JUDGED => FileContent::Unreadable(format!("more than the {MAX_JUDGED} bytes judged")),
         Ok(_) => FileContent::Regular(bytes),
@@ -164,8 +175,8 @@ impl CommitFiles for Sides<'_> {
         let rel = Path::new(OsStr::new(path));
         let dir = match self.after_from(rel) {
             None => return ObjectKind::Absent,
-            Some(true) => self.up.as_ref(),
-            Some(false) => self.ws.as_ref(),
+            Some(true) => self.up(),
+            Some(false) => self.ws(),
         };
         match dir.map(|d| stat_kind(d, rel)) {
             Some(Ok(k)) => k,
@@ -225,6 +236,44 @@ mod tests {
         assert_eq!(s.kind_after("a/link"), ObjectKind::Symlink);
         assert!(matches!(s.after("sneaky/passwd"), FileContent::Absent | FileContent::Unreadable(_)));
         assert_eq!(s.before("nothing"), FileContent::Absent);
+        std::fs::remove_dir_all(&d)
+    }
+
+    /// What judging costs a one-file commit in a git workspace (the built-in rules, `.git/config`
+    /// read for the hooks path and includes): `cargo test --release -p txbox --lib
+    /// judge::tests::cost -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn cost_of_judging_a_one_file_commit() -> std::io::Result<()> {
+        let d = sides_test_dir("cost");
+        let (ws, up) = (d.join("ws"), d.join("up"));
+        std::fs::create_dir_all(ws.join(".git/hooks"))?;
+        std::fs::create_dir_all(ws.join("src"))?;
+        std::fs::create_dir_all(up.join("src"))?;
+        std::fs::write(
+            ws.join(".git/config"),
+            "[core]\n\trepositoryformatversion = 0\n\tbare = false\n[user]\n\tname = d\n",
+        )?;
+        std::fs::write(ws.join("src/main.rs"), "old")?;
+        std::fs::write(up.join("src/main.rs"), "new")?;
+        let cs = txbox_txn::classify(&up, &ws, &HashSet::new()).map_err(std::io::Error::other)?;
+        assert_eq!(cs.modified, [PathBuf::from("src/main.rs")]);
+        let policy = Policy::builtin();
+        let n = 20_000;
+        let plain = d.join("plain");
+        std::fs::create_dir_all(plain.join("src"))?;
+        std::fs::write(plain.join("src/main.rs"), "old")?;
+        for (what, cs, ws) in [
+            ("one file, git workspace", cs.clone(), &ws),
+            ("one file, no .git", cs.clone(), &plain),
+            ("nothing", ChangeSet::default(), &ws),
+        ] {
+            let t = std::time::Instant::now();
+            for _ in 0..n {
+                assert!(judge(&policy, &cs, &up, ws).is_empty());
+            }
+            eprintln!("judge, {what}: {:.2} µs", t.elapsed().as_secs_f64() * 1e6 / f64::from(n));
+        }
         std::fs::remove_dir_all(&d)
     }
 
