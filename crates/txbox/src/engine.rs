@@ -408,11 +408,6 @@ fn warm_socket(state: &StateDir, spec: &SandboxSpec) -> Option<PathBuf> {
     txbox_sandbox::warm::fits(&p).then_some(p)
 }
 
-/// Run one command in a sandbox. `max_file_size` is RLIMIT_FSIZE: the write limit when the
-/// caller gave one, none for the default (a sparse file's length may exceed what it allocates,
-/// and a default must not refuse what runs natively; the watcher and the change-set check
-/// hold the default).
-#[allow(clippy::too_many_arguments)]
 pub(crate) fn execute(
     env: &Env,
     cwd: &Path,
@@ -421,7 +416,6 @@ pub(crate) fn execute(
     io: Io,
     limits: &Limits,
     policy_file: Option<&Path>,
-    max_file_size: Option<u64>,
 ) -> Result<Finished, txbox_sandbox::SandboxError> {
     let argv = match command {
         Command::Argv(a) | Command::Script { argv: a, .. } => a.clone(),
@@ -443,7 +437,9 @@ pub(crate) fn execute(
     spec.gid = rustix::process::getgid().as_raw();
     spec.host_network = limits.host_network;
     spec.cpu_seconds = limits.cpu_seconds;
-    spec.max_file_size = max_file_size;
+    // The write limit counts allocated blocks, so it is not RLIMIT_FSIZE (a file's length: a
+    // sparse file's may exceed what it allocates, and an fallocate past it would just fail
+    // while the command goes on to exit 0): the watcher and the change-set check hold it.
     spec.max_procs = crate::limits::default_procs(limits);
     let mut watch = crate::limits::Watcher::new(layers.upper, limits)?;
     spec.sync = watch.needs_sync();
@@ -541,16 +537,7 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
     // 4. Execute in the sandbox, with default limits where the request gives none.
     let limits = crate::limits::with_defaults(&req.limits, &env.workspace);
     let layers = Layers { lower: Vec::new(), upper: &tx.upper, work: &tx.work };
-    let finished = match execute(
-        &env,
-        &cwd,
-        &req.command,
-        layers,
-        req.io,
-        &limits,
-        req.policy_file.as_deref(),
-        req.limits.max_write,
-    ) {
+    let finished = match execute(&env, &cwd, &req.command, layers, req.io, &limits, req.policy_file.as_deref()) {
         Ok(f) => f,
         Err(e) => {
             setup_failed(&mut r, e);
@@ -667,7 +654,7 @@ pub(crate) fn settle(r: &mut RunResult, committed: Result<ChangeSet, TxError>) -
             r.error = Some(msg);
             if r.exit_code == 0 {
                 // The command completed, but what it wrote is over the limit: the status a
-                // shell shows for RLIMIT_FSIZE, which stops a single file the same way.
+                // shell shows for a process stopped by a file size limit (SIGXFSZ).
                 r.exit_code = 128 + libc::SIGXFSZ;
             }
         }

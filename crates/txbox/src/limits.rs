@@ -4,8 +4,8 @@
 //!
 //! Also the default limits of a run that gives none ([`with_defaults`], [`default_procs`]),
 //! enforced without cgroups so that every run can have them (and warm sandboxes serve them):
-//! a wall-clock timeout, a write limit (RLIMIT_FSIZE per file, watched here, and checked on the
-//! change set before commit), RLIMIT_NPROC, and the command as the OOM killer's first choice.
+//! a wall-clock timeout, a write limit (watched here, and checked on the change set before
+//! commit), RLIMIT_NPROC, and the command as the OOM killer's first choice.
 //! A default the host cannot enforce is skipped, never a reason to refuse a run.
 
 use std::os::unix::fs::MetadataExt;
@@ -88,11 +88,9 @@ impl Watcher {
             return Some("cpu");
         }
         if let Some(max) = self.max_write {
-            // RLIMIT_FSIZE stops a single file at the limit (SIGXFSZ, or EFBIG for programs
-            // that ignore it, like Python): the upper layer then holds at least the limit.
-            if sig == Some(libc::SIGXFSZ)
-                || (f.exit != Exit::Code(0) && self.may_exceed(max) && upper_bytes(&self.upper) >= max)
-            {
+            // A command that failed over the limit is reported as stopped by it (one that
+            // exited 0 is checked on its change set, before commit).
+            if f.exit != Exit::Code(0) && self.may_exceed(max) && upper_bytes(&self.upper) > max {
                 return Some("write");
             }
         }

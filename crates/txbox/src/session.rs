@@ -81,16 +81,7 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
     let lower: Vec<PathBuf> = layers.iter().rev().map(|(_, p)| p.clone()).collect();
     let layers = Layers { lower, upper: &upper, work: &work };
     let limits = crate::limits::with_defaults(&req.limits, &env.workspace);
-    let finished = execute(
-        &env,
-        &req.cwd,
-        &req.command,
-        layers,
-        req.io,
-        &limits,
-        req.policy_file.as_deref(),
-        req.limits.max_write,
-    );
+    let finished = execute(&env, &req.cwd, &req.command, layers, req.io, &limits, req.policy_file.as_deref());
     let ok = match finished {
         // The write limit holds for a step that exited 0 too: its layer is what it would add.
         Ok(f) => record(&mut r, f) && !over_write_limit(&mut r, &upper, &limits),

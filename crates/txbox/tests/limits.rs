@@ -41,11 +41,13 @@ fn scratch(who: As, name: &str) -> Scratch {
     s
 }
 
-/// Twice the limit, written fast and in pieces each under the limit (so RLIMIT_FSIZE stops
-/// none of them), then `exit 0`: the change set is over the limit and nothing is committed.
+/// Twice the limit, written fast, in one file or in pieces, then `exit 0`: the change set is
+/// over the limit and nothing is committed.
 #[test]
 fn a_change_set_over_the_write_limit_is_rolled_back_whatever_the_exit_status() {
     let variants = [
+        ("one fallocate", "fallocate -l 30M big; exit 0"),
+        ("one dd", "dd if=/dev/zero of=big bs=1M count=30 status=none; exit 0"),
         ("fallocate", "for i in 1 2 3 4 5; do fallocate -l 7M f$i; done; exit 0"),
         ("dd", "for i in 1 2 3 4 5; do dd if=/dev/zero of=d$i bs=1M count=7 status=none; done; exit 0"),
         ("small files", "mkdir many; for i in $(seq 1 4000); do echo $i > many/$i; done; exit 0"),
@@ -71,8 +73,7 @@ fn a_change_set_over_the_write_limit_is_rolled_back_whatever_the_exit_status() {
 }
 
 /// What counts is what a commit allocates: sparse files whose lengths add up to far more than
-/// the limit, with little data, are committed and stay sparse; with the default limit, one
-/// sparse file longer than the limit would be too (no RLIMIT_FSIZE for a default).
+/// the limit, or one far longer than it, with little data, are committed and stay sparse.
 #[test]
 fn sparse_files_count_the_blocks_they_allocate() {
     for who in identities() {
@@ -88,7 +89,7 @@ fn sparse_files_count_the_blocks_they_allocate() {
             let j = run(
                 who,
                 &s,
-                &[],
+                &["--max-write", "64M"],
                 "truncate -s 200G huge && dd if=/dev/zero of=huge bs=4K count=1 conv=notrunc status=none",
                 cold,
             );
@@ -150,8 +151,10 @@ fn default_limits_apply_without_options() {
             let procs: u64 = out[0].parse().unwrap_or_else(|_| panic!("{j}"));
             assert!((4096..=1 << 20).contains(&procs), "{who:?} cold={cold}: {j}");
             assert_eq!(out[1], "1000", "{who:?} cold={cold}: {j}");
-            // No per-file limit by default.
+            // No per-file limit: the write limit counts blocks, not lengths.
             assert_eq!(out[2], "unlimited", "{who:?} cold={cold}: {j}");
+            let j = run(who, &s, &["--max-write", "1M"], "ulimit -f", cold);
+            assert_eq!(j["stdout"], "unlimited\n", "{who:?} cold={cold}: {j}");
             // A cgroup process limit replaces the rlimit (where cgroups can be made).
             let j = run(who, &s, &["--pids", "64"], "ulimit -u", cold);
             if j["outcome"] == "committed" {
