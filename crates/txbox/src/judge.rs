@@ -102,6 +102,10 @@ impl<'a> Sides<'a> {
     }
 
     fn read(&self, from_layer: bool, path: &str) -> FileContent {
+        if path.contains(char::REPLACEMENT_CHARACTER) {
+            // Judged by a lossy name: the file may not be the one named here. Never a pass.
+            return FileContent::Unreadable("its name is not UTF-8".into());
+        }
         let dir = if from_layer { self.up() } else { self.ws() };
         let Some(dir) = dir else { return FileContent::Unreadable("cannot open its directory".into()) };
         read_regular(dir, Path::new(path))
@@ -172,6 +176,10 @@ impl CommitFiles for Sides<'_> {
     }
 
     fn kind_after(&self, path: &str) -> ObjectKind {
+        if path.contains(char::REPLACEMENT_CHARACTER) {
+            // A lossy name cannot be looked up: taken for what could lead anywhere.
+            return ObjectKind::Symlink;
+        }
         let rel = Path::new(OsStr::new(path));
         let dir = match self.after_from(rel) {
             None => return ObjectKind::Absent,
@@ -236,6 +244,7 @@ mod tests {
         assert_eq!(s.kind_after("a/link"), ObjectKind::Symlink);
         assert!(matches!(s.after("sneaky/passwd"), FileContent::Absent | FileContent::Unreadable(_)));
         assert_eq!(s.before("nothing"), FileContent::Absent);
+        assert!(matches!(s.after("a/\u{fffd}"), FileContent::Unreadable(_)));
         std::fs::remove_dir_all(&d)
     }
 
