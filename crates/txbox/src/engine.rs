@@ -763,13 +763,12 @@ pub(crate) fn commit_upper(env: &Env, t: &Target<'_>, base: Base<'_>) -> Result<
     let approved = |h: &HeldChange| t.approved.is_some_and(|a| a.iter().any(|x| x.path == h.path && x.rule == h.rule));
     if !holds.iter().all(approved) {
         // A run keeps its base from now on as a session does: what each path holds now.
-        let fps = match run_base {
-            true => {
-                let mut fps = Fingerprints::default();
-                fps.record_layer(1, t.upper, &env.workspace).map_err(|e| other(&e))?;
-                Some(fps)
-            }
-            false => None,
+        let fps = if run_base {
+            let mut fps = Fingerprints::default();
+            fps.record_layer(1, t.upper, &env.workspace).map_err(|e| other(&e))?;
+            Some(fps)
+        } else {
+            None
         };
         return Err(TxError::Held(Box::new(Held { cs, findings: holds, fps })));
     }
