@@ -15,6 +15,9 @@ pub(crate) struct FileSpec {
     pub version: toml::Spanned<i64>,
     #[serde(default, rename = "rule")]
     pub rules: Vec<RuleSpec>,
+    /// Commit-time rules (`[[commit]]`, crate::commit).
+    #[serde(default, rename = "commit")]
+    pub commit: Vec<crate::commit::CommitRuleSpec>,
 }
 
 /// One rule as written.

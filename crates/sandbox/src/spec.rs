@@ -32,6 +32,10 @@ pub struct SandboxSpec {
     pub cpu_seconds: Option<u64>,
     /// RLIMIT_FSIZE in bytes: no single file may grow past the write limit.
     pub max_file_size: Option<u64>,
+    /// RLIMIT_NPROC: the most processes (threads included) of the command's user. In the user
+    /// namespace of an unprivileged run it counts the sandbox's own processes only; the kernel
+    /// does not apply it to root.
+    pub max_procs: Option<u64>,
     /// Wait for one byte on fd 4 before starting the command (the launcher first puts stage 2
     /// into its cgroups, so no child escapes the limits).
     pub sync: bool,
@@ -59,6 +63,7 @@ impl SandboxSpec {
             host_network: false,
             cpu_seconds: None,
             max_file_size: None,
+            max_procs: None,
             sync: false,
             argv,
         }
@@ -88,11 +93,12 @@ impl SandboxSpec {
         kv(
             "--limits",
             OsStr::new(&format!(
-                "{}:{}:{}:{}",
+                "{}:{}:{}:{}:{}",
                 u8::from(self.host_network),
                 opt(self.cpu_seconds),
                 opt(self.max_file_size),
-                u8::from(self.sync)
+                u8::from(self.sync),
+                opt(self.max_procs)
             )),
         );
         a.push(OsString::from("--"));
@@ -131,11 +137,12 @@ impl SandboxSpec {
                     _ => return Err(bad()),
                 },
                 b"--limits" => match parts.as_slice() {
-                    [net, cpu, fsize, sync] => {
+                    [net, cpu, fsize, sync, procs] => {
                         spec.host_network = *net == "1";
                         spec.cpu_seconds = opt(cpu)?;
                         spec.max_file_size = opt(fsize)?;
                         spec.sync = *sync == "1";
+                        spec.max_procs = opt(procs)?;
                     }
                     _ => return Err(bad()),
                 },
@@ -479,6 +486,7 @@ mod tests {
         s.uid = 1000;
         s.gid = 100;
         s.cpu_seconds = Some(5);
+        s.max_procs = Some(4096);
         s.sync = true;
         s
     }

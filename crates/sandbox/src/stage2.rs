@@ -503,6 +503,25 @@ pub(crate) fn confine(spec: &SandboxSpec, seccomp: Option<&seccompiler::BpfProgr
     set(rustix::process::Resource::Cpu, spec.cpu_seconds)?;
     set(rustix::process::Resource::Fsize, spec.max_file_size)?;
     set(rustix::process::Resource::Core, Some(0))?;
+    // A default process limit is only ever lowered here: one the caller already set lower stays.
+    if let Some(n) = spec.max_procs {
+        let cur = rustix::process::getrlimit(rustix::process::Resource::Nproc);
+        if cur.maximum.is_none_or(|m| m > n) {
+            set(rustix::process::Resource::Nproc, Some(n))?;
+        }
+    }
+    // When the host runs out of memory, the command is the first thing the kernel kills, not
+    // the host's processes (txbox's default memory protection; a hard cap is `--memory`).
+    // Best effort: a run is never refused for it. The command cannot lower it again: as root
+    // it loses CAP_SYS_RESOURCE at exec (and the minimum is set with it now), and Landlock
+    // refuses writes under /proc.
+    if let Ok(fd) = rustix::fs::open(
+        "/proc/self/oom_score_adj",
+        rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    ) {
+        let _ = rustix::io::write(&fd, b"1000");
+    }
     // Root without a user namespace keeps only the everyday capabilities (file ownership,
     // setuid to drop privileges, binding low ports): nothing that reaches the kernel, devices,
     // time, modules or other processes. The bounding set is what root gets back after exec.

@@ -596,9 +596,12 @@ impl Api {
         })?)
     }
 
+    /// Commit an open transaction, judged by the commit-time rules (it may be held). There is
+    /// deliberately no `approve` here: approving a held transaction is a person's, never an
+    /// agent's over HTTP or MCP (`txbox approve` on the command line).
     pub fn commit(&self, tx: &str) -> Result<RunResult, ApiError> {
         let state = self.locate(tx)?;
-        Ok(session::commit(&state, tx)?)
+        Ok(session::commit(&state, tx, &self.policy)?)
     }
 
     pub fn rollback(&self, tx: &str, to: Option<u32>) -> Result<RunResult, ApiError> {

@@ -74,11 +74,23 @@ enum Sub {
         #[arg(long)]
         stat: bool,
     },
-    /// Commit an open transaction into the workspace.
+    /// Commit an open transaction into the workspace (or hold it for a person, exit 4, if the
+    /// commit-time policy says so).
     Commit {
         tx: String,
         #[command(flatten)]
         ws: WorkspaceArg,
+        #[command(flatten)]
+        policy: PolicyArg,
+    },
+    /// Commit a transaction held for a person (outcome `held`), after reviewing it with
+    /// `txbox diff TX`. For people only: never offered to an agent over MCP or HTTP.
+    Approve {
+        tx: String,
+        #[command(flatten)]
+        ws: WorkspaceArg,
+        #[command(flatten)]
+        policy: PolicyArg,
     },
     /// Roll back a whole transaction, or back to the state right after step STEP.
     Rollback {
@@ -407,15 +419,23 @@ fn dispatch(cli: Cli) -> Result<i32> {
         }
         Sub::Diff { tx, ws, stat } => {
             let (state, _) = locate_tx(state_dir.as_deref(), &ws, &tx)?;
+            let held = session::held(&state, &tx)?;
             let text = session::with_diff(&state, &tx, |env, cs, upper| {
                 Ok(if json {
                     let c = txbox::engine::Changes::of(cs);
-                    serde_json::json!({"tx": tx, "added": c.added, "modified": c.modified, "deleted": c.deleted})
-                        .to_string()
-                } else if stat {
-                    txbox::diff::stat(cs, &env.workspace, upper)
+                    let dropped = txbox::engine::DroppedXattr::of(cs);
+                    serde_json::json!({"tx": tx, "added": c.added, "modified": c.modified, "deleted": c.deleted,
+                        "dropped_xattrs": dropped, "held": held})
+                    .to_string()
                 } else {
-                    txbox::diff::unified(cs, &env.workspace, upper)
+                    // What a person is asked to approve comes first.
+                    let mut text: String = held.iter().map(|h| format!("held: {} [{}]\n", h.reason, h.rule)).collect();
+                    text.push_str(&if stat {
+                        txbox::diff::stat(cs, &env.workspace, upper)
+                    } else {
+                        txbox::diff::unified(cs, &env.workspace, upper)
+                    });
+                    text
                 })
             })?;
             print!("{text}");
@@ -424,9 +444,14 @@ fn dispatch(cli: Cli) -> Result<i32> {
             }
             Ok(0)
         }
-        Sub::Commit { tx, ws } => {
+        Sub::Commit { tx, ws, policy } => {
             let (state, _) = locate_tx(state_dir.as_deref(), &ws, &tx)?;
-            let r = session::commit(&state, &tx)?;
+            let r = session::commit(&state, &tx, &policy.load()?)?;
+            Ok(show(json, &r))
+        }
+        Sub::Approve { tx, ws, policy } => {
+            let (state, _) = locate_tx(state_dir.as_deref(), &ws, &tx)?;
+            let r = session::approve(&state, &tx, &policy.load()?)?;
             Ok(show(json, &r))
         }
         Sub::Rollback { tx, ws, to } => {
@@ -451,6 +476,9 @@ fn dispatch(cli: Cli) -> Result<i32> {
                         t.workspace,
                         t.name.as_deref().map(|n| format!("  ({n})")).unwrap_or_default()
                     );
+                    for h in &t.held {
+                        println!("    held: {} [{}]", h.reason, h.rule);
+                    }
                 }
             }
             Ok(0)

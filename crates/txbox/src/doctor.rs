@@ -103,7 +103,32 @@ fn checks() -> Vec<Check> {
         detail: cg.to_string(),
         fix: cg.hint.clone().map(|h| format!("{h} — without it --memory and --pids are refused")),
     });
+    v.push(default_limits(root));
     v
+}
+
+/// The default limits of a run without options (`txbox::limits`), and the one this host cannot
+/// enforce: the kernel does not apply RLIMIT_NPROC to root.
+fn default_limits(root: bool) -> Check {
+    let limits = engine::Limits::default();
+    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+    let d = txbox::limits::with_defaults(&limits, &cwd);
+    let write = d.max_write.map_or("none (the filesystem does not say)".into(), |w| format!("{} MiB here", w >> 20));
+    let procs = txbox::limits::default_procs(&limits).unwrap_or(0);
+    Check {
+        name: "default limits",
+        ok: !root,
+        essential: false,
+        detail: format!(
+            "timeout {} s, write {write}, {procs} processes (RLIMIT_NPROC), memory: first OOM victim",
+            txbox::limits::DEFAULT_TIMEOUT.as_secs()
+        ),
+        fix: root.then(|| {
+            "runs as root get no default process limit (the kernel does not apply RLIMIT_NPROC to root); the pid \
+             namespace still ends every process with the command; give --pids (cgroup) to cap it"
+                .into()
+        }),
+    }
 }
 
 fn live_probe() -> Check {

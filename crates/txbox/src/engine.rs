@@ -6,7 +6,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use txbox_policy::{Action, Context, Policy};
+use txbox_policy::{Action, CommitAction, Context, Decision, Policy};
 use txbox_sandbox::warm::NotWarm;
 use txbox_sandbox::{Finished, LaunchOptions, SandboxSpec, WarmUse};
 use txbox_txn::audit::{self, Counts};
@@ -63,7 +63,7 @@ pub struct RunRequest {
 
 use crate::options::Isolation;
 pub(crate) use crate::result::{deny, record, setup_failed};
-pub use crate::result::{Changes, Outcome, RollbackReason, RunResult};
+pub use crate::result::{Changes, DroppedXattr, HeldChange, Outcome, RollbackReason, RunResult, EXIT_HELD};
 use crate::timing::Timeline;
 
 #[derive(Debug, thiserror::Error)]
@@ -283,7 +283,10 @@ pub(crate) fn execute(
     spec.gid = rustix::process::getgid().as_raw();
     spec.host_network = limits.host_network;
     spec.cpu_seconds = limits.cpu_seconds;
-    spec.max_file_size = limits.max_write;
+    // The write limit counts allocated blocks, so it is not RLIMIT_FSIZE (a file's length: a
+    // sparse file's may exceed what it allocates, and an fallocate past it would just fail
+    // while the command goes on to exit 0): the watcher and the change-set check hold it.
+    spec.max_procs = crate::limits::default_procs(limits);
     let mut watch = crate::limits::Watcher::new(layers.upper, limits)?;
     spec.sync = watch.needs_sync();
     let opts = LaunchOptions {
@@ -337,11 +340,11 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
     timeline.mark("begin");
     let mut r = RunResult::new(tx.id.clone(), evaluation.decision);
 
-    // 4. Execute in the sandbox.
+    // 4. Execute in the sandbox, with default limits where the request gives none.
+    let limits = crate::limits::with_defaults(&req.limits, &env.workspace);
     let layers = Layers { lower: Vec::new(), upper: &tx.upper, work: &tx.work };
     let finished =
-        match execute(&env, &cwd, &req.command, layers, req.io, &req.limits, req.policy_file.as_deref(), &req.pass_env)
-        {
+        match execute(&env, &cwd, &req.command, layers, req.io, &limits, req.policy_file.as_deref(), &req.pass_env) {
             Ok(f) => f,
             Err(e) => {
                 setup_failed(&mut r, e);
@@ -369,13 +372,24 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
         return Ok(r);
     }
 
-    // 6. Classify and commit under the workspace lock.
-    let target = Target { id: &tx.id, upper: &tx.upper, trash: &tx.trash };
+    // 6. Classify and commit under the workspace lock (the write limit is checked on the change
+    // set, whatever the command's status: a fast writer can exit 0 before the watcher looks).
+    let target = Target {
+        id: &tx.id,
+        upper: &tx.upper,
+        trash: &tx.trash,
+        max_write: limits.max_write,
+        policy: &req.policy,
+        approved: None,
+    };
     let strict = (req.isolation == Isolation::Strict).then_some(base_generation);
     let committed = commit_upper(&env, &target, Base::Generation(base_generation), strict);
     timeline.mark("commit");
-    settle(&mut r, committed);
-    drop_tx(&env.state, tx, served_warm);
+    match settle(&mut r, committed) {
+        // Held for a person: the run becomes a session of one step, under the same id.
+        Some(fps) => keep_held(&env, tx, &fps, &mut r, served_warm),
+        None => drop_tx(&env.state, tx, served_warm),
+    }
     timeline.mark("cleanup");
     let durable = r.outcome == Outcome::Committed && r.changes.counts() != Counts::default();
     audit(&env, &req.command, &mut r, started, durable)?;
@@ -383,13 +397,29 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
     Ok(r)
 }
 
-/// Turn a commit attempt into the result's outcome.
-pub(crate) fn settle(r: &mut RunResult, committed: Result<ChangeSet, TxError>) {
+/// Keep a held run for a person; if that fails, it is rolled back and the run is an error.
+fn keep_held(env: &Env, tx: TxDir, fps: &Fingerprints, r: &mut RunResult, served_warm: bool) {
+    let kept = serde_json::to_string(&r.held)
+        .map_err(|e| e.to_string())
+        .and_then(|text| env.state.hold_run(&tx, &env.workspace, fps, &text).map_err(|e| e.to_string()));
+    match kept {
+        Ok(()) => drop(tx),
+        Err(e) => {
+            setup_failed(r, format!("keeping the held transaction: {e}"));
+            drop_tx(&env.state, tx, served_warm);
+        }
+    }
+}
+
+/// Turn a commit attempt into the result's outcome. For a held change, returns the base
+/// fingerprints a run's transaction keeps (a session has its own: the default set).
+pub(crate) fn settle(r: &mut RunResult, committed: Result<ChangeSet, TxError>) -> Option<Fingerprints> {
     match committed {
         Ok(cs) => {
             r.outcome = Outcome::Committed;
             r.changes = Changes::of(&cs);
             r.skipped = cs.skipped.iter().map(|p| display_rel(p)).collect();
+            r.dropped_xattrs = DroppedXattr::of(&cs);
         }
         Err(TxError::Conflict(paths, msg)) => {
             r.outcome = Outcome::Conflict;
@@ -402,11 +432,60 @@ pub(crate) fn settle(r: &mut RunResult, committed: Result<ChangeSet, TxError>) {
             r.exit_code = 125;
             r.error = Some(msg);
         }
+        Err(TxError::Held(h)) => {
+            let Held { cs, findings, fps } = *h;
+            r.outcome = Outcome::Held;
+            r.exit_code = EXIT_HELD;
+            r.changes = Changes::of(&cs);
+            r.skipped = cs.skipped.iter().map(|p| display_rel(p)).collect();
+            r.dropped_xattrs = DroppedXattr::of(&cs);
+            r.held = findings;
+            return Some(fps.unwrap_or_default());
+        }
+        Err(TxError::Denied { rule, reason }) => {
+            r.outcome = Outcome::Denied;
+            r.exit_code = 126;
+            r.rollback_reason = Some(RollbackReason::Policy);
+            r.error = Some(format!("commit refused by rule {rule}: {reason}"));
+            r.decision = Decision { action: Action::Deny, rule: Some(rule), reason };
+        }
+        Err(TxError::Limit { name, msg }) => {
+            r.outcome = Outcome::RolledBack;
+            r.rollback_reason = Some(RollbackReason::Limit);
+            r.limit_exceeded = Some(name.to_string());
+            r.error = Some(msg);
+            if r.exit_code == 0 {
+                // The command completed, but what it wrote is over the limit: the status a
+                // shell shows for a process stopped by a file size limit (SIGXFSZ).
+                r.exit_code = 128 + libc::SIGXFSZ;
+            }
+        }
     }
+    None
+}
+
+/// A change held by the commit-time policy (what `settle` reports).
+pub(crate) struct Held {
+    cs: ChangeSet,
+    findings: Vec<HeldChange>,
+    /// A run's base fingerprints, taken under the workspace lock when it was held.
+    fps: Option<Fingerprints>,
 }
 
 pub(crate) enum TxError {
     Conflict(Vec<String>, String),
+    /// The change set is over a limit (`write`); nothing was applied.
+    Limit {
+        name: &'static str,
+        msg: String,
+    },
+    /// The commit-time policy holds the change for a person; nothing was applied.
+    Held(Box<Held>),
+    /// A commit-time rule denies the change; nothing was applied.
+    Denied {
+        rule: String,
+        reason: String,
+    },
     Other(String),
 }
 
@@ -415,6 +494,13 @@ pub(crate) struct Target<'a> {
     pub id: &'a str,
     pub upper: &'a Path,
     pub trash: &'a Path,
+    /// The write limit the change set must fit in (a session's steps were each checked).
+    pub max_write: Option<u64>,
+    /// Whose commit-time rules judge the change set.
+    pub policy: &'a Policy,
+    /// A person's approval (`txbox approve`): these held changes may commit; any other hold
+    /// (something changed since) holds the transaction again.
+    pub approved: Option<&'a [HeldChange]>,
 }
 
 /// Commits with at least this many steps show progress on a terminal.
@@ -450,6 +536,13 @@ pub(crate) fn commit_upper(
         strict_check(env, since).map_err(|e| other(&e))??;
     }
     let cs = txbox_txn::classify(t.upper, &env.workspace, &env.exclude).map_err(|e| other(&e))?;
+    let run_base = matches!(base, Base::Generation(_));
+    if let Some(max) = t.max_write.filter(|max| cs.bytes > *max) {
+        return Err(TxError::Limit {
+            name: "write",
+            msg: format!("the change set allocates {} bytes, over the write limit of {max}", cs.bytes),
+        });
+    }
     let ours: Vec<PathBuf> = cs
         .changes
         .iter()
@@ -468,6 +561,28 @@ pub(crate) fn commit_upper(
         let shown: Vec<String> = paths.iter().map(|p| display_rel(p)).collect();
         let msg = format!("changed in the workspace since this transaction began: {}", shown.join(", "));
         return Err(TxError::Conflict(shown, msg));
+    }
+    // The commit-time policy: files the host runs later by itself wait for a person.
+    let findings = crate::judge::judge(t.policy, &cs, t.upper, &env.workspace);
+    if let Some(d) = findings.iter().find(|f| f.action == CommitAction::Deny) {
+        return Err(TxError::Denied { rule: d.rule.clone(), reason: d.reason.clone() });
+    }
+    let holds: Vec<HeldChange> = findings
+        .into_iter()
+        .filter(|f| f.action == CommitAction::Hold)
+        .map(|f| HeldChange { path: f.path, rule: f.rule, reason: f.reason })
+        .collect();
+    let approved = |h: &HeldChange| t.approved.is_some_and(|a| a.iter().any(|x| x.path == h.path && x.rule == h.rule));
+    if !holds.iter().all(approved) {
+        // A run keeps its base from now on as a session does: what each path holds now.
+        let fps = if run_base {
+            let mut fps = Fingerprints::default();
+            fps.record_layer(1, t.upper, &env.workspace).map_err(|e| other(&e))?;
+            Some(fps)
+        } else {
+            None
+        };
+        return Err(TxError::Held(Box::new(Held { cs, findings: holds, fps })));
     }
     if !ours.is_empty() {
         env.state.log_commit(&env.workspace, &ours).map_err(|e| other(&e))?;

@@ -2,6 +2,7 @@
 //!
 //! - [`engine`]: one command → one transaction (policy, sandbox, classify, commit/rollback, audit);
 //! - [`result`]: what one transaction did (the JSON object of DESIGN §3);
+//! - [`judge`]: the commit-time policy on a change set (what is held for a person);
 //! - [`options`]: limits and other run options, defined once for the CLI, HTTP, MCP and the
 //!   configuration file, validated when parsed;
 //! - [`api`]: what the agent-facing servers (`serve`, `mcp`) share: the workspaces and ceilings
@@ -13,6 +14,7 @@ pub mod config;
 pub mod diff;
 pub mod engine;
 pub mod environ;
+pub mod judge;
 pub mod limits;
 pub mod options;
 pub mod progress;

@@ -27,12 +27,13 @@ pub fn summary(r: &RunResult) -> String {
     let c = &r.changes;
     match r.outcome {
         Outcome::Committed => format!(
-            "txbox: committed tx {} (+{} ~{} -{}) in {}",
+            "txbox: committed tx {} (+{} ~{} -{}) in {}{}",
             short(&r.tx),
             c.added.len(),
             c.modified.len(),
             c.deleted.len(),
-            ms(r.duration_ms)
+            ms(r.duration_ms),
+            dropped(r)
         ),
         Outcome::RolledBack => {
             let why = match (r.rollback_reason, r.signal) {
@@ -64,7 +65,29 @@ pub fn summary(r: &RunResult) -> String {
             r.error.as_deref().unwrap_or("a changed path was changed in the workspace too")
         ),
         Outcome::Error => format!("txbox: error, nothing changed: {}", r.error.as_deref().unwrap_or("unknown error")),
+        Outcome::Held => {
+            let why: Vec<String> = r.held.iter().map(|h| format!("{} [{}]", h.reason, h.rule)).collect();
+            format!(
+                "txbox: held tx {} for a person, nothing applied: {}; review with `txbox diff {}`, then a person \
+                 runs `txbox approve {}` or `txbox rollback {}`",
+                short(&r.tx),
+                why.join("; "),
+                r.tx,
+                r.tx,
+                r.tx
+            )
+        }
     }
+}
+
+/// What a commit left out of the extended attributes, in a few words (the JSON lists all).
+fn dropped(r: &RunResult) -> String {
+    let Some(first) = r.dropped_xattrs.first() else { return String::new() };
+    let more = match r.dropped_xattrs.len() {
+        1 => String::new(),
+        n => format!(" and {} more", n - 1),
+    };
+    format!("; not committed (off the xattr allowlist): {} on {}{more}", first.name, first.path)
 }
 
 pub fn json(r: &RunResult) -> String {

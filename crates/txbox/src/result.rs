@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use txbox_policy::Decision;
 use txbox_sandbox::{Exit, Finished};
 use txbox_txn::audit::Counts;
@@ -19,7 +19,14 @@ pub enum Outcome {
     Pending,
     Conflict,
     Error,
+    /// The commit-time policy held the change for a person: the transaction stays open until
+    /// `txbox approve` commits it or `txbox rollback` drops it.
+    Held,
 }
+
+/// The exit status of a run, `sh`, `exec --commit` or `commit` whose change is held for a person
+/// (distinct from 3, 124, 125, 126 and 128+N).
+pub const EXIT_HELD: i32 = 4;
 
 impl Outcome {
     pub fn as_str(self) -> &'static str {
@@ -30,6 +37,7 @@ impl Outcome {
             Outcome::Pending => "pending",
             Outcome::Conflict => "conflict",
             Outcome::Error => "error",
+            Outcome::Held => "held",
         }
     }
 }
@@ -76,6 +84,30 @@ impl Changes {
     }
 }
 
+/// A change the commit-time policy holds for a person: the path, the rule and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HeldChange {
+    pub path: String,
+    pub rule: String,
+    pub reason: String,
+}
+
+/// An extended attribute a commit did not carry: the path and the name the command set.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DroppedXattr {
+    pub path: String,
+    pub name: String,
+}
+
+impl DroppedXattr {
+    pub fn of(cs: &ChangeSet) -> Vec<DroppedXattr> {
+        cs.dropped_xattrs
+            .iter()
+            .map(|(p, n)| DroppedXattr { path: display_rel(p), name: n.to_string_lossy().into_owned() })
+            .collect()
+    }
+}
+
 /// The result of one `run`, exactly the JSON object of DESIGN §3.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunResult {
@@ -99,9 +131,16 @@ pub struct RunResult {
     /// Paths in conflict, for `outcome: conflict`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub conflicts: Vec<String>,
+    /// For `outcome: held`: what the commit-time policy holds for a person, and why.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub held: Vec<HeldChange>,
     /// Special files (devices, FIFOs, sockets) the command made; never committed.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub skipped: Vec<String>,
+    /// Extended attributes off the commit allowlist (file capabilities, `security.*`,
+    /// `trusted.*`, `user.overlay.*`, ...): set by the command, never committed.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub dropped_xattrs: Vec<DroppedXattr>,
     /// For `exec`: the step number this command ran as.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub step: Option<u32>,
@@ -126,7 +165,9 @@ impl RunResult {
             duration_ms: 0.0,
             error: None,
             conflicts: Vec::new(),
+            held: Vec::new(),
             skipped: Vec::new(),
+            dropped_xattrs: Vec::new(),
             step: None,
         }
     }

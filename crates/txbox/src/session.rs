@@ -17,7 +17,7 @@ use crate::engine::{
     Limits, RunRequest, Target,
 };
 use crate::options::Isolation;
-use crate::result::{deny, record, setup_failed, Changes, Outcome, RollbackReason, RunResult};
+use crate::result::{deny, record, setup_failed, Changes, HeldChange, Outcome, RollbackReason, RunResult};
 
 /// Find the state directory for a transaction id, from any directory: `--state-dir` if
 /// given, else the default one or one txbox uses on another filesystem (`StateDir::find_tx`).
@@ -71,6 +71,7 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
     let started = Instant::now();
     let _lock = state.lock_tx(&req.tx)?;
     let (env, _) = open(state, &req.tx)?;
+    refuse_if_held(state, &req.tx, "run more steps in it")?;
     let steps = state.steps_root(&req.tx, &env.workspace)?;
     let evaluation = evaluate(&req.policy, &req.command, &policy_context(&env.workspace, &req.cwd));
     let mut r = RunResult::new(req.tx.clone(), evaluation.decision);
@@ -90,10 +91,12 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
     let (upper, work) = session::create_step(&steps, n, &env.workspace)?;
     let lower: Vec<PathBuf> = layers.iter().rev().map(|(_, p)| p.clone()).collect();
     let layers = Layers { lower, upper: &upper, work: &work };
+    let limits = crate::limits::with_defaults(&req.limits, &env.workspace);
     let finished =
-        execute(&env, &req.cwd, &req.command, layers, req.io, &req.limits, req.policy_file.as_deref(), &req.pass_env);
+        execute(&env, &req.cwd, &req.command, layers, req.io, &limits, req.policy_file.as_deref(), &req.pass_env);
     let ok = match finished {
-        Ok(f) => record(&mut r, f),
+        // The write limit holds for a step that exited 0 too: its layer is what it would add.
+        Ok(f) => record(&mut r, f) && !over_write_limit(&mut r, &upper, &limits),
         Err(e) => {
             setup_failed(&mut r, e);
             session::drop_step(&steps, n)?;
@@ -102,7 +105,8 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
         }
     };
     state.set_last_step(&req.tx, n)?;
-    if ok || req.keep_on_failure {
+    // A step over the write limit is never kept, even for review: the limit protects the disk.
+    if ok || (req.keep_on_failure && r.limit_exceeded.as_deref() != Some("write")) {
         // The base of every path this step touched, for conflict detection at commit.
         let mut fps = state.load_fingerprints(&req.tx)?;
         fps.record_layer(n, &upper, &env.workspace)?;
@@ -117,6 +121,19 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
     Ok(r)
 }
 
+/// Mark `r` as stopped by the write limit if step layer `upper` is over it.
+fn over_write_limit(r: &mut RunResult, upper: &Path, limits: &Limits) -> bool {
+    if !crate::limits::over_write_limit(upper, limits) {
+        return false;
+    }
+    r.rollback_reason = Some(RollbackReason::Limit);
+    r.limit_exceeded = Some("write".into());
+    if r.exit_code == 0 {
+        r.exit_code = 128 + libc::SIGXFSZ;
+    }
+    true
+}
+
 /// Squash the layers of a session into its bottom layer; returns it (None: no steps).
 fn squash(layers: &[(u32, PathBuf)]) -> Result<Option<PathBuf>, EngineError> {
     let Some(((_, bottom), rest)) = layers.split_first() else { return Ok(None) };
@@ -126,14 +143,55 @@ fn squash(layers: &[(u32, PathBuf)]) -> Result<Option<PathBuf>, EngineError> {
     Ok(Some(bottom.clone()))
 }
 
-/// `commit`: squash the steps, check for conflicts against each path's base, commit.
-pub fn commit(state: &StateDir, tx: &str) -> Result<RunResult, EngineError> {
+/// A held session takes no more steps: what a person is asked to approve must not change.
+fn refuse_if_held(state: &StateDir, tx: &str, what: &str) -> Result<(), EngineError> {
+    if state.status(tx)? == Status::Held {
+        return Err(EngineError::Usage(format!(
+            "transaction {tx} is held for a person (see `txbox diff {tx}`); it cannot {what}: a person approves it \
+             (`txbox approve {tx}`) or it is rolled back"
+        )));
+    }
+    Ok(())
+}
+
+/// Why a held session is held (empty for any other).
+pub fn held(state: &StateDir, tx: &str) -> Result<Vec<HeldChange>, EngineError> {
+    if state.status(tx)? != Status::Held {
+        return Ok(Vec::new());
+    }
+    let text = state.hold(tx)?.unwrap_or_default();
+    serde_json::from_str(&text).map_err(|e| EngineError::Usage(format!("transaction {tx}: its hold record: {e}")))
+}
+
+/// `commit`: squash the steps, check for conflicts against each path's base, judge with the
+/// commit-time rules of `policy`, commit; or hold it for a person.
+pub fn commit(state: &StateDir, tx: &str, policy: &Policy) -> Result<RunResult, EngineError> {
+    commit_as(state, tx, policy, false)
+}
+
+/// `approve`: a person commits a held transaction. Exactly what was held may commit: a hold
+/// the judge finds now that was not among them (it cannot change, but the policy can) holds
+/// it again; a `deny` still refuses. Never offered to an agent (MCP, HTTP).
+pub fn approve(state: &StateDir, tx: &str, policy: &Policy) -> Result<RunResult, EngineError> {
+    commit_as(state, tx, policy, true)
+}
+
+fn commit_as(state: &StateDir, tx: &str, policy: &Policy, approving: bool) -> Result<RunResult, EngineError> {
     let started = Instant::now();
     let _lock = state.lock_tx(tx)?;
     let (env, meta) = open(state, tx)?;
+    let approved = if approving {
+        if state.status(tx)? != Status::Held {
+            return Err(EngineError::Usage(format!("transaction {tx} is not held; `txbox commit {tx}` commits it")));
+        }
+        Some(held(state, tx)?)
+    } else {
+        None
+    };
     env.recover()?;
     let tx_dir = state.tx_dir(tx);
-    let decision = Decision { action: Action::Transact, rule: None, reason: "commit of an open transaction".into() };
+    let reason = if approving { "a person approved the held transaction" } else { "commit of an open transaction" };
+    let decision = Decision { action: Action::Transact, rule: None, reason: reason.into() };
     let mut r = RunResult::new(tx.to_string(), decision);
     r.exit_code = 0;
     let layers = session::layers(&state.steps_root(tx, &env.workspace)?)?;
@@ -150,20 +208,23 @@ pub fn commit(state: &StateDir, tx: &str) -> Result<RunResult, EngineError> {
         }
         Some(upper) => {
             let trash = tx_dir.join(txbox_txn::layout::TRASH);
-            settle(
-                &mut r,
-                commit_upper(
-                    &env,
-                    &Target { id: tx, upper: &upper, trash: &trash },
-                    Base::Fingerprints(&fps),
-                    meta.strict_since,
-                ),
-            );
+            let target =
+                Target { id: tx, upper: &upper, trash: &trash, max_write: None, policy, approved: approved.as_deref() };
+            settle(&mut r, commit_upper(&env, &target, Base::Fingerprints(&fps), meta.strict_since));
         }
     }
-    let _ = state.remove_tx(tx);
+    if r.outcome == Outcome::Held {
+        // Squashed into one layer, the session waits for a person; the record of why first,
+        // then the status that says so.
+        let text = serde_json::to_string(&r.held).map_err(|e| EngineError::Usage(e.to_string()))?;
+        state.set_hold(tx, &text)?;
+        state.set_status(tx, Status::Held)?;
+    } else {
+        let _ = state.remove_tx(tx);
+    }
     let durable = r.outcome == Outcome::Committed;
-    audit(&env, &Command::Shell(format!("commit {tx}")), &mut r, started, durable)?;
+    let what = if approving { format!("approve {tx}") } else { format!("commit {tx}") };
+    audit(&env, &Command::Shell(what), &mut r, started, durable)?;
     Ok(r)
 }
 
@@ -183,6 +244,10 @@ pub fn rollback(state: &StateDir, tx: &str, to: Option<u32>) -> Result<RunResult
                 if n > step {
                     session::drop_step(&steps, n)?;
                 }
+            }
+            // What was held may be gone: the session is open again, and judged anew at commit.
+            if state.status(tx)? == Status::Held {
+                state.set_status(tx, Status::Open)?;
             }
             r.outcome = Outcome::Pending;
             r.step = Some(step);
@@ -240,6 +305,9 @@ pub struct TxInfo {
     pub workspace: String,
     pub status: String,
     pub steps: Vec<u32>,
+    /// For a held transaction: what waits for a person, and why.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub held: Vec<HeldChange>,
 }
 
 /// `list`: the open (and half-committed) sessions of a state directory.
@@ -257,6 +325,7 @@ pub fn list(state: &StateDir) -> Result<Vec<TxInfo>, EngineError> {
             workspace: meta.workspace.to_string_lossy().into_owned(),
             status: state.status(&id).map_or("damaged", |s| s.as_str()).to_string(),
             steps: session::layers(&steps)?.into_iter().map(|(n, _)| n).collect(),
+            held: held(state, &id).unwrap_or_default(),
             tx: id,
         });
     }
@@ -315,13 +384,17 @@ pub fn run_as_session(req: &RunRequest) -> Result<RunResult, EngineError> {
         r.changes = with_diff(&env.state, &tx, |_, cs, _| Ok(Changes::of(cs)))?;
         return Ok(r);
     }
-    let c = commit(&env.state, &tx)?;
+    let c = commit(&env.state, &tx, &req.policy)?;
     r.outcome = c.outcome;
     r.changes = c.changes;
     r.conflicts = c.conflicts;
     r.error = c.error;
+    r.held = c.held;
+    r.dropped_xattrs = c.dropped_xattrs;
     if c.outcome != Outcome::Committed {
         r.exit_code = c.exit_code;
+        r.decision = c.decision;
+        r.rollback_reason = c.rollback_reason;
     }
     r.duration_ms = (started.elapsed().as_secs_f64() * 1e3 * 10.0).round() / 10.0;
     Ok(r)

@@ -134,7 +134,7 @@ pub fn main(state_dir: Option<PathBuf>, args: Vec<OsString>) -> Result<i32> {
     // txbox, a conflict, or a limit/timeout that killed the command.
     let killed = r.timed_out || r.limit_exceeded.is_some();
     if killed
-        || matches!(r.outcome, Outcome::Denied | Outcome::Error | Outcome::Conflict)
+        || matches!(r.outcome, Outcome::Denied | Outcome::Error | Outcome::Conflict | Outcome::Held)
         || std::env::var_os("TXBOX_VERBOSE").is_some()
     {
         eprintln!("{}", render::summary(&r));

@@ -52,7 +52,7 @@ ln gen/a/b/c.txt gen/hard
 mkdir emptynew
 seq 1 1200000 > data.bin
 truncate -s 64M sparse.bin
-python3 -c "import os; os.setxattr('new.txt', 'user.origin', b'agent'); os.setxattr('src/main.rs', 'user.overlay.mine', b'escaped')"
+python3 -c "import os; os.setxattr('new.txt', 'user.origin', b'agent'); os.setxattr('src/main.rs', 'user.mine', b'kept')"
 python3 -c "import os; os.removexattr('src/lib.rs', 'user.note')"
 "#;
 

@@ -288,7 +288,7 @@ fn apply_step(
     Ok(())
 }
 
-/// Give the workspace directory `rel` the mode, owner, user xattrs and times of `upper_dir`.
+/// Give the workspace directory `rel` the mode, owner, committed xattrs and times of `upper_dir`.
 fn copy_dir_meta(ws: &mut Beneath, upper_dir: &Path, rel: &Path) -> Result<(), CommitError> {
     let u = std::fs::symlink_metadata(upper_dir).map_err(io_err("stat upper dir", upper_dir))?;
     let fd = open_beneath(ws.root(), rel, OFlags::RDONLY | OFlags::DIRECTORY).map_err(io_err("open dir", rel))?;
@@ -310,8 +310,10 @@ fn copy_dir_meta(ws: &mut Beneath, upper_dir: &Path, rel: &Path) -> Result<(), C
     rustix::fs::futimens(&fd, &times).map_err(|e| io_err("set dir times", rel)(e.into()))
 }
 
+/// Make the workspace directory's allowlisted xattrs (`meta::is_committed_name`) those of the
+/// upper directory; others (the host's labels, ...) are neither copied nor removed.
 fn sync_xattrs(fd: &OwnedFd, upper_dir: &Path, rel: &Path) -> Result<(), CommitError> {
-    let want = meta::user_xattrs_of_upper(upper_dir).map_err(io_err("read upper xattrs", upper_dir))?;
+    let want = meta::committed_xattrs_of_upper(upper_dir).map_err(io_err("read upper xattrs", upper_dir))?;
     let mut buf = vec![0u8; 4096];
     let have: Vec<Vec<u8>> = match rustix::fs::flistxattr(fd, &mut buf) {
         Ok(n) => buf[..n].split(|b| *b == 0).filter(|s| !s.is_empty()).map(<[u8]>::to_vec).collect(),
@@ -320,7 +322,7 @@ fn sync_xattrs(fd: &OwnedFd, upper_dir: &Path, rel: &Path) -> Result<(), CommitE
     use std::os::unix::ffi::OsStrExt;
     for name in &have {
         let n = OsStr::from_bytes(name);
-        if !want.iter().any(|(w, _)| w.as_os_str() == n) && name.starts_with(b"user.") {
+        if !want.iter().any(|(w, _)| w.as_os_str() == n) && meta::is_committed_name(n) {
             rustix::fs::fremovexattr(fd, n).map_err(|e| io_err("remove xattr", rel)(e.into()))?;
         }
     }
@@ -344,16 +346,8 @@ pub fn apply_fixups(upper: &Path, fixups: &[Fixup]) -> Result<(), CommitError> {
                 let full = upper.join(p);
                 match rustix::fs::lremovexattr(&full, name.as_os_str()) {
                     Ok(()) | Err(rustix::io::Errno::NODATA) => {}
-                    Err(e) => return Err(io_err("remove overlay xattr", &full)(e.into())),
+                    Err(e) => return Err(io_err("remove xattr off the commit allowlist", &full)(e.into())),
                 }
-            }
-            Fixup::Unescape { path, escaped, real } => {
-                let full = upper.join(path);
-                let value = meta::get_xattr(&full, escaped).map_err(io_err("read escaped xattr", &full))?;
-                rustix::fs::lsetxattr(&full, real.as_os_str(), &value, rustix::fs::XattrFlags::empty())
-                    .map_err(|e| io_err("unescape xattr", &full)(e.into()))?;
-                rustix::fs::lremovexattr(&full, escaped.as_os_str())
-                    .map_err(|e| io_err("unescape xattr", &full)(e.into()))?;
             }
             Fixup::Chmod(p, mode) => {
                 use std::os::unix::fs::PermissionsExt;

@@ -8,7 +8,7 @@
 //!   txbox-state          the marker: this directory was made by txbox (sealed)
 //!   tx/<id>/             a transaction: meta, owner.lock, upper, work, trash   (a run)
 //!                                       meta, owner.lock, status, steps/N/{upper,work},
-//!                                       fingerprints, last_step              (a session)
+//!                                       fingerprints, last_step, hold        (a session)
 //!   tx/.spare-<n>        an empty run's directory kept for the next run
 //!   gone/<id>            retired transaction directories, deleted by a collector
 //!   journal/<id>.commit  commit records (sealed)
@@ -63,6 +63,8 @@ pub const STEPS: &str = "steps";
 pub const STATUS: &str = "status";
 pub const FINGERPRINTS: &str = "fingerprints";
 pub const LAST_STEP: &str = "last_step";
+/// Why a held transaction waits for a person (sealed): what the commit-time policy found.
+pub const HOLD: &str = "hold";
 pub const DIFF_PREFIX: &str = "diff-";
 
 pub const RECORD_SUFFIX: &str = ".commit";
@@ -109,6 +111,9 @@ pub enum Status {
     Open,
     /// Its commit began: a crash before the commit record means it is to be discarded.
     Committing,
+    /// The commit-time policy held it for a person (`txbox approve`, or `rollback`); no more
+    /// steps run in it.
+    Held,
 }
 
 impl Status {
@@ -116,6 +121,7 @@ impl Status {
         match self {
             Status::Open => "open",
             Status::Committing => "committing",
+            Status::Held => "held",
         }
     }
 
@@ -123,6 +129,7 @@ impl Status {
         match s {
             "open" => Some(Status::Open),
             "committing" => Some(Status::Committing),
+            "held" => Some(Status::Held),
             _ => None,
         }
     }

@@ -1170,6 +1170,69 @@ impl TxDir {
     }
 }
 
+/// Held transactions (the commit-time policy's `hold`): why they wait, and a run made a
+/// session so that `diff`, `approve` and `rollback` take it from there.
+impl StateDir {
+    /// Record durably (sealed) why session `id` is held. The text is the caller's.
+    pub fn set_hold(&self, id: &str, text: &str) -> Result<(), StateError> {
+        let dir = self.dir(&format!("{}/{id}", layout::TX))?;
+        // A sealed body is whole lines.
+        let body = if text.ends_with('\n') { text.to_string() } else { format!("{text}\n") };
+        let sealed = self.seal().seal(Domain::Hold, id, &body);
+        fsx::replace(dir.as_fd(), layout::HOLD, sealed.as_bytes(), true)
+            .map_err(|e| PathError::new(&self.tx_dir(id).join(layout::HOLD), "write", e).into())
+    }
+
+    /// Why session `id` is held, if it is (None: it never was). A record that does not verify
+    /// is refused.
+    pub fn hold(&self, id: &str) -> Result<Option<String>, StateError> {
+        let rel = Self::tx_rel(id, layout::HOLD);
+        let bytes = match fsx::read_small(self.fd(), &rel, SMALL) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(PathError::new(&self.root.join(&rel), "read", e).into()),
+        };
+        let forged = || StateError::Forged { path: self.root.join(&rel), fix: "roll the transaction back" };
+        let body = self.seal().open(Domain::Hold, id, &bytes).ok_or_else(forged)?;
+        Ok(Some(body.trim_end_matches('\n').to_string()))
+    }
+
+    /// Keep a run whose commit was held as a session of one step, under the same id: its upper
+    /// and work become step 1's, `fps` (taken under the workspace lock when it was held) its
+    /// base, `hold` why it waits. The meta, written last and durably, is the moment it becomes
+    /// a session; a crash before leaves a run, which recovery discards as any other.
+    pub fn hold_run(&self, tx: &TxDir, workspace: &Path, fps: &Fingerprints, hold: &str) -> Result<(), StateError> {
+        let id = tx.id.as_str();
+        // A warm server may still have the run's overlay mounted: wait until it lets go.
+        fsx::wait_unlocked(&tx.work).map_err(at(&tx.work, "wait for the warm server to release"))?;
+        let steps = self.steps_root(id, workspace)?;
+        let step = steps.join("1");
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&step).map_err(at(&step, "create"))?;
+        let from = self.dir(&format!("{}/{id}", layout::TX))?;
+        let to = rustix::fs::open(
+            &step,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(at(&step, "open"))?;
+        for name in [layout::UPPER, layout::WORK] {
+            fsx::rename_noreplace(from.as_fd(), OsStr::new(name), to.as_fd(), OsStr::new(name))
+                .map_err(at(&tx.dir.join(name), "move into step 1"))?;
+        }
+        self.set_last_step(id, 1)?;
+        self.save_fingerprints(id, fps)?;
+        self.set_hold(id, hold)?;
+        self.set_status(id, Status::Held)?;
+        // A held run waits for a person, who judges it later: only overlaps with its own paths
+        // (the fingerprints) refuse the approval, not strict isolation's "anything committed".
+        self.write_meta(
+            id,
+            &TxMeta { workspace: workspace.to_path_buf(), kind: TxKind::Session, name: None, strict_since: None },
+            true,
+        )
+    }
+}
+
 impl StateDir {
     /// Take the owner lock of a transaction directory (blocking: the run that recycled a
     /// spare this process just claimed releases its lock right after).
