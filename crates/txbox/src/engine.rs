@@ -15,7 +15,7 @@ use txbox_txn::commit::{CommitError, CommitTarget};
 use txbox_txn::layout::TxKind;
 use txbox_txn::meta::display_rel;
 use txbox_txn::session::Fingerprints;
-use txbox_txn::{ChangeSet, CrashHook, StateDir, TxDir};
+use txbox_txn::{ChangeSet, CrashHook, RecoverStats, Recovered, StateDir, TxDir};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -153,6 +153,14 @@ pub struct RunResult {
     /// For `exec`: the step number this command ran as.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub step: Option<u32>,
+    /// For `outcome: committed`: the change is committed but applying it stopped (why, and what
+    /// recovery needs); recovery, which every txbox command on the workspace runs first,
+    /// applies the rest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pending_recovery: Option<String>,
+    /// The outcome could not be written to the audit log (why). The outcome stands.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub audit_error: Option<String>,
 }
 
 impl RunResult {
@@ -176,6 +184,8 @@ impl RunResult {
             conflicts: Vec::new(),
             skipped: Vec::new(),
             step: None,
+            pending_recovery: None,
+            audit_error: None,
         }
     }
 }
@@ -221,6 +231,8 @@ struct Timeline {
     marks: Vec<(&'static str, Duration)>,
     /// Where the command ran: `warm`, or `cold (why no warm server took it)`.
     sandbox: Option<String>,
+    /// How many entries recovery looked at (`RecoverStats`): must not grow with history.
+    recovery_looked_at: Option<usize>,
 }
 
 impl Timeline {
@@ -230,6 +242,7 @@ impl Timeline {
             last: started,
             marks: Vec::new(),
             sandbox: None,
+            recovery_looked_at: None,
         }
     }
 
@@ -250,6 +263,9 @@ impl Drop for Timeline {
             eprintln!("txbox timing (ms): {}", parts.join(", "));
             if let Some(s) = &self.sandbox {
                 eprintln!("txbox sandbox: {s}");
+            }
+            if let Some(n) = self.recovery_looked_at {
+                eprintln!("txbox recovery: looked at {n} entries");
             }
         }
     }
@@ -287,9 +303,19 @@ impl Env {
     /// Finish whatever a crash left behind in this workspace, before looking at it. Returns
     /// the workspace's commit generation: the base of a transaction that starts now.
     pub fn recover(&self) -> Result<u64, EngineError> {
+        self.recover_counting(&mut RecoverStats::default())
+    }
+
+    /// [`recover`](Self::recover), counting what recovery looked at. What it did is audited.
+    pub fn recover_counting(&self, stats: &mut RecoverStats) -> Result<u64, EngineError> {
         self.state.check_same_fs(&self.workspace)?;
         let _lock = self.state.lock_workspace(&self.workspace)?;
-        txbox_txn::recover(&self.state, Some(&self.workspace), &mut CrashHook::default())?;
+        let done = txbox_txn::recover_counting(&self.state, Some(&self.workspace), &mut CrashHook::from_env(), stats)?;
+        if !done.is_empty() {
+            if let Err(e) = audit_recovered(&self.state, &done) {
+                eprintln!("txbox: what recovery did could not be audited: {e}");
+            }
+        }
         Ok(self.state.generation(&self.workspace)?)
     }
 
@@ -479,13 +505,17 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
     if evaluation.decision.action == Action::Deny {
         let mut r = RunResult::new(txbox_txn::state::new_tx_id(), evaluation.decision);
         deny(&mut r);
-        audit(&env, &req.command, &mut r, started, false)?;
+        audit(&env, &req.command, &mut r, started, false);
         return Ok(r);
     }
 
-    // 2. Recover, 3. begin: the transaction's layers on the workspace's filesystem.
-    let base_generation = env.recover()?;
+    // 2. Recover, 3. begin: the transaction's layers on the workspace's filesystem (space
+    //    held back given up first if the filesystem is all but full).
+    let mut stats = RecoverStats::default();
+    let base_generation = env.recover_counting(&mut stats)?;
+    timeline.recovery_looked_at = Some(stats.looked_at);
     timeline.mark("recover");
+    env.state.tend_reserve();
     let tx = TxDir::create(&env.state, &env.workspace, TxKind::Run)?;
     timeline.mark("begin");
     let mut r = RunResult::new(tx.id.clone(), evaluation.decision);
@@ -497,7 +527,7 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
         Err(e) => {
             setup_failed(&mut r, e);
             drop_tx(&env.state, tx, false);
-            audit(&env, &req.command, &mut r, started, false)?;
+            audit(&env, &req.command, &mut r, started, false);
             return Ok(r);
         }
     };
@@ -515,21 +545,30 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
         r.outcome = Outcome::RolledBack;
         drop_tx(&env.state, tx, served_warm);
         timeline.mark("rollback");
-        audit(&env, &req.command, &mut r, started, false)?;
+        audit(&env, &req.command, &mut r, started, false);
         timeline.mark("audit");
         return Ok(r);
     }
 
-    // 6. Classify and commit under the workspace lock.
+    // 6. Classify and commit under the workspace lock; the audit entry of a commit is appended
+    //    at its commit point. 7. Audit what else happened, 8. clean up (in this order: a crash
+    //    in between leaves a directory recovery knows to have landed, never an unaudited one).
     let target = Target { id: &tx.id, upper: &tx.upper, trash: &tx.trash };
-    let committed = commit_upper(&env, &target, Base::Generation(base_generation));
+    let mut hook = CrashHook::from_env();
+    let mut auditor = CommitAudit::new(&env, &req.command, &r, started);
+    let committed = commit_upper(&env, &target, Base::Generation(base_generation), &mut auditor, &mut hook);
     timeline.mark("commit");
     settle(&mut r, committed);
-    drop_tx(&env.state, tx, served_warm);
-    timeline.mark("cleanup");
-    let durable = r.outcome == Outcome::Committed && r.changes.counts() != Counts::default();
-    audit(&env, &req.command, &mut r, started, durable)?;
+    auditor.finish(&mut r);
     timeline.mark("audit");
+    let _ = hook.tick();
+    if r.pending_recovery.is_some() {
+        // Committed but not applied in full: the layers are what recovery applies (#14.1).
+        drop(tx);
+    } else {
+        drop_tx(&env.state, tx, served_warm);
+    }
+    timeline.mark("cleanup");
     Ok(r)
 }
 
@@ -553,6 +592,13 @@ pub(crate) fn settle(r: &mut RunResult, committed: Result<ChangeSet, TxError>) {
             r.conflicts = paths;
             r.error = Some(msg);
         }
+        Err(TxError::Unfinished(cs, msg)) => {
+            // Committed: the command's exit status stands (125 would say nothing changed).
+            r.outcome = Outcome::Committed;
+            r.changes = Changes::of(&cs);
+            r.skipped = cs.skipped.iter().map(|p| display_rel(p)).collect();
+            r.pending_recovery = Some(msg);
+        }
         Err(TxError::Other(msg)) => {
             r.outcome = Outcome::Error;
             r.exit_code = 125;
@@ -563,6 +609,9 @@ pub(crate) fn settle(r: &mut RunResult, committed: Result<ChangeSet, TxError>) {
 
 pub(crate) enum TxError {
     Conflict(Vec<String>, String),
+    /// Past its commit point: committed, applying stopped; recovery applies the rest.
+    Unfinished(Box<ChangeSet>, String),
+    /// Refused or failed before the commit point: nothing changed.
     Other(String),
 }
 
@@ -591,8 +640,15 @@ fn overlapping(ours: &[PathBuf], theirs: &[PathBuf]) -> Vec<PathBuf> {
 }
 
 /// Classify `upper` and commit it, under the workspace lock, unless a path it changes was
-/// changed since the transaction's base (first committer wins).
-pub(crate) fn commit_upper(env: &Env, t: &Target<'_>, base: Base<'_>) -> Result<ChangeSet, TxError> {
+/// changed since the transaction's base (first committer wins). `audit` is made ready before
+/// the commit point (a log that cannot be written refuses the commit) and told at it.
+pub(crate) fn commit_upper(
+    env: &Env,
+    t: &Target<'_>,
+    base: Base<'_>,
+    audit: &mut CommitAudit<'_>,
+    hook: &mut CrashHook,
+) -> Result<ChangeSet, TxError> {
     let other = |e: &dyn std::fmt::Display| TxError::Other(e.to_string());
     let _lock = env.state.lock_workspace(&env.workspace).map_err(|e| other(&e))?;
     let cs = txbox_txn::classify(t.upper, &env.workspace, &env.exclude).map_err(|e| other(&e))?;
@@ -615,10 +671,16 @@ pub(crate) fn commit_upper(env: &Env, t: &Target<'_>, base: Base<'_>) -> Result<
         let msg = format!("changed in the workspace since this transaction began: {}", shown.join(", "));
         return Err(TxError::Conflict(shown, msg));
     }
+    if cs.changes.is_empty() {
+        return Ok(cs);
+    }
+    audit.prepare().map_err(TxError::Other)?;
+    env.state.release_reserve_if_low();
     if !ours.is_empty() {
         env.state.log_commit(&env.workspace, &ours).map_err(|e| other(&e))?;
     }
     let record = env.state.record_path(t.id);
+    let relief = || env.state.release_reserve();
     let target = CommitTarget {
         tx: t.id,
         workspace: &env.workspace,
@@ -626,12 +688,12 @@ pub(crate) fn commit_upper(env: &Env, t: &Target<'_>, base: Base<'_>) -> Result<
         trash: t.trash,
         record: &record,
         seal: env.state.seal(),
+        relief: Some(&relief),
     };
-    let mut hook = CrashHook::from_env();
     if std::io::IsTerminal::is_terminal(&std::io::stderr()) && cs.changes.len() >= PROGRESS_FROM {
         hook.progress = Some(crate::progress::commit_step);
     }
-    let result = txbox_txn::commit::commit(&target, &cs, &mut hook);
+    let result = txbox_txn::commit::commit(&target, &cs, hook, &mut || audit.committed(&cs));
     crate::progress::finish();
     match result {
         Ok(()) => Ok(cs),
@@ -642,6 +704,7 @@ pub(crate) fn commit_upper(env: &Env, t: &Target<'_>, base: Base<'_>) -> Result<
                 format!("{p} changed in the workspace during the transaction ({what})"),
             ))
         }
+        Err(e) if e.committed() => Err(TxError::Unfinished(Box::new(cs), e.to_string())),
         Err(e) => Err(TxError::Other(format!("commit failed: {e}"))),
     }
 }
@@ -695,19 +758,10 @@ fn start_collector(state: &StateDir, cold: bool) {
         .spawn();
 }
 
-pub(crate) fn audit(
-    env: &Env,
-    command: &Command,
-    r: &mut RunResult,
-    started: Instant,
-    durable: bool,
-) -> Result<(), EngineError> {
-    r.duration_ms = (started.elapsed().as_secs_f64() * 1e3 * 10.0).round() / 10.0;
-    let entry = audit::Entry {
-        time_ms: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0),
+/// The audit entry of `r` (its outcome and changes as they are now).
+fn entry_of(env: &Env, command: &Command, r: &RunResult) -> audit::Entry {
+    audit::Entry {
+        time_ms: audit::now_ms(),
         tx: r.tx.clone(),
         workspace: env.workspace.to_string_lossy().into_owned(),
         command: command.display(),
@@ -721,7 +775,136 @@ pub(crate) fn audit(
         changes: r.changes.counts(),
         duration_ms: r.duration_ms,
         ..audit::Entry::default()
-    };
-    audit::append(&env.state.audit_path(), entry, durable)?;
+    }
+}
+
+fn rounded_ms(started: Instant) -> f64 {
+    (started.elapsed().as_secs_f64() * 1e3 * 10.0).round() / 10.0
+}
+
+/// Append `r`'s outcome to the audit log. A failure does not change the outcome: it is
+/// reported with it (`audit_error`), never as "nothing changed" (#14.3).
+pub(crate) fn audit(env: &Env, command: &Command, r: &mut RunResult, started: Instant, durable: bool) {
+    r.duration_ms = rounded_ms(started);
+    let entry = entry_of(env, command, r);
+    if let Err(e) = env.state.audit_log().and_then(|mut log| log.append(entry, durable)) {
+        r.audit_error = Some(e.to_string());
+    }
+}
+
+/// The audit of a transaction that may commit: the log is opened before the commit point (a
+/// log that cannot be written refuses the commit: nothing changed), and the entry is appended
+/// at the commit point, where the commit's final flush makes it durable with the change.
+pub(crate) struct CommitAudit<'a> {
+    env: &'a Env,
+    command: &'a Command,
+    started: Instant,
+    template: audit::Entry,
+    log: Option<audit::Log>,
+    /// Set once the commit's entry was appended (Ok) or could not be (why).
+    written: Option<Result<(), String>>,
+}
+
+impl<'a> CommitAudit<'a> {
+    pub(crate) fn new(env: &'a Env, command: &'a Command, r: &RunResult, started: Instant) -> CommitAudit<'a> {
+        CommitAudit { env, command, started, template: entry_of(env, command, r), log: None, written: None }
+    }
+
+    /// Before the commit point: open the log, or say why the commit cannot be audited.
+    fn prepare(&mut self) -> Result<(), String> {
+        match self.env.state.audit_log() {
+            Ok(log) => {
+                self.log = Some(log);
+                Ok(())
+            }
+            Err(e) => Err(format!("the commit cannot be audited ({e}); nothing changed")),
+        }
+    }
+
+    /// At the commit point: the entry, outcome `committed`.
+    fn committed(&mut self, cs: &ChangeSet) {
+        let mut entry = self.template.clone();
+        entry.outcome = Outcome::Committed.as_str().to_string();
+        entry.rollback_reason = None;
+        entry.changes = Changes::of(cs).counts();
+        entry.duration_ms = rounded_ms(self.started);
+        entry.time_ms = audit::now_ms();
+        self.written = Some(match self.log.as_mut() {
+            Some(log) => log.append(entry, false).map(drop).map_err(|e| e.to_string()),
+            None => Err("the audit log was not opened".to_string()),
+        });
+    }
+
+    /// After the commit: append the outcome if the commit point was not reached (rolled back,
+    /// conflict, error, nothing to commit), and report what could not be appended.
+    pub(crate) fn finish(mut self, r: &mut RunResult) {
+        r.duration_ms = rounded_ms(self.started);
+        match self.written.take() {
+            Some(Ok(())) => {}
+            Some(Err(e)) => r.audit_error = Some(e),
+            None => {
+                let durable = r.outcome == Outcome::Committed && r.changes.counts() != Counts::default();
+                let entry = entry_of(self.env, self.command, r);
+                let appended = match self.log.as_mut() {
+                    Some(log) => log.append(entry, durable),
+                    None => self.env.state.audit_log().and_then(|mut log| log.append(entry, durable)),
+                };
+                if let Err(e) = appended {
+                    r.audit_error = Some(e.to_string());
+                }
+            }
+        }
+    }
+}
+
+/// Append what recovery did: a transaction rolled forward or found landed is `committed` (and
+/// `rolled_forward` when its own entry already says committed: recovery only finished
+/// applying it); one whose own entry is there and that recovery only cleaned up is not
+/// repeated; a discarded one is `discarded`.
+pub fn audit_recovered(state: &StateDir, done: &[Recovered]) -> Result<(), audit::AuditError> {
+    let mut log = state.audit_log()?;
+    for r in done {
+        let logged = |tx: &str, at: u64| audit::has_committed(&state.audit_path(), tx, at).unwrap_or(false);
+        let (tx, workspace, outcome, reason, changes) = match r {
+            Recovered::RolledForward { tx, workspace, changes, committed_ms } => {
+                let (outcome, reason) = if logged(tx, *committed_ms) {
+                    ("rolled_forward", "recovery finished applying a commit cut short")
+                } else {
+                    (
+                        "committed",
+                        "rolled forward by recovery: the transaction passed its commit point before it was cut short",
+                    )
+                };
+                (tx, Some(workspace), outcome, reason, changes.clone())
+            }
+            Recovered::Landed { tx, workspace, changes, committed_ms } => {
+                if logged(tx, *committed_ms) {
+                    continue;
+                }
+                (
+                    tx,
+                    Some(workspace),
+                    "committed",
+                    "applied before its process ended, which left no audit entry",
+                    changes.clone(),
+                )
+            }
+            Recovered::Discarded { tx } => {
+                (tx, None, "discarded", "its process ended before its commit point", Counts::default())
+            }
+        };
+        let entry = audit::Entry {
+            time_ms: audit::now_ms(),
+            tx: tx.clone(),
+            workspace: workspace.map(|w| w.to_string_lossy().into_owned()).unwrap_or_default(),
+            command: "recover".into(),
+            action: "recover".into(),
+            reason: reason.into(),
+            outcome: outcome.into(),
+            changes,
+            ..audit::Entry::default()
+        };
+        log.append(entry, true)?;
+    }
     Ok(())
 }

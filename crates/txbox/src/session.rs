@@ -10,11 +10,11 @@ use txbox_policy::{Action, Decision, Policy};
 use txbox_txn::layout::{Status, TxKind};
 use txbox_txn::session;
 use txbox_txn::state::{remove_tree, TxMeta};
-use txbox_txn::{ChangeSet, StateDir};
+use txbox_txn::{ChangeSet, CrashHook, StateDir};
 
 use crate::engine::{
     audit, commit_upper, deny, evaluate, execute, policy_context, record, settle, setup_failed, Base, Changes, Command,
-    EngineError, Env, Io, Layers, Limits, Outcome, RollbackReason, RunRequest, RunResult, Target,
+    CommitAudit, EngineError, Env, Io, Layers, Limits, Outcome, RollbackReason, RunRequest, RunResult, Target,
 };
 
 /// Find the state directory for a transaction id, from any directory: `--state-dir` if
@@ -65,7 +65,7 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
     let mut r = RunResult::new(req.tx.clone(), evaluation.decision);
     if r.decision.action == Action::Deny {
         deny(&mut r);
-        audit(&env, &req.command, &mut r, started, false)?;
+        audit(&env, &req.command, &mut r, started, false);
         return Ok(r);
     }
     let layers = session::layers(&steps)?;
@@ -85,7 +85,7 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
         Err(e) => {
             setup_failed(&mut r, e);
             session::drop_step(&steps, n)?;
-            audit(&env, &req.command, &mut r, started, false)?;
+            audit(&env, &req.command, &mut r, started, false);
             return Ok(r);
         }
     };
@@ -101,7 +101,7 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
         session::drop_step(&steps, n)?;
         r.outcome = Outcome::RolledBack;
     }
-    audit(&env, &req.command, &mut r, started, false)?;
+    audit(&env, &req.command, &mut r, started, false);
     Ok(r)
 }
 
@@ -132,21 +132,21 @@ pub fn commit(state: &StateDir, tx: &str) -> Result<RunResult, EngineError> {
     // From here a crash before the commit record means: the commit did not happen, and
     // recovery discards the half-squashed transaction (the workspace is untouched).
     state.set_status(tx, Status::Committing)?;
-    match squash(&layers)? {
-        None => {
-            r.outcome = Outcome::Committed;
-        }
-        Some(upper) => {
-            let trash = tx_dir.join(txbox_txn::layout::TRASH);
-            settle(
-                &mut r,
-                commit_upper(&env, &Target { id: tx, upper: &upper, trash: &trash }, Base::Fingerprints(&fps)),
-            );
-        }
+    let command = Command::Shell(format!("commit {tx}"));
+    r.outcome = Outcome::Committed;
+    let mut auditor = CommitAudit::new(&env, &command, &r, started);
+    let mut hook = CrashHook::from_env();
+    if let Some(upper) = squash(&layers)? {
+        let trash = tx_dir.join(txbox_txn::layout::TRASH);
+        let target = Target { id: tx, upper: &upper, trash: &trash };
+        settle(&mut r, commit_upper(&env, &target, Base::Fingerprints(&fps), &mut auditor, &mut hook));
     }
-    let _ = state.remove_tx(tx);
-    let durable = r.outcome == Outcome::Committed;
-    audit(&env, &Command::Shell(format!("commit {tx}")), &mut r, started, durable)?;
+    auditor.finish(&mut r);
+    let _ = hook.tick();
+    // A commit left to recovery keeps its layers (removing them is refused anyway).
+    if r.pending_recovery.is_none() {
+        let _ = state.remove_tx(tx);
+    }
     Ok(r)
 }
 
@@ -180,7 +180,7 @@ pub fn rollback(state: &StateDir, tx: &str, to: Option<u32>) -> Result<RunResult
         Some(s) => format!("rollback {tx} --to {s}"),
         None => format!("rollback {tx}"),
     };
-    audit(&env, &Command::Shell(what), &mut r, started, false)?;
+    audit(&env, &Command::Shell(what), &mut r, started, false);
     Ok(r)
 }
 
