@@ -300,6 +300,8 @@ pub fn run_as_session(req: &RunRequest) -> Result<RunResult, EngineError> {
     r.changes = c.changes;
     r.conflicts = c.conflicts;
     r.error = c.error;
+    r.pending_recovery = c.pending_recovery;
+    r.audit_error = r.audit_error.or(c.audit_error);
     if c.outcome != Outcome::Committed {
         r.exit_code = c.exit_code;
     }

@@ -196,12 +196,13 @@ pub fn commit(
         steps: jsteps,
     };
     // 4. Room to apply it: descriptors held until then, space (the reserve given up if need be).
+    let text = record.render(target.seal);
     let fds = check::reserve_fds(ws.root()).map_err(CommitError::NoRoom)?;
-    ensure_space(target, &ws, &record)?;
+    ensure_space(target, &ws, &record, text.len())?;
     drop(ws);
     // 5. The commit point.
     hook.tick()?;
-    match relieved(target, || Ok(journal::write_durably(target.record, &record, target.seal)?)) {
+    match relieved(target, || Ok(journal::write_text_durably(target.record, &text)?)) {
         Ok(()) => {}
         Err(CommitError::Journal(e @ JournalError::InPlace { .. })) => {
             return Err(CommitError::Unfinished { source: Box::new(e.into()) })
@@ -241,8 +242,13 @@ fn relieved<T>(target: &CommitTarget<'_>, mut f: impl FnMut() -> Result<T, Commi
 
 /// Refuse before the commit point when applying could run out of space: what the record and the
 /// workspace's directories may need, the state directory's reserve given up first.
-fn ensure_space(target: &CommitTarget<'_>, ws: &Beneath, record: &CommitRecord) -> Result<(), CommitError> {
-    let need = check::space_needed(record.render(target.seal).len(), &record.steps);
+fn ensure_space(
+    target: &CommitTarget<'_>,
+    ws: &Beneath,
+    record: &CommitRecord,
+    record_bytes: usize,
+) -> Result<(), CommitError> {
+    let need = check::space_needed(record_bytes, &record.steps);
     let avail = || check::available(ws.root()).map_err(io_err("statfs", target.workspace));
     if avail()? >= need {
         return Ok(());

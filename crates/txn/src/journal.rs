@@ -177,6 +177,11 @@ pub fn parse(text: &[u8], origin: &Path, seal: &Seal, id: &str) -> Result<Commit
 /// Write `record` durably at `path`: temporary file, fsync, rename, fsync of the directory.
 /// When this returns Ok the transaction is committed, whatever happens next.
 pub fn write_durably(path: &Path, record: &CommitRecord, seal: &Seal) -> Result<(), JournalError> {
+    write_text_durably(path, &record.render(seal))
+}
+
+/// [`write_durably`] for a record already rendered ([`CommitRecord::render`]).
+pub fn write_text_durably(path: &Path, text: &str) -> Result<(), JournalError> {
     let io = |source| JournalError::Io { path: path.to_path_buf(), source };
     let dir = path.parent().unwrap_or(Path::new("."));
     let mut tmp_name = path.as_os_str().to_owned();
@@ -184,7 +189,7 @@ pub fn write_durably(path: &Path, record: &CommitRecord, seal: &Seal) -> Result<
     let tmp = PathBuf::from(tmp_name);
     let written = (|| {
         let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(record.render(seal).as_bytes())?;
+        f.write_all(text.as_bytes())?;
         f.sync_all()?;
         drop(f);
         std::fs::rename(&tmp, path)

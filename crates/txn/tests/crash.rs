@@ -130,6 +130,7 @@ fn a_commit_cut_at_every_step_recovers_to_old_or_new() {
     assert!(new.contains_key(b"gen/g7.txt".as_slice()) && !new.contains_key(b"doomed".as_slice()));
     let total = full.calls();
     assert!(total > 10, "a realistic commit makes many mutating calls, saw {total}");
+    eprintln!("cutting a commit of {total} mutating calls at each of them");
     let (mut saw_old, mut saw_new) = (0, 0);
     for n in 1..=total {
         let root = base.join(format!("n{n}"));
