@@ -681,6 +681,33 @@ fn the_audit_log_survives_damage_and_never_makes_an_outcome_lie() {
         std::fs::remove_file(&log).unwrap();
         assert_eq!(verify_log(who, &p)["ok"], false, "{who:?}: a removed log went unnoticed");
     }
+    if is_root() {
+        append_only_audit_log();
+    }
+}
+
+/// As root with `TXBOX_AUDIT_APPEND_ONLY=1`: the log gets the append-only attribute; appends
+/// work, truncating does not.
+fn append_only_audit_log() {
+    let s = Scratch::new("append-only");
+    let p = Place::of(&s);
+    let log = p.state.join("audit.log");
+    let env = [("TXBOX_AUDIT_APPEND_ONLY", "1")];
+    for script in ["echo a > a", "echo b > b"] {
+        let (out, j) = run_at(As::Me, &p, "", &env, script);
+        assert_eq!((code(&out), j.get("audit_error")), (Some(0), None), "{}", describe(&out));
+    }
+    let attrs = Command::new("lsattr").arg(&log).output().unwrap();
+    let flags = String::from_utf8_lossy(&attrs.stdout).split(' ').next().unwrap_or_default().to_string();
+    let truncated = std::fs::OpenOptions::new().write(true).open(&log).and_then(|f| f.set_len(0));
+    let _ = Command::new("chattr").arg("-a").arg(&log).status();
+    if !attrs.status.success() {
+        eprintln!("SKIP append-only audit log: lsattr does not work here");
+        return;
+    }
+    assert!(flags.contains('a'), "the log is not append-only: {flags}");
+    assert!(truncated.is_err(), "an append-only log was truncated");
+    assert_eq!(verify_log(As::Me, &p)["entries"], 2);
 }
 
 /// The largest number of entries recovery says (TXBOX_TIMING) it looked at in `out`.
