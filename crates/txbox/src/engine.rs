@@ -722,21 +722,26 @@ pub(crate) fn drop_tx(state: &StateDir, tx: TxDir, collected: bool) {
     if !wrote_something && state.recycle_tx(&id) {
         return;
     }
+    // The owner lock is let go only once the directory has left `tx`: a finished run's
+    // directory without its lock is what another run's recovery takes for abandoned (and
+    // audits as discarded).
     if collected && state.retire_tx(&id).is_ok() {
         drop(tx);
         start_collector(state, false);
         return;
     }
-    drop(tx);
     if !wrote_something {
         // An empty layer is gone in a few syscalls.
         let _ = state.remove_tx(&id);
+        drop(tx);
         return;
     }
     // A rollback returns as soon as the layer is retired; a detached collector deletes it
     // (DESIGN §8: rollback ≤ 50 ms, cleanup may continue in the background). Should it die,
     // the next collector finishes the job.
-    if state.retire_tx(&id).is_err() {
+    let retired = state.retire_tx(&id);
+    drop(tx);
+    if retired.is_err() {
         let _ = state.remove_tx(&id);
         return;
     }
