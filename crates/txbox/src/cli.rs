@@ -567,6 +567,10 @@ fn command_of(command: Option<String>, argv: Vec<OsString>) -> Result<Command> {
 fn show(json: bool, r: &engine::RunResult) -> i32 {
     if json {
         println!("{}", render::json(r));
+        // What an agent reading only the status must not miss is said on stderr too.
+        for warning in render::warnings(r) {
+            eprintln!("{warning}");
+        }
     } else {
         eprintln!("{}", render::summary(r));
     }
@@ -616,24 +620,7 @@ fn cmd_log(state_dir: Option<PathBuf>, json: bool, a: LogArgs) -> Result<i32> {
     };
     let path = state.audit_path();
     if a.verify {
-        return match audit::verify(&path) {
-            Ok(n) => {
-                if json {
-                    println!("{}", serde_json::json!({"ok": true, "entries": n}));
-                } else {
-                    println!("audit log {}: {n} entries, hash chain intact", path.display());
-                }
-                Ok(0)
-            }
-            Err(e) => {
-                if json {
-                    println!("{}", serde_json::json!({"ok": false, "error": e.to_string()}));
-                } else {
-                    eprintln!("txbox: audit log does not verify: {e}");
-                }
-                Ok(1)
-            }
-        };
+        return Ok(show_verify(json, &path, state.verify_audit()));
     }
     let mut entries = audit::read_all(&path)?;
     // One state directory serves many workspaces: show this one's entries (`-C`, else the
@@ -671,6 +658,55 @@ fn cmd_log(state_dir: Option<PathBuf>, json: bool, a: LogArgs) -> Result<i32> {
     Ok(0)
 }
 
+/// Print what `log --verify` found; exit 0 when nothing was changed, removed or lost (torn
+/// lines, appends a crash cut short, are reported but are no loss of a finished entry).
+fn show_verify(json: bool, path: &std::path::Path, report: Result<audit::Report, audit::AuditError>) -> i32 {
+    let report = match report {
+        Ok(r) => r,
+        Err(e) => {
+            if json {
+                println!("{}", serde_json::json!({"ok": false, "error": e.to_string()}));
+            } else {
+                eprintln!("txbox: audit log does not verify: {e}");
+            }
+            return 1;
+        }
+    };
+    let damage: Vec<String> = report.damage.iter().map(|(line, what)| format!("line {line}: {what}")).collect();
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "ok": report.ok(),
+                "entries": report.entries,
+                "torn": report.torn,
+                "damage": damage,
+                "head": report.head,
+                "error": (!report.problems.is_empty()).then(|| report.problems.join("; ")),
+            })
+        );
+    } else {
+        for p in &report.problems {
+            eprintln!("txbox: audit log does not verify: {p}");
+        }
+        for d in &damage {
+            eprintln!("txbox: audit log recorded a loss at {d}");
+        }
+        for t in &report.torn {
+            eprintln!("txbox: audit log line {t} is torn (an append cut short by a crash or a full disk)");
+        }
+        if report.ok() {
+            let head = if report.head { "" } else { " (no head record yet: the newest entries are not vouched for)" };
+            println!("audit log {}: {} entries, hash chain intact{head}", path.display(), report.entries);
+        }
+    }
+    if report.ok() {
+        0
+    } else {
+        1
+    }
+}
+
 fn cmd_recover(state_dir: Option<PathBuf>, json: bool, a: WorkspaceArg) -> Result<i32> {
     let Some(state) = state_for(state_dir, &a)? else {
         if json {
@@ -680,29 +716,30 @@ fn cmd_recover(state_dir: Option<PathBuf>, json: bool, a: WorkspaceArg) -> Resul
         }
         return Ok(0);
     };
-    let done = txbox_txn::recover(&state, None, &mut CrashHook::default())?;
+    let done = txbox_txn::recover(&state, None, &mut CrashHook::from_env())?;
+    // What was recovered stays recovered: a log that cannot take it is reported, not an error.
+    let audit_error = engine::audit_recovered(&state, &done).err().map(|e| e.to_string());
+    if let Some(e) = &audit_error {
+        eprintln!("txbox: what recovery did could not be audited: {e}");
+    }
     let mut items = Vec::new();
     for r in &done {
-        let (tx, what, ws) = match r {
-            Recovered::RolledForward { tx, workspace } => (tx.clone(), "rolled_forward", Some(workspace.clone())),
-            Recovered::Discarded { tx } => (tx.clone(), "discarded", None),
+        let (tx, what) = match r {
+            Recovered::RolledForward { tx, .. } => (tx.clone(), "rolled_forward"),
+            Recovered::Landed { tx, .. } => (tx.clone(), "landed"),
+            Recovered::Discarded { tx } => (tx.clone(), "discarded"),
         };
-        let entry = audit::Entry {
-            tx: tx.clone(),
-            workspace: ws.as_deref().map(|w| w.to_string_lossy().into_owned()).unwrap_or_default(),
-            command: "recover".into(),
-            action: "recover".into(),
-            outcome: what.into(),
-            ..audit::Entry::default()
-        };
-        audit::append(&state.audit_path(), entry, true)?;
         if !json {
             eprintln!("txbox: {what} tx {}", render::short(&tx));
         }
         items.push(serde_json::json!({"tx": tx, "action": what}));
     }
     if json {
-        println!("{}", serde_json::json!({ "recovered": items }));
+        let mut out = serde_json::json!({ "recovered": items });
+        if let Some(e) = audit_error {
+            out["audit_error"] = serde_json::Value::String(e);
+        }
+        println!("{out}");
     } else if done.is_empty() {
         eprintln!("txbox: nothing to recover");
     }

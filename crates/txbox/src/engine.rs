@@ -14,7 +14,7 @@ use txbox_txn::commit::{CommitError, CommitTarget};
 use txbox_txn::layout::TxKind;
 use txbox_txn::meta::display_rel;
 use txbox_txn::session::Fingerprints;
-use txbox_txn::{ChangeSet, CrashHook, StateDir, TxDir};
+use txbox_txn::{ChangeSet, CrashHook, RecoverStats, Recovered, StateDir, TxDir};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -171,9 +171,19 @@ impl Env {
     /// Finish whatever a crash left behind in this workspace, before looking at it. Returns
     /// the workspace's commit generation: the base of a transaction that starts now.
     pub fn recover(&self) -> Result<u64, EngineError> {
+        self.recover_counting(&mut RecoverStats::default())
+    }
+
+    /// [`recover`](Self::recover), counting what recovery looked at. What it did is audited.
+    pub fn recover_counting(&self, stats: &mut RecoverStats) -> Result<u64, EngineError> {
         self.state.check_same_fs(&self.workspace)?;
         let _lock = self.state.lock_workspace(&self.workspace)?;
-        txbox_txn::recover(&self.state, Some(&self.workspace), &mut CrashHook::default())?;
+        let done = txbox_txn::recover_counting(&self.state, Some(&self.workspace), &mut CrashHook::from_env(), stats)?;
+        if !done.is_empty() {
+            if let Err(e) = audit_recovered(&self.state, &done) {
+                eprintln!("txbox: what recovery did could not be audited: {e}");
+            }
+        }
         Ok(self.state.generation(&self.workspace)?)
     }
 
@@ -329,13 +339,17 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
     if evaluation.decision.action == Action::Deny {
         let mut r = RunResult::new(txbox_txn::state::new_tx_id(), evaluation.decision);
         deny(&mut r);
-        audit(&env, &req.command, &mut r, started, false)?;
+        audit(&env, &req.command, &mut r, started, false);
         return Ok(r);
     }
 
-    // 2. Recover, 3. begin: the transaction's layers on the workspace's filesystem.
-    let base_generation = env.recover()?;
+    // 2. Recover, 3. begin: the transaction's layers on the workspace's filesystem (space
+    //    held back given up first if the filesystem is all but full).
+    let mut stats = RecoverStats::default();
+    let base_generation = env.recover_counting(&mut stats)?;
+    timeline.recovery_looked_at = Some(stats.looked_at);
     timeline.mark("recover");
+    env.state.tend_reserve();
     let tx = TxDir::create(&env.state, &env.workspace, TxKind::Run)?;
     timeline.mark("begin");
     let mut r = RunResult::new(tx.id.clone(), evaluation.decision);
@@ -349,7 +363,7 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
             Err(e) => {
                 setup_failed(&mut r, e);
                 drop_tx(&env.state, tx, false);
-                audit(&env, &req.command, &mut r, started, false)?;
+                audit(&env, &req.command, &mut r, started, false);
                 return Ok(r);
             }
         };
@@ -367,7 +381,7 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
         r.outcome = Outcome::RolledBack;
         drop_tx(&env.state, tx, served_warm);
         timeline.mark("rollback");
-        audit(&env, &req.command, &mut r, started, false)?;
+        audit(&env, &req.command, &mut r, started, false);
         timeline.mark("audit");
         return Ok(r);
     }
@@ -382,18 +396,26 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
         policy: &req.policy,
         approved: None,
     };
+    // The audit entry of a commit is appended at its commit point. 7. Audit what else
+    // happened, 8. clean up (in this order: a crash in between leaves a directory recovery
+    // knows to have landed, never an unaudited one).
     let strict = (req.isolation == Isolation::Strict).then_some(base_generation);
-    let committed = commit_upper(&env, &target, Base::Generation(base_generation), strict);
+    let mut hook = CrashHook::from_env();
+    let mut auditor = CommitAudit::new(&env, &req.command, &r, started);
+    let committed = commit_upper(&env, &target, Base::Generation(base_generation), strict, &mut auditor, &mut hook);
     timeline.mark("commit");
-    match settle(&mut r, committed) {
+    let held = settle(&mut r, committed);
+    auditor.finish(&mut r);
+    timeline.mark("audit");
+    let _ = hook.tick();
+    match held {
         // Held for a person: the run becomes a session of one step, under the same id.
         Some(fps) => keep_held(&env, tx, &fps, &mut r, served_warm),
+        // Committed but not applied in full: the layers are what recovery applies (#14.1).
+        None if r.pending_recovery.is_some() => drop(tx),
         None => drop_tx(&env.state, tx, served_warm),
     }
     timeline.mark("cleanup");
-    let durable = r.outcome == Outcome::Committed && r.changes.counts() != Counts::default();
-    audit(&env, &req.command, &mut r, started, durable)?;
-    timeline.mark("audit");
     Ok(r)
 }
 
@@ -426,6 +448,14 @@ pub(crate) fn settle(r: &mut RunResult, committed: Result<ChangeSet, TxError>) -
             r.exit_code = 3;
             r.conflicts = paths;
             r.error = Some(msg);
+        }
+        Err(TxError::Unfinished(cs, msg)) => {
+            // Committed: the command's exit status stands (125 would say nothing changed).
+            r.outcome = Outcome::Committed;
+            r.changes = Changes::of(&cs);
+            r.skipped = cs.skipped.iter().map(|p| display_rel(p)).collect();
+            r.dropped_xattrs = DroppedXattr::of(&cs);
+            r.pending_recovery = Some(msg);
         }
         Err(TxError::Other(msg)) => {
             r.outcome = Outcome::Error;
@@ -486,6 +516,9 @@ pub(crate) enum TxError {
         rule: String,
         reason: String,
     },
+    /// Past its commit point: committed, applying stopped; recovery applies the rest.
+    Unfinished(Box<ChangeSet>, String),
+    /// Refused or failed before the commit point: nothing changed.
     Other(String),
 }
 
@@ -523,12 +556,15 @@ fn overlapping(ours: &[PathBuf], theirs: &[PathBuf]) -> Vec<PathBuf> {
 /// Classify `upper` and commit it, under the workspace lock, unless a path it changes was
 /// changed since the transaction's base (first committer wins), or, with `strict_since` (strict
 /// isolation: the workspace's commit generation when the transaction began), unless any
-/// transaction committed to the workspace since then.
+/// transaction committed to the workspace since then. `audit` is made ready before the commit
+/// point (a log that cannot be written refuses the commit) and told at it.
 pub(crate) fn commit_upper(
     env: &Env,
     t: &Target<'_>,
     base: Base<'_>,
     strict_since: Option<u64>,
+    audit: &mut CommitAudit<'_>,
+    hook: &mut CrashHook,
 ) -> Result<ChangeSet, TxError> {
     let other = |e: &dyn std::fmt::Display| TxError::Other(e.to_string());
     let _lock = env.state.lock_workspace(&env.workspace).map_err(|e| other(&e))?;
@@ -584,10 +620,16 @@ pub(crate) fn commit_upper(
         };
         return Err(TxError::Held(Box::new(Held { cs, findings: holds, fps })));
     }
+    if cs.changes.is_empty() {
+        return Ok(cs);
+    }
+    audit.prepare().map_err(TxError::Other)?;
+    env.state.release_reserve_if_low();
     if !ours.is_empty() {
         env.state.log_commit(&env.workspace, &ours).map_err(|e| other(&e))?;
     }
     let record = env.state.record_path(t.id);
+    let relief = || env.state.release_reserve();
     let target = CommitTarget {
         tx: t.id,
         workspace: &env.workspace,
@@ -595,12 +637,12 @@ pub(crate) fn commit_upper(
         trash: t.trash,
         record: &record,
         seal: env.state.seal(),
+        relief: Some(&relief),
     };
-    let mut hook = CrashHook::from_env();
     if std::io::IsTerminal::is_terminal(&std::io::stderr()) && cs.changes.len() >= PROGRESS_FROM {
         hook.progress = Some(crate::progress::commit_step);
     }
-    let result = txbox_txn::commit::commit(&target, &cs, &mut hook);
+    let result = txbox_txn::commit::commit(&target, &cs, hook, &mut || audit.committed(&cs));
     crate::progress::finish();
     match result {
         Ok(()) => Ok(cs),
@@ -611,6 +653,7 @@ pub(crate) fn commit_upper(
                 format!("{p} changed in the workspace during the transaction ({what})"),
             ))
         }
+        Err(e) if e.committed() => Err(TxError::Unfinished(Box::new(cs), e.to_string())),
         Err(e) => Err(TxError::Other(format!("commit failed: {e}"))),
     }
 }
@@ -645,21 +688,26 @@ pub(crate) fn drop_tx(state: &StateDir, tx: TxDir, collected: bool) {
     if !wrote_something && state.recycle_tx(&id) {
         return;
     }
+    // The owner lock is let go only once the directory has left `tx`: a finished run's
+    // directory without its lock is what another run's recovery takes for abandoned (and
+    // audits as discarded).
     if collected && state.retire_tx(&id).is_ok() {
         drop(tx);
         start_collector(state, false);
         return;
     }
-    drop(tx);
     if !wrote_something {
         // An empty layer is gone in a few syscalls.
         let _ = state.remove_tx(&id);
+        drop(tx);
         return;
     }
     // A rollback returns as soon as the layer is retired; a detached collector deletes it
     // (DESIGN §8: rollback ≤ 50 ms, cleanup may continue in the background). Should it die,
     // the next collector finishes the job.
-    if state.retire_tx(&id).is_err() {
+    let retired = state.retire_tx(&id);
+    drop(tx);
+    if retired.is_err() {
         let _ = state.remove_tx(&id);
         return;
     }
@@ -681,19 +729,10 @@ fn start_collector(state: &StateDir, cold: bool) {
         .spawn();
 }
 
-pub(crate) fn audit(
-    env: &Env,
-    command: &Command,
-    r: &mut RunResult,
-    started: Instant,
-    durable: bool,
-) -> Result<(), EngineError> {
-    r.duration_ms = (started.elapsed().as_secs_f64() * 1e3 * 10.0).round() / 10.0;
-    let entry = audit::Entry {
-        time_ms: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0),
+/// The audit entry of `r` (its outcome and changes as they are now).
+fn entry_of(env: &Env, command: &Command, r: &RunResult) -> audit::Entry {
+    audit::Entry {
+        time_ms: audit::now_ms(),
         tx: r.tx.clone(),
         workspace: env.workspace.to_string_lossy().into_owned(),
         command: crate::redact::redact(&command.display()).into_owned(),
@@ -707,7 +746,136 @@ pub(crate) fn audit(
         changes: r.changes.counts(),
         duration_ms: r.duration_ms,
         ..audit::Entry::default()
-    };
-    audit::append(&env.state.audit_path(), entry, durable)?;
+    }
+}
+
+fn rounded_ms(started: Instant) -> f64 {
+    (started.elapsed().as_secs_f64() * 1e3 * 10.0).round() / 10.0
+}
+
+/// Append `r`'s outcome to the audit log. A failure does not change the outcome: it is
+/// reported with it (`audit_error`), never as "nothing changed" (#14.3).
+pub(crate) fn audit(env: &Env, command: &Command, r: &mut RunResult, started: Instant, durable: bool) {
+    r.duration_ms = rounded_ms(started);
+    let entry = entry_of(env, command, r);
+    if let Err(e) = env.state.audit_log().and_then(|mut log| log.append(entry, durable)) {
+        r.audit_error = Some(e.to_string());
+    }
+}
+
+/// The audit of a transaction that may commit: the log is opened before the commit point (a
+/// log that cannot be written refuses the commit: nothing changed), and the entry is appended
+/// at the commit point, where the commit's final flush makes it durable with the change.
+pub(crate) struct CommitAudit<'a> {
+    env: &'a Env,
+    command: &'a Command,
+    started: Instant,
+    template: audit::Entry,
+    log: Option<audit::Log>,
+    /// Set once the commit's entry was appended (Ok) or could not be (why).
+    written: Option<Result<(), String>>,
+}
+
+impl<'a> CommitAudit<'a> {
+    pub(crate) fn new(env: &'a Env, command: &'a Command, r: &RunResult, started: Instant) -> CommitAudit<'a> {
+        CommitAudit { env, command, started, template: entry_of(env, command, r), log: None, written: None }
+    }
+
+    /// Before the commit point: open the log, or say why the commit cannot be audited.
+    fn prepare(&mut self) -> Result<(), String> {
+        match self.env.state.audit_log() {
+            Ok(log) => {
+                self.log = Some(log);
+                Ok(())
+            }
+            Err(e) => Err(format!("the commit cannot be audited ({e}); nothing changed")),
+        }
+    }
+
+    /// At the commit point: the entry, outcome `committed`.
+    fn committed(&mut self, cs: &ChangeSet) {
+        let mut entry = self.template.clone();
+        entry.outcome = Outcome::Committed.as_str().to_string();
+        entry.rollback_reason = None;
+        entry.changes = Changes::of(cs).counts();
+        entry.duration_ms = rounded_ms(self.started);
+        entry.time_ms = audit::now_ms();
+        self.written = Some(match self.log.as_mut() {
+            Some(log) => log.append(entry, false).map(drop).map_err(|e| e.to_string()),
+            None => Err("the audit log was not opened".to_string()),
+        });
+    }
+
+    /// After the commit: append the outcome if the commit point was not reached (rolled back,
+    /// conflict, error, nothing to commit), and report what could not be appended.
+    pub(crate) fn finish(mut self, r: &mut RunResult) {
+        r.duration_ms = rounded_ms(self.started);
+        match self.written.take() {
+            Some(Ok(())) => {}
+            Some(Err(e)) => r.audit_error = Some(e),
+            None => {
+                let durable = r.outcome == Outcome::Committed && r.changes.counts() != Counts::default();
+                let entry = entry_of(self.env, self.command, r);
+                let appended = match self.log.as_mut() {
+                    Some(log) => log.append(entry, durable),
+                    None => self.env.state.audit_log().and_then(|mut log| log.append(entry, durable)),
+                };
+                if let Err(e) = appended {
+                    r.audit_error = Some(e.to_string());
+                }
+            }
+        }
+    }
+}
+
+/// Append what recovery did: a transaction rolled forward or found landed is `committed` (and
+/// `rolled_forward` when its own entry already says committed: recovery only finished
+/// applying it); one whose own entry is there and that recovery only cleaned up is not
+/// repeated; a discarded one is `discarded`.
+pub fn audit_recovered(state: &StateDir, done: &[Recovered]) -> Result<(), audit::AuditError> {
+    let mut log = state.audit_log()?;
+    for r in done {
+        let logged = |tx: &str, at: u64| audit::has_committed(&state.audit_path(), tx, at).unwrap_or(false);
+        let (tx, workspace, outcome, reason, changes) = match r {
+            Recovered::RolledForward { tx, workspace, changes, committed_ms } => {
+                let (outcome, reason) = if logged(tx, *committed_ms) {
+                    ("rolled_forward", "recovery finished applying a commit cut short")
+                } else {
+                    (
+                        "committed",
+                        "rolled forward by recovery: the transaction passed its commit point before it was cut short",
+                    )
+                };
+                (tx, Some(workspace), outcome, reason, changes.clone())
+            }
+            Recovered::Landed { tx, workspace, changes, committed_ms } => {
+                if logged(tx, *committed_ms) {
+                    continue;
+                }
+                (
+                    tx,
+                    Some(workspace),
+                    "committed",
+                    "applied before its process ended, which left no audit entry",
+                    changes.clone(),
+                )
+            }
+            Recovered::Discarded { tx } => {
+                (tx, None, "discarded", "its process ended before its commit point", Counts::default())
+            }
+        };
+        let entry = audit::Entry {
+            time_ms: audit::now_ms(),
+            tx: tx.clone(),
+            workspace: workspace.map(|w| w.to_string_lossy().into_owned()).unwrap_or_default(),
+            command: "recover".into(),
+            action: "recover".into(),
+            reason: reason.into(),
+            outcome: outcome.into(),
+            changes,
+            ..audit::Entry::default()
+        };
+        log.append(entry, true)?;
+    }
     Ok(())
 }

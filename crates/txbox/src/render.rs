@@ -21,9 +21,28 @@ pub fn ms(v: f64) -> String {
     }
 }
 
+/// The lines a result adds to its summary: a commit left to recovery, an outcome that could not
+/// be audited.
+pub fn warnings(r: &RunResult) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(p) = &r.pending_recovery {
+        out.push(format!("txbox: tx {} is committed but not yet applied in full: {p}", short(&r.tx)));
+    }
+    if let Some(a) = &r.audit_error {
+        out.push(format!("txbox: the outcome of tx {} could not be written to the audit log: {a}", short(&r.tx)));
+    }
+    out
+}
+
 /// The one-line summary of DESIGN §3, e.g.
-/// `txbox: committed tx 7f3a… (+3 ~1 -2) in 4.1 ms`.
+/// `txbox: committed tx 7f3a… (+3 ~1 -2) in 4.1 ms`, followed by [`warnings`] if any.
 pub fn summary(r: &RunResult) -> String {
+    let mut lines = vec![outcome_line(r)];
+    lines.extend(warnings(r));
+    lines.join("\n")
+}
+
+fn outcome_line(r: &RunResult) -> String {
     let c = &r.changes;
     match r.outcome {
         Outcome::Committed => format!(

@@ -144,6 +144,14 @@ pub struct RunResult {
     /// For `exec`: the step number this command ran as.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub step: Option<u32>,
+    /// For `outcome: committed`: the change is committed but applying it stopped (why, and what
+    /// recovery needs); recovery, which every txbox command on the workspace runs first,
+    /// applies the rest.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pending_recovery: Option<String>,
+    /// The outcome could not be written to the audit log (why). The outcome stands.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub audit_error: Option<String>,
 }
 
 impl RunResult {
@@ -169,6 +177,8 @@ impl RunResult {
             skipped: Vec::new(),
             dropped_xattrs: Vec::new(),
             step: None,
+            pending_recovery: None,
+            audit_error: None,
         }
     }
 }

@@ -10,11 +10,11 @@ use txbox_policy::{Action, Decision, Policy};
 use txbox_txn::layout::{Status, TxKind};
 use txbox_txn::session;
 use txbox_txn::state::{remove_tree, TxMeta};
-use txbox_txn::{ChangeSet, StateDir};
+use txbox_txn::{ChangeSet, CrashHook, StateDir};
 
 use crate::engine::{
-    audit, commit_upper, evaluate, execute, policy_context, settle, Base, Command, EngineError, Env, Io, Layers,
-    Limits, RunRequest, Target,
+    audit, commit_upper, evaluate, execute, policy_context, settle, Base, Command, CommitAudit, EngineError, Env, Io,
+    Layers, Limits, RunRequest, Target,
 };
 use crate::options::Isolation;
 use crate::result::{deny, record, setup_failed, Changes, HeldChange, Outcome, RollbackReason, RunResult};
@@ -77,7 +77,7 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
     let mut r = RunResult::new(req.tx.clone(), evaluation.decision);
     if r.decision.action == Action::Deny {
         deny(&mut r);
-        audit(&env, &req.command, &mut r, started, false)?;
+        audit(&env, &req.command, &mut r, started, false);
         return Ok(r);
     }
     let layers = session::layers(&steps)?;
@@ -100,7 +100,7 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
         Err(e) => {
             setup_failed(&mut r, e);
             session::drop_step(&steps, n)?;
-            audit(&env, &req.command, &mut r, started, false)?;
+            audit(&env, &req.command, &mut r, started, false);
             return Ok(r);
         }
     };
@@ -117,7 +117,7 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
         session::drop_step(&steps, n)?;
         r.outcome = Outcome::RolledBack;
     }
-    audit(&env, &req.command, &mut r, started, false)?;
+    audit(&env, &req.command, &mut r, started, false);
     Ok(r)
 }
 
@@ -202,29 +202,32 @@ fn commit_as(state: &StateDir, tx: &str, policy: &Policy, approving: bool) -> Re
     // From here a crash before the commit record means: the commit did not happen, and
     // recovery discards the half-squashed transaction (the workspace is untouched).
     state.set_status(tx, Status::Committing)?;
-    match squash(&layers)? {
-        None => {
-            r.outcome = Outcome::Committed;
-        }
-        Some(upper) => {
-            let trash = tx_dir.join(txbox_txn::layout::TRASH);
-            let target =
-                Target { id: tx, upper: &upper, trash: &trash, max_write: None, policy, approved: approved.as_deref() };
-            settle(&mut r, commit_upper(&env, &target, Base::Fingerprints(&fps), meta.strict_since));
-        }
+    let what = if approving { format!("approve {tx}") } else { format!("commit {tx}") };
+    let command = Command::Shell(what);
+    r.outcome = Outcome::Committed;
+    let mut auditor = CommitAudit::new(&env, &command, &r, started);
+    let mut hook = CrashHook::from_env();
+    if let Some(upper) = squash(&layers)? {
+        let trash = tx_dir.join(txbox_txn::layout::TRASH);
+        let target =
+            Target { id: tx, upper: &upper, trash: &trash, max_write: None, policy, approved: approved.as_deref() };
+        settle(
+            &mut r,
+            commit_upper(&env, &target, Base::Fingerprints(&fps), meta.strict_since, &mut auditor, &mut hook),
+        );
     }
+    auditor.finish(&mut r);
+    let _ = hook.tick();
     if r.outcome == Outcome::Held {
         // Squashed into one layer, the session waits for a person; the record of why first,
         // then the status that says so.
         let text = serde_json::to_string(&r.held).map_err(|e| EngineError::Usage(e.to_string()))?;
         state.set_hold(tx, &text)?;
         state.set_status(tx, Status::Held)?;
-    } else {
+    } else if r.pending_recovery.is_none() {
+        // A commit left to recovery keeps its layers (removing them is refused anyway).
         let _ = state.remove_tx(tx);
     }
-    let durable = r.outcome == Outcome::Committed;
-    let what = if approving { format!("approve {tx}") } else { format!("commit {tx}") };
-    audit(&env, &Command::Shell(what), &mut r, started, durable)?;
     Ok(r)
 }
 
@@ -262,7 +265,7 @@ pub fn rollback(state: &StateDir, tx: &str, to: Option<u32>) -> Result<RunResult
         Some(s) => format!("rollback {tx} --to {s}"),
         None => format!("rollback {tx}"),
     };
-    audit(&env, &Command::Shell(what), &mut r, started, false)?;
+    audit(&env, &Command::Shell(what), &mut r, started, false);
     Ok(r)
 }
 
@@ -391,6 +394,8 @@ pub fn run_as_session(req: &RunRequest) -> Result<RunResult, EngineError> {
     r.error = c.error;
     r.held = c.held;
     r.dropped_xattrs = c.dropped_xattrs;
+    r.pending_recovery = c.pending_recovery;
+    r.audit_error = r.audit_error.or(c.audit_error);
     if c.outcome != Outcome::Committed {
         r.exit_code = c.exit_code;
         r.decision = c.decision;

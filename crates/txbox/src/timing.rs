@@ -10,6 +10,8 @@ pub(crate) struct Timeline {
     marks: Vec<(&'static str, Duration)>,
     /// Where the command ran: `warm`, or `cold (why no warm server took it)`.
     pub(crate) sandbox: Option<String>,
+    /// How many entries recovery looked at (`RecoverStats`): must not grow with history.
+    pub(crate) recovery_looked_at: Option<usize>,
 }
 
 impl Timeline {
@@ -19,6 +21,7 @@ impl Timeline {
             last: started,
             marks: Vec::new(),
             sandbox: None,
+            recovery_looked_at: None,
         }
     }
 
@@ -39,6 +42,9 @@ impl Drop for Timeline {
             eprintln!("txbox timing (ms): {}", parts.join(", "));
             if let Some(s) = &self.sandbox {
                 eprintln!("txbox sandbox: {s}");
+            }
+            if let Some(n) = self.recovery_looked_at {
+                eprintln!("txbox recovery: looked at {n} entries");
             }
         }
     }

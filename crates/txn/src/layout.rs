@@ -6,7 +6,8 @@
 //!   elsewhere            state directories in use on other filesystems (sealed lines)
 //! STATE = BASE when it is on the workspace's filesystem (else see `candidates`)
 //!   txbox-state          the marker: this directory was made by txbox (sealed)
-//!   tx/<id>/             a transaction: meta, owner.lock, upper, work, trash   (a run)
+//!   tx/<id>/             a transaction: meta, owner.lock, upper, work, trash,  (a run)
+//!                                       applied (its commit record, once applied)
 //!                                       meta, owner.lock, status, steps/N/{upper,work},
 //!                                       fingerprints, last_step, hold        (a session)
 //!   tx/.spare-<n>        an empty run's directory kept for the next run
@@ -16,6 +17,8 @@
 //!   locks/gc.lock        held by the collector of `gone`
 //!   warm/                warm sandbox servers' sockets (crate sandbox, through `StateDir::warm_dir`)
 //!   audit.log            the hash-chained audit log
+//!   audit.head           its head record: the last entry's number, hash and offset (sealed)
+//!   reserve              space held back for commits on a full filesystem
 //! ```
 //!
 //! Owns: the names above, the kinds and statuses of transactions, the base directory and the
@@ -44,6 +47,11 @@ pub const LOCKS: &str = "locks";
 pub const WARM: &str = "warm";
 pub const RETIRED: &str = "gone";
 pub const AUDIT: &str = "audit.log";
+pub const AUDIT_HEAD: &str = "audit.head";
+/// A file of [`RESERVE_BYTES`] allocated blocks, given up when the filesystem is full so that
+/// a commit (a deletion freeing space, say) can still be applied.
+pub const RESERVE: &str = "reserve";
+pub const RESERVE_BYTES: u64 = 4 << 20;
 /// The directories every state directory has.
 pub const SUBDIRS: [&str; 4] = [TX, JOURNAL, LOCKS, RETIRED];
 /// The collector's lock (in `locks`).
@@ -59,6 +67,8 @@ pub const OWNER_LOCK: &str = "owner.lock";
 pub const UPPER: &str = "upper";
 pub const WORK: &str = "work";
 pub const TRASH: &str = "trash";
+/// A transaction's commit record once applied: moved here from the journal.
+pub const APPLIED: &str = "applied";
 pub const STEPS: &str = "steps";
 pub const STATUS: &str = "status";
 pub const FINGERPRINTS: &str = "fingerprints";

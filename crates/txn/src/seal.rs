@@ -196,6 +196,7 @@ pub enum Domain {
     Record,
     Registry,
     Hold,
+    AuditHead,
 }
 
 impl Domain {
@@ -208,6 +209,7 @@ impl Domain {
             Domain::Record => b"txbox commit record v2",
             Domain::Registry => b"txbox registry v1",
             Domain::Hold => b"txbox hold v1",
+            Domain::AuditHead => b"txbox audit head v1",
         }
     }
 }

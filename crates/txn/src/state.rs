@@ -58,6 +58,10 @@ pub enum StateError {
     Forged { path: PathBuf, fix: &'static str },
     #[error("a session name must be 1 to {max} printable characters, got {0:?}", max = MAX_NAME)]
     BadName(String),
+    #[error(
+        "transaction {0} is committed and waits for recovery to apply it: its layers stay until then          (`txbox recover`)"
+    )]
+    Committed(String),
 }
 
 impl From<PathError> for StateError {
@@ -432,6 +436,20 @@ impl StateDir {
         self.root.join(layout::AUDIT)
     }
 
+    pub fn audit_head_path(&self) -> PathBuf {
+        self.root.join(layout::AUDIT_HEAD)
+    }
+
+    /// The audit log, opened for appending (an error if it cannot be written).
+    pub fn audit_log(&self) -> Result<crate::audit::Log, crate::audit::AuditError> {
+        crate::audit::Log::open(&self.audit_path(), &self.audit_head_path(), self.seal())
+    }
+
+    /// Check the audit log against its chain and head record.
+    pub fn verify_audit(&self) -> Result<crate::audit::Report, crate::audit::AuditError> {
+        crate::audit::verify(&self.audit_path(), &self.audit_head_path(), self.seal())
+    }
+
     /// Where warm sandbox servers keep their sockets.
     pub fn warm_dir(&self) -> PathBuf {
         self.root.join(layout::WARM)
@@ -769,6 +787,12 @@ impl StateDir {
         if !valid_id(id) {
             return Err(StateError::UnknownTx(id.to_string()));
         }
+        // A transaction with a commit record is committed: its layers are what the record
+        // applies, and only recovery, having applied it, may remove them (#14.1).
+        let record = Path::new(layout::JOURNAL).join(layout::record_name(id));
+        if rustix::fs::statat(self.fd(), &record, AtFlags::SYMLINK_NOFOLLOW).is_ok() {
+            return Err(StateError::Committed(id.to_string()));
+        }
         let (tx, gone) = (self.dir(layout::TX)?, self.dir(layout::RETIRED)?);
         match fsx::rename_noreplace(tx.as_fd(), OsStr::new(id), gone.as_fd(), OsStr::new(id)) {
             Ok(()) => Ok(true),
@@ -882,7 +906,7 @@ impl StateDir {
     /// leftovers of a killed `run`, or of a session commit cut short before its commit
     /// record. Each is taken under its owner lock and moved aside before it is deleted, so
     /// concurrent recoveries never fight over one. `looked_at` counts the entries examined.
-    pub fn discard_abandoned(&self, looked_at: &mut usize) -> Result<Vec<String>, StateError> {
+    pub fn discard_abandoned(&self, looked_at: &mut usize) -> Result<Vec<Abandoned>, StateError> {
         let mut out = Vec::new();
         for id in self.tx_ids()? {
             *looked_at += 1;
@@ -920,14 +944,75 @@ impl StateDir {
             // O(1) in what it deletes; the collector does the rest. The lock was taken through
             // the directory seen above: if it has moved since (its run recycled it as a
             // spare and let go), there is nothing here to discard.
+            // Its commit was applied if its record was marked so: the process died after its
+            // commit, before cleaning up (and perhaps before its audit entry).
+            let landed = self.applied_record(dir.as_fd(), &id);
             self.drop_outside_layers(&id);
             let moved = self.retire_tx(&id)?;
             drop(lock);
             if moved {
-                out.push(id);
+                out.push(Abandoned { id, landed });
             }
         }
         Ok(out)
+    }
+
+    /// The record a transaction's commit left in its directory once applied
+    /// ([`layout::APPLIED`]), if it verifies, with its time (ms since the epoch).
+    fn applied_record(&self, dir: BorrowedFd<'_>, id: &str) -> Option<(CommitRecord, u64)> {
+        let text = fsx::read_small(dir, Path::new(layout::APPLIED), LARGE).ok()?;
+        let st = rustix::fs::statat(dir, layout::APPLIED, AtFlags::SYMLINK_NOFOLLOW).ok()?;
+        let record = journal::parse(&text, &self.tx_dir(id).join(layout::APPLIED), self.seal(), id).ok()?;
+        let ms = u64::try_from(st.st_mtime).unwrap_or(0) * 1000 + st.st_mtime_nsec / 1_000_000;
+        Some((record, ms))
+    }
+
+    /// The state directory's space reserve, tended at the start of every transaction: given up
+    /// when less than it is free (so that the transaction, a deletion freeing space say, has
+    /// room: #14.1), made again once the filesystem has room to spare. Costs a `statfs` and,
+    /// when space is plentiful, a `stat`; making it, once, a `fallocate`.
+    pub fn tend_reserve(&self) {
+        let Ok(avail) = crate::check::available(self.fd()) else { return };
+        if avail < layout::RESERVE_BYTES {
+            self.release_reserve();
+        } else if avail > 8 * layout::RESERVE_BYTES
+            && rustix::fs::statat(self.fd(), layout::RESERVE, AtFlags::SYMLINK_NOFOLLOW).is_err()
+        {
+            self.make_reserve();
+        }
+    }
+
+    /// Give up the space reserve if less than it is free (before a commit: its log lines,
+    /// record and directories need room too).
+    pub fn release_reserve_if_low(&self) {
+        if crate::check::available(self.fd()).is_ok_and(|a| a < layout::RESERVE_BYTES) {
+            self.release_reserve();
+        }
+    }
+
+    /// Give up the space reserve; true if there was one (space was freed).
+    pub fn release_reserve(&self) -> bool {
+        rustix::fs::unlinkat(self.fd(), layout::RESERVE, AtFlags::empty()).is_ok()
+    }
+
+    /// Make the reserve: an unnamed file (`O_TMPFILE`, so a crash leaves nothing behind) whose
+    /// blocks are allocated, then linked into place.
+    fn make_reserve(&self) {
+        let flags = OFlags::WRONLY | OFlags::TMPFILE | OFlags::CLOEXEC;
+        let Ok(fd) = rustix::fs::openat(self.fd(), ".", flags, Mode::from_raw_mode(0o600)) else { return };
+        if rustix::fs::fallocate(&fd, rustix::fs::FallocateFlags::empty(), 0, layout::RESERVE_BYTES).is_err() {
+            return;
+        }
+        use std::os::fd::AsRawFd;
+        let proc_path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        // Another process may have made one meanwhile (EEXIST): then ours goes with its fd.
+        let _ = rustix::fs::linkat(
+            rustix::fs::CWD,
+            proc_path.as_str(),
+            self.fd(),
+            layout::RESERVE,
+            AtFlags::SYMLINK_FOLLOW,
+        );
     }
 
     /// Keep the directory of a transaction that left nothing in it (a run that wrote nothing,
@@ -1061,6 +1146,14 @@ fn reusable(dir: &Path) -> bool {
     let real_dirs =
         [layout::UPPER, layout::WORK].iter().all(|d| std::fs::symlink_metadata(dir.join(d)).is_ok_and(|m| m.is_dir()));
     empty_upper && clean_work && real_dirs
+}
+
+/// A transaction recovery retired: its process was gone and it had no commit record.
+#[derive(Debug, Clone)]
+pub struct Abandoned {
+    pub id: String,
+    /// Its applied commit record and when it was written: the transaction landed.
+    pub landed: Option<(CommitRecord, u64)>,
 }
 
 /// A transaction's directory, created and owned by this process.
