@@ -145,7 +145,8 @@ impl Config {
 
     /// The keys set here that widen confinement beyond txbox's defaults: another workspace or
     /// state directory, a policy file, credentials passed, the host's network, a limit above
-    /// its default (no limit has one today, so limits only narrow).
+    /// its default (`limits::defaults_ceiling`: the timeout, processes and, conservatively,
+    /// the write limit's smallest default; limits without a default only narrow).
     pub fn widening(&self) -> Vec<&'static str> {
         let mut keys = Vec::new();
         if self.workspace.is_some() {
@@ -162,7 +163,8 @@ impl Config {
         }
         let mut limits = self.limits.clone();
         // Each limit over the defaults, one at a time.
-        while let Err(e) = limits.within(&LimitArgs::default()) {
+        let ceiling = crate::limits::defaults_ceiling();
+        while let Err(e) = limits.within(&ceiling) {
             keys.push(e.what);
             match e.what {
                 "network" => limits.network = None,
@@ -235,6 +237,9 @@ mod tests {
         let w = |t: &str| Config::parse(t, p).unwrap().widening();
         assert!(w("timeout = 5\nmemory = \"1G\"\nnetwork = \"none\"\nisolation = \"strict\"").is_empty());
         assert_eq!(w("network = \"host\""), ["network"]);
+        // Above the defaults a run gets without them: widening too.
+        assert_eq!(w("timeout = 86400\npids = 1000000\nmax_write = \"100G\""), ["timeout", "pids", "max_write"]);
+        assert!(w("timeout = 3600\npids = 100\nmax_write = \"1G\"").is_empty());
         assert_eq!(w("workspace = \"/\"\nstate_dir = \"/s\"\npolicy = \"/p\"\npass_env = [\"T\"]").len(), 4);
     }
 

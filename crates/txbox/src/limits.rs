@@ -168,6 +168,20 @@ pub fn with_defaults(given: &Limits, workspace: &Path) -> Limits {
     l
 }
 
+/// The defaults as a ceiling, for judging a configuration file a command could have written
+/// (`config::Config::widening`): a limit above one of these widens what a run gets by default.
+/// The write limit's default depends on the disk, so its smallest value stands for it.
+pub fn defaults_ceiling() -> crate::options::LimitArgs {
+    use crate::options::{LimitArgs, MaxWrite, Pids, Seconds};
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+    LimitArgs {
+        timeout: Seconds::new(DEFAULT_TIMEOUT.as_secs_f64()).ok(),
+        pids: Pids::new(MIN_DEFAULT_PROCS.max(cpus.saturating_mul(PROCS_PER_CPU))).ok(),
+        max_write: MaxWrite::new(MIN_DEFAULT_WRITE).ok(),
+        ..LimitArgs::default()
+    }
+}
+
 /// Half the space available to this user on `workspace`'s filesystem, at least
 /// [`MIN_DEFAULT_WRITE`]; None (no default) when the filesystem does not say.
 pub fn default_write(workspace: &Path) -> Option<u64> {
