@@ -12,37 +12,10 @@ use std::time::Instant;
 
 use txbox_policy::{example_context, Action, Evaluation, Policy};
 
-fn unescape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    let mut it = s.chars();
-    while let Some(c) = it.next() {
-        if c == '\\' {
-            match it.next() {
-                Some('n') => out.push('\n'),
-                Some('t') => out.push('\t'),
-                Some('r') => out.push('\r'),
-                Some('\\') => out.push('\\'),
-                Some(o) => {
-                    out.push('\\');
-                    out.push(o);
-                }
-                None => out.push('\\'),
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
-}
+#[path = "../tests/sets/mod.rs"]
+mod sets;
 
-/// Rows of a TSV with a header line: the columns of each row.
-fn tsv(path: &Path) -> Vec<Vec<String>> {
-    let Ok(text) = std::fs::read_to_string(path) else {
-        eprintln!("skipping {}: unreadable", path.display());
-        return Vec::new();
-    };
-    text.lines().skip(1).map(|l| l.split('\t').map(str::to_string).collect()).collect()
-}
+use sets::{tsv, unescape};
 
 #[derive(Default)]
 struct Tally {
@@ -107,25 +80,6 @@ impl Eval {
             );
         }
         e
-    }
-}
-
-/// The directory a benchmark's task runs in, where its README or set-up says so: Terminal-Bench
-/// tasks in `/app` (some multi-turn ones in `/workdir`: the one the task names more often),
-/// InterCode's prepared file systems 1–3 in `/testbed`, `/system`, `/workspace`, OpenHands'
-/// Multi-SWE-bench in `/workspace`. `None`: the default context.
-fn task_workspace(source: &str, task: &str, (app, workdir): (usize, usize)) -> Option<&'static str> {
-    match source {
-        "terminal-bench-core" | "mmtb-core" => Some("/app"),
-        "tbench-multiturn" => Some(if workdir > app { "/workdir" } else { "/app" }),
-        "openhands/multi-swe-bench-example" => Some("/workspace"),
-        _ if source.starts_with("intercode-bash") => match task.split('/').next() {
-            Some("nl2bash_fs_1") => Some("/testbed"),
-            Some("nl2bash_fs_2") => Some("/system"),
-            Some("nl2bash_fs_3") => Some("/workspace"),
-            _ => None,
-        },
-        _ => None,
     }
 }
 
@@ -282,29 +236,14 @@ fn main() {
     let mut agent_fp: BTreeMap<String, usize> = BTreeMap::new();
     let mut agent_denied = Vec::new();
     // Each session runs in the directory its benchmark prepares for it, which is what txbox
-    // would be given as the workspace: see `task_workspace`.
+    // would be given as the workspace: see `sets::task_workspace`.
     let default_ctx = ev.ctx.clone();
-    let agent_rows = tsv(&dir.join("agent_commands.tsv"));
-    let mut workdir_tasks: BTreeMap<(String, String), (usize, usize)> = BTreeMap::new();
-    for r in agent_rows.iter().filter(|r| r.len() >= 3) {
-        let n = workdir_tasks.entry((r[0].clone(), r[1].clone())).or_default();
-        n.0 += r[2].matches("/app").count();
-        n.1 += r[2].matches("/workdir").count();
-    }
-    for r in agent_rows.iter().filter(|r| r.len() >= 3) {
-        let cmd = unescape(&r[2]);
-        let counts = workdir_tasks.get(&(r[0].clone(), r[1].clone())).copied().unwrap_or_default();
-        ev.ctx = match task_workspace(&r[0], &r[1], counts) {
-            Some(ws) => txbox_policy::Context {
-                workspace: PathBuf::from(ws),
-                cwd: PathBuf::from(ws),
-                home: Some(PathBuf::from("/root")),
-            },
-            None => default_ctx.clone(),
-        };
+    for a in sets::agent_commands(&dir) {
+        ev.ctx = a.ctx;
+        let cmd = a.command;
         let e = ev.eval(&cmd);
         agent_all.add(&e);
-        let source = r[0].split('/').next().unwrap_or(&r[0]).to_string();
+        let source = a.source.split('/').next().unwrap_or(&a.source).to_string();
         agent.entry(source).or_default().add(&e);
         if e.decision.action == Action::Deny {
             *agent_fp.entry(e.decision.rule.clone().unwrap_or_default()).or_default() += 1;
