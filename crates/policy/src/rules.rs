@@ -207,6 +207,11 @@ fn classes(v: &[String], field: &str) -> Result<ClassSet, String> {
 #[derive(Debug, Clone)]
 pub(crate) struct Matcher {
     pub program: Vec<Pat>,
+    /// `program`'s plain basenames, sorted: one binary search instead of a comparison per entry
+    /// (the read-only rule names a hundred programs, and most commands meet it).
+    program_names: Vec<String>,
+    /// `program`'s globs and paths, matched one by one.
+    program_other: Vec<Pat>,
     subcommand: Vec<Vec<Pat>>,
     flags_any: Vec<Pat>,
     flags_all: Vec<Pat>,
@@ -252,8 +257,20 @@ impl Matcher {
                 Scope::parse(s).ok_or_else(|| format!("`paths_scope`: unknown scope `{s}` (full, bulk, selective)"))?,
             );
         }
+        let program = pats(&s.program)?;
+        let mut program_names: Vec<String> = program
+            .iter()
+            .filter_map(|p| match p {
+                Pat::Lit(l) if !l.contains('/') => Some(l.clone()),
+                _ => None,
+            })
+            .collect();
+        program_names.sort_unstable();
+        let program_other = program.iter().filter(|p| p_has_slash(p) || matches!(p, Pat::Glob(..))).cloned().collect();
         Ok(Matcher {
-            program: pats(&s.program)?,
+            program,
+            program_names,
+            program_other,
             subcommand: s
                 .subcommand
                 .iter()
@@ -283,7 +300,8 @@ impl Matcher {
     pub fn matches(&self, c: &CmdView) -> Option<Option<String>> {
         let cmd = c.cmd;
         if !self.program.is_empty() {
-            let ok = self.program.iter().any(|p| p.matches_program(cmd));
+            let ok = self.program_names.binary_search_by(|n| n.as_str().cmp(cmd.program())).is_ok()
+                || self.program_other.iter().any(|p| p.matches_program(cmd));
             if !ok {
                 return None;
             }
