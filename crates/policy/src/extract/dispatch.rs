@@ -30,8 +30,7 @@ impl Extractor<'_> {
         let mut argv: Vec<String> = raw.words.iter().map(|w| w.text.clone()).collect();
         argv[0] = prog.clone();
         let mut dyn_at: Vec<Option<usize>> = raw.words.iter().map(|w| w.dyn_at).collect();
-        // Everything but the wrapper/shell handling uses the canonical argv.
-        let raw_argv = argv.clone();
+        // Everything but the wrapper/shell handling (which reads `raw.words`) uses the canonical argv.
         canon_argv(&mut argv, &mut dyn_at);
         let mut cmd = Cmd {
             argv,
@@ -205,7 +204,10 @@ impl Extractor<'_> {
                     inner_words.remove(0);
                 }
             }
-            if prog == "watch" && inner_words.len() > 1 && !raw_argv.iter().any(|a| a == "-x" || a == "--exec") {
+            if prog == "watch"
+                && inner_words.len() > 1
+                && !raw.words.iter().any(|w| w.text == "-x" || w.text == "--exec")
+            {
                 // watch runs its arguments through `sh -c`.
                 let joined = inner_words.iter().map(|w| w.text.clone()).collect::<Vec<_>>().join(" ");
                 let srcs: Vec<String> = inner_words.iter().flat_map(|w| w.sources.clone()).collect();
