@@ -110,7 +110,8 @@ pub(crate) struct MatchSpec {
     /// One of these programs feeds the command's stdin.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stdin_from_any: Vec<String>,
-    /// Engine features (`fork-bomb`, `interactive`, `find-delete`, `find-action`, `wrapper`).
+    /// Engine features (`fork-bomb`, `interactive`, `find-delete`, `find-action`, `wrapper`,
+    /// `non-root-user`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub features_any: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use super::flags::{basename, canon_argv};
 use super::programs::{is_interp, is_shell};
-use super::wrappers::{wrapper_inner, Inner};
+use super::wrappers::{wrapper_inner, wrapper_target, Inner, Target};
 use super::{hooks, Cmd, Extractor, Feature, Raw, MAX_DEPTH};
 use crate::paths;
 use crate::words::{EWord, Var};
@@ -169,6 +169,9 @@ impl Extractor<'_> {
         }
         if let Some(inner) = wrapper_inner(&prog, rest) {
             cmd.features.push(Feature::Wrapper);
+            if wrapper_target(&prog, rest) == Some(Target::Named) {
+                cmd.features.push(Feature::NonRootUser);
+            }
             let inner_words: Vec<EWord> = match inner {
                 Inner::Words(k) => {
                     // The wrapper's argv ends with the inner program; with a shell's `-c` too,
@@ -187,9 +190,25 @@ impl Extractor<'_> {
                     cmd.dyn_at = d;
                     rest[k..].to_vec()
                 }
-                Inner::Shell(code) => {
+                Inner::Shell(code, at) => {
                     self.push(cmd);
-                    self.shell_code(code, Vec::new());
+                    self.shell_code(&hooks::value_word(code, at), Vec::new());
+                    return;
+                }
+                Inner::ShellArgs(k) => {
+                    // The user's shell (whichever it is) runs the arguments, as `sh ARGS` would.
+                    let mut words = vec![EWord::lit("sh")];
+                    words.extend(rest[k..].iter().cloned());
+                    self.push(cmd);
+                    self.command(Raw {
+                        words,
+                        redirects: raw.redirects,
+                        stdin_from: raw.stdin_from,
+                        input: raw.input,
+                        stdin_other: raw.stdin_other,
+                        features: Vec::new(),
+                        feeds: raw.feeds,
+                    });
                     return;
                 }
                 Inner::None => {
