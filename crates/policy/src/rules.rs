@@ -401,12 +401,7 @@ impl Matcher {
             }
         }
         if let Some(r) = &self.regex {
-            let mut line = cmd.argv.join(" ");
-            if let Some(i) = &cmd.input {
-                line.push('\n');
-                line.push_str(i);
-            }
-            if !r.is_match(&line) {
+            if !r.is_match(c.line()) {
                 return None;
             }
         }
@@ -431,6 +426,7 @@ pub(crate) struct CmdView<'a> {
     paths: std::cell::OnceCell<Vec<PathInfo>>,
     redirects: std::cell::OnceCell<Vec<(bool, PathInfo)>>,
     writes: std::cell::OnceCell<Vec<PathInfo>>,
+    line: std::cell::OnceCell<String>,
 }
 
 impl<'a> CmdView<'a> {
@@ -443,7 +439,22 @@ impl<'a> CmdView<'a> {
             paths: std::cell::OnceCell::new(),
             redirects: std::cell::OnceCell::new(),
             writes: std::cell::OnceCell::new(),
+            line: std::cell::OnceCell::new(),
         }
+    }
+
+    /// What `regex` matches: the canonical argv joined by spaces, then any here-document or
+    /// here-string text after a newline. Built once per command, not once per rule (a
+    /// here-document can hold a whole file).
+    pub fn line(&self) -> &str {
+        self.line.get_or_init(|| {
+            let mut line = self.cmd.argv.join(" ");
+            if let Some(i) = &self.cmd.input {
+                line.push('\n');
+                line.push_str(i);
+            }
+            line
+        })
     }
 
     pub fn paths(&self) -> &[PathInfo] {
