@@ -498,13 +498,13 @@ impl Policy {
     /// Evaluate a shell string as `bash -c` would run it.
     pub fn evaluate_str(&self, command: &str, ctx: &Context) -> Evaluation {
         let ex = extract::extract_str(command, ctx);
-        self.decide(&ex, ctx)
+        self.decide(ex, ctx)
     }
 
     /// Evaluate an argv (the `run -- PROGRAM ARGS` form). Arguments are taken literally.
     pub fn evaluate_argv(&self, argv: &[String], ctx: &Context) -> Evaluation {
         let ex = extract::extract_argv(argv, ctx);
-        self.decide(&ex, ctx)
+        self.decide(ex, ctx)
     }
 
     /// The rules that may match a command, in policy order: those naming its program, those
@@ -522,53 +522,71 @@ impl Policy {
         std::borrow::Cow::Owned(all)
     }
 
-    fn decide(&self, ex: &extract::Extraction, ctx: &Context) -> Evaluation {
-        let commands: Vec<Vec<String>> =
-            ex.cmds.iter().filter(|c| !c.argv.is_empty()).map(|c| c.argv.clone()).collect();
-        let mut best: Option<Decision> = None;
-        let consider = |d: Decision, best: &mut Option<Decision>| {
-            if best.as_ref().is_none_or(|b| d.action > b.action) {
-                *best = Some(d);
-            }
-        };
-        if let Some(e) = &ex.parse_error {
-            consider(
-                Decision {
-                    action: Action::Transact,
-                    rule: Some("engine.parse-error".into()),
-                    reason: format!("the command does not parse ({e}); it runs as a transaction"),
-                },
-                &mut best,
-            );
+    /// The strictest decision over every extracted command: per command the first rule, in
+    /// policy order, of the strictest action that matches (`engine.opaque` when the command is
+    /// opaque and nothing stricter matched, else the default); over the commands, the first of
+    /// the strictest. Only the winner's reason is rendered, and the argvs are moved, not copied.
+    fn decide(&self, ex: extract::Extraction, ctx: &Context) -> Evaluation {
+        /// Where a decision comes from, before its reason is written.
+        enum Why {
+            ParseError,
+            Rule { rule: usize, cmd: usize, path: Option<String> },
+            Opaque(usize),
+            Default,
         }
-        for c in &ex.cmds {
+        let mut best: Option<(Action, Why)> = None;
+        if ex.parse_error.is_some() {
+            best = Some((Action::Transact, Why::ParseError));
+        }
+        for (k, c) in ex.cmds.iter().enumerate() {
             let view = rules::CmdView::new(c, ctx, &ex.cmds);
-            let mut cmd_best: Option<Decision> = None;
+            let mut cmd_best: Option<(Action, Why)> = None;
             for &i in self.candidates(c).iter() {
                 let Some(rule) = self.inner.rules.get(i) else { continue };
-                if cmd_best.as_ref().is_some_and(|b| b.action >= rule.action) {
+                if cmd_best.as_ref().is_some_and(|(a, _)| *a >= rule.action) {
                     continue;
                 }
                 if let Some(path) = rule.matches(&view) {
-                    cmd_best = Some(Decision {
-                        action: rule.action,
-                        rule: Some(rule.id.clone()),
-                        reason: rule.render(c, path.as_deref()),
-                    });
+                    cmd_best = Some((rule.action, Why::Rule { rule: i, cmd: k, path }));
                 }
             }
-            if let Some(why) = &c.opaque {
-                if cmd_best.as_ref().is_none_or(|b| b.action < Action::Transact) {
-                    cmd_best = Some(Decision {
-                        action: Action::Transact,
-                        rule: Some("engine.opaque".into()),
-                        reason: format!("{why}; it runs as a transaction"),
-                    });
-                }
+            if c.opaque.is_some() && cmd_best.as_ref().is_none_or(|(a, _)| *a < Action::Transact) {
+                cmd_best = Some((Action::Transact, Why::Opaque(k)));
             }
-            consider(cmd_best.unwrap_or_else(Decision::default_transact), &mut best);
+            let d = cmd_best.unwrap_or((Action::Transact, Why::Default));
+            if best.as_ref().is_none_or(|(a, _)| d.0 > *a) {
+                best = Some(d);
+            }
         }
-        let decision = best.unwrap_or(Decision { action: Action::Allow, rule: None, reason: "nothing to run".into() });
+        let decision = match best {
+            None => Decision { action: Action::Allow, rule: None, reason: "nothing to run".into() },
+            Some((action, why)) => match why {
+                Why::ParseError => Decision {
+                    action,
+                    rule: Some("engine.parse-error".into()),
+                    reason: format!(
+                        "the command does not parse ({}); it runs as a transaction",
+                        ex.parse_error.as_deref().unwrap_or_default()
+                    ),
+                },
+                Why::Rule { rule, cmd, path } => match (self.inner.rules.get(rule), ex.cmds.get(cmd)) {
+                    (Some(r), Some(c)) => {
+                        Decision { action, rule: Some(r.id.clone()), reason: r.render(c, path.as_deref()) }
+                    }
+                    _ => Decision::default_transact(),
+                },
+                Why::Opaque(cmd) => Decision {
+                    action,
+                    rule: Some("engine.opaque".into()),
+                    reason: format!(
+                        "{}; it runs as a transaction",
+                        ex.cmds.get(cmd).and_then(|c| c.opaque.as_deref()).unwrap_or_default()
+                    ),
+                },
+                Why::Default => Decision::default_transact(),
+            },
+        };
+        let commands = ex.cmds.into_iter().filter(|c| !c.argv.is_empty()).map(|c| c.argv).collect();
         Evaluation { decision, commands }
     }
 }
