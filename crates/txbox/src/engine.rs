@@ -367,6 +367,17 @@ fn warm_socket(state: &StateDir, spec: &SandboxSpec) -> Option<PathBuf> {
     txbox_sandbox::warm::fits(&p).then_some(p)
 }
 
+/// Other users' (and this user's other) state directories at the root of the workspace's
+/// filesystem: `.txbox-state-<uid>`.
+fn other_states(workspace: &Path) -> Vec<PathBuf> {
+    let Some(root) = txbox_txn::layout::mount_root(workspace) else { return Vec::new() };
+    let Ok(dir) = std::fs::read_dir(&root) else { return Vec::new() };
+    dir.flatten()
+        .filter(|e| e.file_name().as_encoded_bytes().starts_with(txbox_txn::layout::AT_MOUNT_PREFIX.as_bytes()))
+        .map(|e| e.path())
+        .collect()
+}
+
 pub(crate) fn execute(
     env: &Env,
     cwd: &Path,
@@ -386,10 +397,15 @@ pub(crate) fn execute(
     spec.hide = env.state.hidden().to_vec();
     // The policy in force is neither readable for tricks nor writable for the command.
     spec.hide.extend(policy_file.and_then(|p| std::fs::canonicalize(p).ok()));
-    let home = std::env::var_os("HOME").map(PathBuf::from);
-    spec.hide.extend(
-        txbox_sandbox::spec::default_secrets(home.as_deref()).into_iter().filter(|p| !env.workspace.starts_with(p)),
-    );
+    // Everything else by rule: other homes, host keys, credentials, sockets' places, other
+    // state directories (txbox_sandbox::secrets).
+    let host = txbox_sandbox::secrets::Host::gather(other_states(&env.workspace));
+    spec.hide.extend(txbox_sandbox::secrets::hidden(
+        &host,
+        &env.workspace,
+        &spec.writable,
+        &txbox_sandbox::secrets::exists,
+    ));
     spec.cwd = env.cwd_for(cwd);
     spec.userns = !rustix::process::geteuid().is_root();
     spec.uid = rustix::process::getuid().as_raw();

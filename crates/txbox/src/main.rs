@@ -22,6 +22,8 @@ fn main() {
     // Background deletion of retired layers (see engine::drop_tx), in a state directory txbox
     // made (anything else is refused by opening it).
     if args.get(1).is_some_and(|a| a == "__gc") {
+        // Nothing the caller left open lives on here (a pipe would never see its end).
+        txbox_sandbox::fds::close_from_except(3, &[]);
         if let Some(root) = args.get(2) {
             // Detach from the caller's session so its terminal signals do not stop us.
             let _ = rustix::process::setsid();

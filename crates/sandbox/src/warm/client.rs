@@ -197,15 +197,23 @@ pub fn spawn(exe: &Path, socket: &Path, state: &Path, idle: Duration, spec: &San
     }
     // Only what the sandbox is built from: the run's command must not linger in `ps`.
     let args = ServerArgs { socket: socket.to_path_buf(), state: state.to_path_buf(), idle, spec: spec.sandbox_only() };
-    let mut child = std::process::Command::new(exe)
-        .arg0("txbox-warm")
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg0("txbox-warm")
         .arg("__warm")
         .args(args.to_args())
         .current_dir("/")
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()?;
+        .stderr(std::process::Stdio::null());
+    // SAFETY: between fork and exec, one async-signal-safe syscall. Nothing the caller left
+    // open lives on in the server (a pipe it holds would never see its end).
+    unsafe {
+        cmd.pre_exec(|| {
+            crate::fds::cloexec_from(3);
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn()?;
     // The first process forks the server and leaves at once.
     child.wait()?;
     Ok(())

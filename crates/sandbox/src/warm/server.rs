@@ -31,6 +31,7 @@ use super::client::with_suffix;
 use super::wire::{Answer, Request, FIXED_FDS, MAX_LAYERS, MAX_REQUEST};
 use crate::spec::{MountPlan, SandboxSpec, WarmPlan};
 use crate::stage2::{self, at, errno, mount, Pins, StepError};
+use crate::supervisor::{Guard, Handoff, Sandbox};
 
 /// How often an idle server checks that it is still wanted.
 const TICK: Duration = Duration::from_secs(1);
@@ -162,8 +163,17 @@ fn listen_build_and_serve(
         name: name.clone(),
         ino: inode(&args.socket),
     };
-    // 3. Namespaces, private copies of the two trees every transaction's layers come from,
+    // 3. What keeps host unix sockets out of reach (crate::supervisor), as in a cold sandbox;
+    //    namespaces, private copies of the two trees every transaction's layers come from,
     //    and every mount that does not depend on the transaction.
+    let supervisor = match Guard::for_kernel() {
+        Guard::Supervisor => Some(crate::supervisor::Process::start(Sandbox {
+            workspace: spec.workspace.clone(),
+            host_network: spec.host_network,
+            userns: spec.userns,
+        })?),
+        Guard::Landlock => None,
+    };
     stage2::enter_namespaces(spec)?;
     let roots = Roots::clone_from(&args.state, &spec.workspace, retired)?;
     let plan = MountPlan::for_warm(spec);
@@ -177,6 +187,7 @@ fn listen_build_and_serve(
     drop(pins);
     // 4. What each secret outside the workspace looks like from inside, now that it is hidden.
     let hidden = Hidden::now(spec);
+
     // It works here after all: forget an earlier failure.
     let mut failed = name.clone();
     failed.push(".failed");
@@ -188,8 +199,9 @@ fn listen_build_and_serve(
     if pid < 0 {
         return Err(StepError { step: "fork init".into(), errno: rustix::io::Errno::from_raw_os_error(errno()) });
     }
+    let (supervisor, handoff) = supervisor.map_or((None, None), |(p, h)| (Some(p), Some(h)));
     if pid == 0 {
-        let code = match init(spec, &plan, &roots, &listener, &bound, &hidden, args.idle) {
+        let code = match init(spec, &plan, &roots, &listener, &bound, &hidden, args.idle, handoff) {
             Ok(()) => 0,
             Err(e) => {
                 record_failure(&bound.dir, &bound.name, &e);
@@ -199,8 +211,15 @@ fn listen_build_and_serve(
         bound.remove_if_ours();
         stage2::exit(code);
     }
-    drop(listener);
+    drop((listener, handoff));
+    // 6. The supervisor serves init's filter for every transaction, and leaves with init.
+    if let Some(s) = &supervisor {
+        s.watch(pid);
+    }
     let _ = stage2::wait_for(pid);
+    if let Some(s) = supervisor {
+        s.wait();
+    }
     Ok(())
 }
 
@@ -308,8 +327,10 @@ impl Hidden {
         )
     }
 
+    /// What `p` is from inside: the cover over it (followed through a symlink, as the cover
+    /// itself was mounted where the link points).
     fn identity(p: &Path) -> Option<(u64, u64)> {
-        rustix::fs::lstat(p).ok().map(|st| (st.st_dev, st.st_ino))
+        rustix::fs::stat(p).ok().map(|st| (st.st_dev, st.st_ino))
     }
 
     /// The first secret that is no longer what it was.
@@ -344,7 +365,9 @@ fn inode(p: &Path) -> Option<u64> {
     rustix::fs::lstat(p).ok().map(|s| s.st_ino)
 }
 
-/// pid 1 of the warm sandbox: mount /proc, then serve requests one at a time.
+/// pid 1 of the warm sandbox: mount /proc, install the socket filter, then serve requests one
+/// at a time.
+#[allow(clippy::too_many_arguments)]
 fn init(
     spec: &SandboxSpec,
     plan: &WarmPlan,
@@ -353,15 +376,20 @@ fn init(
     bound: &Bound,
     hidden: &Hidden,
     idle: Duration,
+    handoff: Option<Handoff>,
 ) -> Result<(), StepError> {
     let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
-    // Not dumpable: no process of a command may read this one's memory or open its fds
-    // (`/proc/1/fd`), which include the listening socket and, during a run, the layers.
-    // SAFETY: prctl with integer arguments only.
-    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
     for op in &plan.base.init {
         mount(op, &Pins::default())?;
     }
+    if let Some(handoff) = handoff {
+        stage2::guard_sockets(handoff)?;
+    }
+    // Not dumpable: no process of a command may read this one's memory or open its fds
+    // (`/proc/1/fd`), which include the listening socket and, during a run, the layers. Only
+    // now: the supervisor took the listener from us with the rights of a debugger.
+    // SAFETY: prctl with integer arguments only.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
     let seccomp = crate::seccomp::build()
         .map_err(|e| StepError { step: format!("seccomp: {e}"), errno: rustix::io::Errno::PERM })?;
     let stack = ChildStack::new()?;
@@ -804,7 +832,7 @@ fn prepare_child(req: &Request, stdio: &[i32], seccomp: &seccompiler::BpfProgram
     if !unsafe { crate::launch::install_fds(&[(stdio[0], 0), (stdio[1], 1), (stdio[2], 2)]) } {
         return Err(StepError { step: "install stdio".into(), errno: rustix::io::Errno::from_raw_os_error(errno()) });
     }
-    let _ = rustix::process::setsid();
+    crate::terminal::take(None)?;
     // SAFETY: no flag here changes state the standard library caches.
     unsafe {
         rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWIPC | rustix::thread::UnshareFlags::NEWUTS)

@@ -1,0 +1,283 @@
+//! What every sandbox hides, by rule rather than by a short list: other people's homes, the
+//! host's private keys, credentials of clouds and tools, other workspaces' state, and the
+//! places host daemons keep their sockets. Data and a pure function ([`hidden`]); the facts
+//! about the host it needs are gathered in one place ([`Host::gather`]).
+//!
+//! Hiding is a mount over the path (an empty, read-only directory or file), so the command
+//! finds nothing there, and its writes fail. Only paths that exist are listed: the list then
+//! names exactly what is hidden, and a warm server built for it is retired when a secret
+//! appears (the list, and with it the server's key, changes).
+
+use std::path::{Path, PathBuf};
+
+/// The host's own secrets: account databases, private keys, credentials of services. Whole
+/// directories where the directory holds nothing an ordinary command needs.
+pub const SYSTEM: &[&str] = &[
+    "/etc/shadow",
+    "/etc/gshadow",
+    "/etc/shadow-",
+    "/etc/gshadow-",
+    "/etc/sudoers",
+    "/etc/sudoers.d",
+    "/etc/security/opasswd",
+    // Host keys (ssh_host_*_key) and the rest of the server's configuration.
+    "/etc/ssh",
+    "/etc/ssl/private",
+    "/etc/pki/tls/private",
+    "/etc/pki/CA/private",
+    "/etc/letsencrypt",
+    "/etc/ipsec.secrets",
+    "/etc/ipsec.d/private",
+    "/etc/wireguard",
+    "/etc/openvpn",
+    "/etc/NetworkManager/system-connections",
+    "/etc/krb5.keytab",
+    "/etc/sssd",
+    "/var/lib/sss/db",
+    "/var/lib/samba/private",
+    // Clusters and clouds.
+    "/etc/kubernetes",
+    "/var/lib/kubelet/pki",
+    "/etc/rancher",
+    "/etc/boto.cfg",
+    "/var/lib/cloud",
+    "/var/lib/waagent",
+    // systemd's credentials.
+    "/etc/credstore",
+    "/etc/credstore.encrypted",
+    "/run/credentials",
+    "/var/lib/systemd/credential.secret",
+];
+
+/// Where host daemons keep their control sockets, hidden as a second wall behind
+/// `crate::supervisor` (which refuses every host socket wherever it is). Only places that
+/// hold sockets and nothing an ordinary command needs: `/run` itself stays (DNS's
+/// `resolv.conf` often lives there), and so do `/run/lock` and `/run/systemd/resolve`.
+pub const SOCKET_PLACES: &[&str] = &[
+    "/run/user",
+    "/run/dbus",
+    "/run/docker.sock",
+    "/run/docker",
+    "/run/containerd",
+    "/run/podman",
+    "/run/crio",
+    "/run/libvirt",
+    "/run/snapd.socket",
+    "/run/snapd-snap.socket",
+    "/run/systemd/private",
+    "/run/systemd/journal",
+    "/run/systemd/notify",
+    "/run/systemd/userdb",
+    "/var/run/docker.sock",
+    "/var/run/dbus",
+];
+
+/// Credentials in the caller's home (relative to it): keys, tokens of clouds, registries and
+/// tools (agents' own included), browser profiles, and shell histories (tokens typed on
+/// command lines end up there).
+pub const IN_HOME: &[&str] = &[
+    ".ssh",
+    ".gnupg",
+    ".password-store",
+    ".local/share/keyrings",
+    ".aws",
+    ".azure",
+    ".config/gcloud",
+    ".kube",
+    ".oci",
+    ".config/doctl",
+    ".config/hcloud",
+    ".boto",
+    ".s3cfg",
+    ".config/rclone",
+    ".terraform.d/credentials.tfrc.json",
+    ".terraformrc",
+    ".vault-token",
+    ".docker/config.json",
+    ".config/containers/auth.json",
+    ".netrc",
+    ".git-credentials",
+    ".config/git/credentials",
+    ".config/gh",
+    ".config/hub",
+    ".config/glab-cli",
+    ".config/op",
+    ".pypirc",
+    ".npmrc",
+    ".gem/credentials",
+    ".cargo/credentials.toml",
+    ".cargo/credentials",
+    ".m2/settings-security.xml",
+    ".pgpass",
+    ".my.cnf",
+    ".claude/.credentials.json",
+    ".codex/auth.json",
+    ".config/github-copilot",
+    ".mozilla",
+    ".config/google-chrome",
+    ".config/chromium",
+    ".config/BraveSoftware",
+    ".thunderbird",
+    ".bash_history",
+    ".zsh_history",
+    ".python_history",
+    ".psql_history",
+    ".mysql_history",
+    ".node_repl_history",
+];
+
+/// What [`hidden`] needs to know about the host and the caller.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Host {
+    /// The caller's home (`$HOME`), real path.
+    pub home: Option<PathBuf>,
+    /// The caller is root (then `/root` is its own home, not someone else's).
+    pub root: bool,
+    /// Every entry of `/home`, real paths.
+    pub homes: Vec<PathBuf>,
+    /// The caller's `$XDG_RUNTIME_DIR`, where its agents' sockets are.
+    pub runtime_dir: Option<PathBuf>,
+    /// Other state directories of txbox the caller might reach (other users', other
+    /// filesystems').
+    pub states: Vec<PathBuf>,
+}
+
+/// Every path to hide, sorted, none beneath another, none that must stay visible: the
+/// workspace and the writable paths, and every directory above them (hiding one would hide
+/// them). `exists` filters to what is there (the host's filesystem at the edge; a set in
+/// tests).
+pub fn hidden(host: &Host, workspace: &Path, writable: &[PathBuf], exists: &dyn Fn(&Path) -> bool) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = SYSTEM.iter().chain(SOCKET_PLACES).map(PathBuf::from).collect();
+    if let Some(h) = &host.home {
+        v.extend(IN_HOME.iter().map(|rel| h.join(rel)));
+    }
+    // Other people's homes.
+    v.extend(host.homes.iter().filter(|h| host.home.as_ref() != Some(*h)).cloned());
+    if !host.root {
+        v.push(PathBuf::from("/root"));
+    }
+    v.extend(host.runtime_dir.iter().cloned());
+    v.extend(host.states.iter().cloned());
+    let keep = |p: &Path| {
+        workspace.starts_with(p)
+            || writable.iter().any(|w| w.starts_with(p))
+            || host.home.as_ref().is_some_and(|h| h.starts_with(p))
+    };
+    v.retain(|p| p.is_absolute() && !keep(p) && exists(p));
+    v.sort();
+    v.dedup();
+    // A path beneath another hidden one is hidden with it.
+    let mut out: Vec<PathBuf> = Vec::with_capacity(v.len());
+    for p in v {
+        if !out.iter().any(|o| p.starts_with(o)) {
+            out.push(p);
+        }
+    }
+    out
+}
+
+impl Host {
+    /// The facts about this host and caller. `states`: other state directories the caller
+    /// knows of.
+    pub fn gather(states: Vec<PathBuf>) -> Host {
+        let real = |p: PathBuf| std::fs::canonicalize(&p).unwrap_or(p);
+        let var = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+        let mut homes: Vec<PathBuf> =
+            std::fs::read_dir("/home").map(|d| d.flatten().map(|e| real(e.path())).collect()).unwrap_or_default();
+        homes.sort();
+        Host {
+            home: var("HOME").filter(|h| h.is_absolute()).map(real),
+            root: rustix::process::geteuid().is_root(),
+            homes,
+            runtime_dir: var("XDG_RUNTIME_DIR").filter(|p| p.is_absolute()),
+            states,
+        }
+    }
+}
+
+/// Whether `p` exists (without following a final symlink: a dangling link hides nothing, and
+/// a link is covered where it points).
+pub fn exists(p: &Path) -> bool {
+    std::fs::symlink_metadata(p).is_ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn host() -> Host {
+        Host {
+            home: Some("/home/ann".into()),
+            root: false,
+            homes: vec!["/home/ann".into(), "/home/bob".into(), "/home/cy".into()],
+            runtime_dir: Some("/run/user/1000".into()),
+            states: vec!["/srv/.txbox-state-1001".into()],
+        }
+    }
+
+    fn all(_: &Path) -> bool {
+        true
+    }
+
+    fn has(v: &[PathBuf], p: &str) -> bool {
+        v.iter().any(|x| x == Path::new(p))
+    }
+
+    #[test]
+    fn other_homes_keys_credentials_and_sockets_are_hidden() {
+        let v = hidden(&host(), Path::new("/home/ann/work"), &[], &all);
+        for p in [
+            "/home/bob",
+            "/home/cy",
+            "/root",
+            "/etc/ssh",
+            "/etc/ssl/private",
+            "/etc/shadow",
+            "/home/ann/.ssh",
+            "/home/ann/.aws",
+            "/home/ann/.claude/.credentials.json",
+            "/home/ann/.bash_history",
+            "/run/user",
+            "/run/docker.sock",
+            "/srv/.txbox-state-1001",
+        ] {
+            assert!(has(&v, p), "{p} not hidden: {v:#?}");
+        }
+        // The caller's own home and the workspace stay; /run/user/1000 goes with /run/user.
+        assert!(!has(&v, "/home/ann") && !has(&v, "/home/ann/work"));
+        assert!(!has(&v, "/run/user/1000"), "nested under /run/user: {v:#?}");
+        let mut sorted = v.clone();
+        sorted.sort();
+        assert_eq!(v, sorted, "sorted, so that equal hosts give equal sandboxes");
+    }
+
+    #[test]
+    fn nothing_above_the_workspace_or_a_writable_path_is_hidden() {
+        // Root working in someone else's home: that home stays (it holds the workspace), the
+        // others go, /root is root's own.
+        let mut h = host();
+        h.root = true;
+        h.home = Some("/root".into());
+        let v = hidden(&h, Path::new("/home/bob/project"), &["/home/cy/cache".into()], &all);
+        assert!(!has(&v, "/home/bob") && !has(&v, "/home/cy") && !has(&v, "/root"), "{v:#?}");
+        assert!(has(&v, "/home/ann") && has(&v, "/root/.ssh"), "{v:#?}");
+        // A workspace inside a secret directory keeps that directory visible.
+        let v = hidden(&host(), Path::new("/home/ann/.aws/tooling"), &[], &all);
+        assert!(!has(&v, "/home/ann/.aws"), "{v:#?}");
+    }
+
+    #[test]
+    fn only_what_exists_is_listed() {
+        let present = |p: &Path| p == Path::new("/etc/shadow") || p.starts_with("/home/bob");
+        let v = hidden(&host(), Path::new("/w"), &[], &present);
+        assert_eq!(v, [PathBuf::from("/etc/shadow"), PathBuf::from("/home/bob")]);
+    }
+
+    #[test]
+    fn without_a_home_only_the_host_rules_apply() {
+        let h = Host { homes: vec!["/home/x".into()], ..Host::default() };
+        let v = hidden(&h, Path::new("/w"), &[], &all);
+        assert!(has(&v, "/home/x") && has(&v, "/root") && has(&v, "/etc/ssh"));
+        assert!(!v.iter().any(|p| p.ends_with(".ssh")), "{v:#?}");
+    }
+}
