@@ -363,7 +363,8 @@ fn warm_socket(state: &StateDir, spec: &SandboxSpec) -> Option<PathBuf> {
     if std::env::var_os("TXBOX_WARM").is_some_and(|v| v == "0") {
         return None;
     }
-    let p = state.warm_dir().join(format!("{}.sock", spec.sandbox_key()));
+    // Named by this binary too: another one's server is never asked.
+    let p = state.warm_dir().join(txbox_sandbox::warm::socket_name(spec, &txbox_sandbox::warm::binary_id()));
     txbox_sandbox::warm::fits(&p).then_some(p)
 }
 

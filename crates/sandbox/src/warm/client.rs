@@ -90,7 +90,13 @@ pub fn claim(socket: &Path, spec: &SandboxSpec, stdio: [BorrowedFd<'_>; 3]) -> R
     for p in [&spec.workspace, &spec.upper, &spec.work].into_iter().chain(spec.layers.iter()) {
         dirs.push(open_dir(p).map_err(|e| refused(&format!("open {}", p.display()), e))?);
     }
-    let req = Request { spec: spec.clone(), env: environment(), umask: umask(), rlimits: rlimits() };
+    let req = Request {
+        binary: super::binary_id(),
+        spec: spec.clone(),
+        env: environment(),
+        umask: umask(),
+        rlimits: rlimits(),
+    };
     let frame = req.encode();
     let mut fds: Vec<BorrowedFd<'_>> = stdio.to_vec();
     fds.extend(dirs.iter().map(|d| d.as_fd()));
@@ -101,8 +107,14 @@ pub fn claim(socket: &Path, spec: &SandboxSpec, stdio: [BorrowedFd<'_>; 3]) -> R
         return Err(NotWarm::Unsuitable);
     }
     let sent = rustix::net::sendmsg(&stream, &[IoSlice::new(&frame)], &mut control, SendFlags::NOSIGNAL)
-        .map_err(|e| refused("sending the request", e))?;
-    write_all(&stream, &frame[sent..]).map_err(|e| refused("sending the request", e))?;
+        .and_then(|sent| write_all(&stream, &frame[sent..]));
+    if let Err(e) = sent {
+        // A server that refuses who is asking says so before it reads the request.
+        return Err(match read_line(&stream).ok().as_deref().and_then(Answer::parse) {
+            Some(Answer::Refuse(why)) => NotWarm::Refused(why),
+            _ => refused("sending the request", e),
+        });
+    }
     drop(dirs);
     let _ =
         rustix::net::sockopt::set_socket_timeout(&stream, rustix::net::sockopt::Timeout::Recv, Some(ANSWER_TIMEOUT));

@@ -29,6 +29,7 @@ use rustix::net::{
 
 use super::client::with_suffix;
 use super::wire::{Answer, Request, FIXED_FDS, MAX_LAYERS, MAX_REQUEST};
+use super::{LayerName, StateLayout};
 use crate::spec::{MountPlan, SandboxSpec, WarmPlan};
 use crate::stage2::{self, at, errno, mount, Pins, StepError};
 use crate::supervisor::{Guard, Handoff, Sandbox};
@@ -81,10 +82,9 @@ impl ServerArgs {
 }
 
 /// Entry point of `txbox __warm`. Never returns. Nobody reads its output: a server that cannot
-/// start simply is not there, and its clients build their own sandboxes. `retired`: where, in
-/// the state directory, finished transactions leave directories for it to delete when idle
-/// (the caller knows the state directory's layout; this crate does not).
-pub fn main(args: &[OsString], retired: &Path) -> ! {
+/// start simply is not there, and its clients build their own sandboxes. `layout`: what the
+/// caller knows of the state directory (this crate does not).
+pub fn main(args: &[OsString], layout: StateLayout) -> ! {
     let Ok(args) = ServerArgs::from_args(args) else { stage2::exit(2) };
     // The spawner waits for this first process only; the server proper is its child, which
     // leaves the spawner's session so terminal signals do not reach it.
@@ -98,7 +98,7 @@ pub fn main(args: &[OsString], retired: &Path) -> ! {
     let _ = rustix::process::chdir("/");
     // Its name in `ps`/`top` (the command line says the rest).
     let _ = rustix::thread::set_name(c"txbox-warm");
-    match serve(&args, retired) {
+    match serve(&args, layout) {
         Ok(()) => stage2::exit(0),
         Err(_) => stage2::exit(1),
     }
@@ -119,7 +119,7 @@ fn record_failure(dir: &OwnedFd, name: &OsString, e: &StepError) {
 
 /// The host side of the server (S in the module diagram). The order of the steps is the
 /// documentation.
-fn serve(args: &ServerArgs, retired: &Path) -> Result<(), StepError> {
+fn serve(args: &ServerArgs, layout: StateLayout) -> Result<(), StepError> {
     // 1. One server per socket: the lock is held by this process and its init for their lives.
     let lock_path = with_suffix(&args.socket, ".lock");
     let lock =
@@ -134,7 +134,7 @@ fn serve(args: &ServerArgs, retired: &Path) -> Result<(), StepError> {
     let dir_fd = rustix::fs::open(dir, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
         .map_err(at(format!("open {}", dir.display())))?;
     let name = args.socket.file_name().map(|n| n.to_os_string()).unwrap_or_default();
-    let served = listen_build_and_serve(args, retired, &dir_fd, &name);
+    let served = listen_build_and_serve(args, layout, &dir_fd, &name);
     if let Err(e) = &served {
         record_failure(&dir_fd, &name, e);
     }
@@ -145,7 +145,7 @@ fn serve(args: &ServerArgs, retired: &Path) -> Result<(), StepError> {
 /// Steps 2 to 5 of `serve`: listen, build the sandbox, let its init serve until it is done.
 fn listen_build_and_serve(
     args: &ServerArgs,
-    retired: &Path,
+    layout: StateLayout,
     dir_fd: &OwnedFd,
     name: &OsString,
 ) -> Result<(), StepError> {
@@ -174,8 +174,13 @@ fn listen_build_and_serve(
         })?),
         Guard::Landlock => None,
     };
+    // Who a client is: its pid namespace, counted in the host's procfs, which the sandbox's
+    // covers once init mounts it.
+    let host_proc = rustix::fs::open("/proc", OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+        .map_err(at("open the host's /proc"))?;
+    let me = Me { binary: super::binary_id(), host_proc, layer: layout.layer };
     stage2::enter_namespaces(spec)?;
-    let roots = Roots::clone_from(&args.state, &spec.workspace, retired)?;
+    let roots = Roots::clone_from(&args.state, &spec.workspace, layout.retired)?;
     let plan = MountPlan::for_warm(spec);
     let mut pins = Pins::default();
     for p in plan.base.sources() {
@@ -201,7 +206,7 @@ fn listen_build_and_serve(
     }
     let (supervisor, handoff) = supervisor.map_or((None, None), |(p, h)| (Some(p), Some(h)));
     if pid == 0 {
-        let code = match init(spec, &plan, &roots, &listener, &bound, &hidden, args.idle, handoff) {
+        let code = match init(spec, &plan, &roots, &listener, &bound, &hidden, &me, args.idle, handoff) {
             Ok(()) => 0,
             Err(e) => {
                 record_failure(&bound.dir, &bound.name, &e);
@@ -375,6 +380,7 @@ fn init(
     listener: &OwnedFd,
     bound: &Bound,
     hidden: &Hidden,
+    me: &Me,
     idle: Duration,
     handoff: Option<Handoff>,
 ) -> Result<(), StepError> {
@@ -393,7 +399,7 @@ fn init(
     let seccomp = crate::seccomp::build()
         .map_err(|e| StepError { step: format!("seccomp: {e}"), errno: rustix::io::Errno::PERM })?;
     let stack = ChildStack::new()?;
-    let ready = Ready { base: spec, plan, roots, seccomp: &seccomp, stack: &stack, hidden };
+    let ready = Ready { base: spec, plan, roots, seccomp: &seccomp, stack: &stack, hidden, me };
     let mut last_used = Instant::now();
     let mut garbage = true;
     loop {
@@ -418,7 +424,7 @@ fn init(
             Err(e) => return Err(at("poll")(e)),
         }
         let Ok(conn) = rustix::net::accept_with(listener, SocketFlags::CLOEXEC) else { continue };
-        if let Err(why) = trusted(&conn) {
+        if let Err(why) = trusted(&conn, &me.host_proc) {
             say(&conn, &Answer::Refuse(why).line());
             continue;
         }
@@ -439,14 +445,72 @@ fn init(
     }
 }
 
-/// Only the user the server runs as (as seen in its user namespace) may use it.
-fn trusted(conn: &OwnedFd) -> Result<(), String> {
+/// What the server knows of itself and its host, for judging requests.
+struct Me {
+    /// This binary (`super::binary_id`), taken when the server started.
+    binary: String,
+    /// The procfs of the pid namespace the server was started in (the host's).
+    host_proc: OwnedFd,
+    /// Which layer of which transaction a path of the state directory is.
+    layer: fn(&Path) -> Option<LayerName>,
+}
+
+/// Only a txbox launcher of the user the server runs as may use it: a process of that user
+/// (as seen in its user namespace) outside every sandbox. A command runs in a pid namespace
+/// below the host's (every sandbox has one), so its depth, counted in the host's procfs from a
+/// pidfd of the peer (race-free: it names that very process), is more than one.
+fn trusted(conn: &OwnedFd, host_proc: &OwnedFd) -> Result<(), String> {
     let me = rustix::process::geteuid().as_raw();
     match super::peer_uid(conn.as_fd()) {
-        Ok(uid) if uid == me => Ok(()),
-        Ok(uid) => Err(format!("uid {uid} may not use the warm server of uid {me}")),
-        Err(e) => Err(format!("who is asking: {e}")),
+        Ok(uid) if uid == me => {}
+        Ok(uid) => return Err(format!("uid {uid} may not use the warm server of uid {me}")),
+        Err(e) => return Err(format!("who is asking: {e}")),
     }
+    let pidfd = match super::peer_pidfd(conn.as_fd()) {
+        Ok(fd) => fd,
+        // Before Linux 6.5 nothing says who it is beyond its user.
+        Err(rustix::io::Errno::NOPROTOOPT) => return Ok(()),
+        Err(e) => return Err(format!("who is asking: {e}")),
+    };
+    let path = format!("self/fdinfo/{}", pidfd.as_raw_fd());
+    let info = rustix::fs::openat(host_proc, path.as_str(), OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
+        .ok()
+        .and_then(|fd| {
+            let mut buf = vec![0u8; 4096];
+            rustix::io::read(&fd, &mut buf).ok().map(|n| String::from_utf8_lossy(&buf[..n]).into_owned())
+        })
+        .unwrap_or_default();
+    match super::pid_ns_depth(&info) {
+        Some(1) => Ok(()),
+        Some(n) => Err(format!("the client runs inside a sandbox ({n} pid namespaces deep)")),
+        None => Err("the client is gone".into()),
+    }
+}
+
+/// The layers of a request must be one transaction's, named as the state directory names them:
+/// upper and work of one run, or of one session step above that session's earlier steps'
+/// uppers, topmost first. The client cannot lay an overlay on anything else of the state
+/// directory (another transaction's layer would plant files in its next commit).
+fn one_transaction(state: &Path, spec: &SandboxSpec, layer: fn(&Path) -> Option<LayerName>) -> Result<(), String> {
+    let name = |p: &Path| {
+        p.strip_prefix(state)
+            .ok()
+            .and_then(layer)
+            .ok_or_else(|| format!("{} is not a transaction's layer", p.display()))
+    };
+    let (upper, work) = (name(&spec.upper)?, name(&spec.work)?);
+    if !upper.upper || work.upper || work.tx != upper.tx || work.step != upper.step {
+        return Err("upper and work are not one transaction's".into());
+    }
+    let mut above = upper.step;
+    for l in &spec.layers {
+        let n = name(l)?;
+        match (above, n.step) {
+            (Some(a), Some(s)) if n.tx == upper.tx && n.upper && s < a => above = Some(s),
+            _ => return Err(format!("{} is not an earlier step of the same session", l.display())),
+        }
+    }
+    Ok(())
 }
 
 fn say(conn: &OwnedFd, line: &str) {
@@ -508,6 +572,7 @@ struct Ready<'a> {
     seccomp: &'a seccompiler::BpfProgram,
     stack: &'a ChildStack,
     hidden: &'a Hidden,
+    me: &'a Me,
 }
 
 /// Serve one transaction. Returns whether the server may go on serving. `in_use` receives
@@ -516,7 +581,7 @@ struct Ready<'a> {
 /// a directory its run left empty for a later transaction (`TxDir::create` takes it as a
 /// spare), and waits for this lock first: two overlays must never share upper and work.
 fn serve_one(ready: &Ready<'_>, conn: &OwnedFd, in_use: &mut Option<OwnedFd>) -> bool {
-    let Ready { base, plan, roots, seccomp, stack, hidden } = *ready;
+    let Ready { base, plan, roots, seccomp, stack, hidden, me } = *ready;
     let (req, mut fds) = match receive(conn) {
         Ok(r) => r,
         Err(why) => {
@@ -524,6 +589,15 @@ fn serve_one(ready: &Ready<'_>, conn: &OwnedFd, in_use: &mut Option<OwnedFd>) ->
             return true;
         }
     };
+    if req.binary != me.binary {
+        // Another txbox binary (rebuilt, upgraded): this server retires.
+        say(conn, &Answer::Refuse("this server was started by another txbox binary".into()).line());
+        return false;
+    }
+    if let Err(why) = one_transaction(&roots.state_path, &req.spec, me.layer) {
+        say(conn, &Answer::Refuse(why).line());
+        return true;
+    }
     if !base.same_sandbox(&req.spec) {
         say(conn, &Answer::Refuse("this server was built for another sandbox".into()).line());
         return true;
@@ -869,6 +943,52 @@ mod tests {
             ServerArgs { socket: "/s/warm/0123.sock".into(), state: "/s".into(), idle: Duration::from_secs(60), spec };
         assert_eq!(ServerArgs::from_args(&a.to_args()), Ok(a));
         assert!(ServerArgs::from_args(&[OsString::from("--idle")]).is_err());
+    }
+
+    /// The state directory's naming, as txbox's own (txn::layout) has it.
+    fn layer(rel: &Path) -> Option<LayerName> {
+        let parts: Vec<&str> = rel.iter().filter_map(|c| c.to_str()).collect();
+        match parts.as_slice() {
+            ["tx", id, p @ ("upper" | "work")] => {
+                Some(LayerName { tx: id.to_string(), step: None, upper: *p == "upper" })
+            }
+            ["tx", id, "steps", n, p @ ("upper" | "work")] => {
+                Some(LayerName { tx: id.to_string(), step: n.parse().ok(), upper: *p == "upper" })
+            }
+            _ => None,
+        }
+    }
+
+    #[test]
+    fn a_request_lays_overlays_on_one_transactions_layers_only() {
+        let spec = |upper: &str, work: &str, layers: &[&str]| {
+            let mut s = SandboxSpec::new("/w".into(), upper.into(), work.into(), vec![OsString::from("true")]);
+            s.layers = layers.iter().map(PathBuf::from).collect();
+            s
+        };
+        let ok = |s: &SandboxSpec| one_transaction(Path::new("/s"), s, layer);
+        assert_eq!(ok(&spec("/s/tx/a/upper", "/s/tx/a/work", &[])), Ok(()));
+        assert_eq!(
+            ok(&spec(
+                "/s/tx/a/steps/3/upper",
+                "/s/tx/a/steps/3/work",
+                &["/s/tx/a/steps/2/upper", "/s/tx/a/steps/1/upper"]
+            )),
+            Ok(())
+        );
+        for bad in [
+            spec("/s/journal", "/s/tx/a/work", &[]),
+            spec("/s/tx/a/upper", "/s/tx/b/work", &[]),
+            spec("/s/tx/a/work", "/s/tx/a/upper", &[]),
+            spec("/elsewhere/tx/a/upper", "/elsewhere/tx/a/work", &[]),
+            spec("/s/tx/a/upper", "/s/tx/a/work", &["/s/tx/b/steps/1/upper"]),
+            spec("/s/tx/a/steps/2/upper", "/s/tx/a/steps/2/work", &["/s/tx/b/steps/1/upper"]),
+            spec("/s/tx/a/steps/2/upper", "/s/tx/a/steps/2/work", &["/s/tx/a/steps/1/work"]),
+            spec("/s/tx/a/steps/2/upper", "/s/tx/a/steps/2/work", &["/s/tx/a/steps/1/upper", "/s/tx/a/steps/1/upper"]),
+            spec("/s/tx/a/steps/2/upper", "/s/tx/a/steps/3/work", &[]),
+        ] {
+            assert!(ok(&bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

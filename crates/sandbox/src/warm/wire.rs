@@ -5,7 +5,8 @@
 //! client → server   u32 length (LE) + body, with SCM_RIGHTS fds on the first bytes:
 //!                   stdin, stdout, stderr, workspace, upper, work, layers… (O_PATH for the dirs)
 //!                   body = items, each u32 length (LE) + bytes:
-//!                   "txbox-warm/1", umask (octal), rlimits ("RES:CUR:MAX;…", "-" = infinity),
+//!                   "txbox-warm/2", the client's binary (`warm::binary_id`), umask (octal),
+//!                   rlimits ("RES:CUR:MAX;…", "-" = infinity),
 //!                   N, N spec arguments (SandboxSpec::to_args), the environment ("K=V"…),
 //!                   "end" (so a cut anywhere is noticed)
 //! server → client   "ok\n" (the command starts) or "refuse REASON\n" (nothing was done:
@@ -19,7 +20,7 @@ use std::os::unix::ffi::{OsStrExt, OsStringExt};
 
 use crate::SandboxSpec;
 
-const VERSION: &[u8] = b"txbox-warm/1";
+const VERSION: &[u8] = b"txbox-warm/2";
 const END: &[u8] = b"end";
 
 /// The largest request a server reads (a long script and a large environment fit easily).
@@ -34,6 +35,8 @@ pub const MAX_LAYERS: usize = 200;
 /// One command for a warm sandbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Request {
+    /// The client's binary: a server of another one does not serve it.
+    pub binary: String,
     pub spec: SandboxSpec,
     /// The caller's environment, `KEY=VALUE`, which the command gets instead of the server's.
     pub env: Vec<OsString>,
@@ -64,6 +67,7 @@ impl Request {
         let spec = self.spec.to_args();
         let mut items: Vec<Vec<u8>> = vec![
             VERSION.to_vec(),
+            self.binary.as_bytes().to_vec(),
             format!("{:o}", self.umask).into_bytes(),
             rlimits.join(";").into_bytes(),
             spec.len().to_string().into_bytes(),
@@ -100,11 +104,12 @@ impl Request {
         items.pop();
         let mut it = items.into_iter();
         if it.next() != Some(VERSION) {
-            return Err(bad("not a txbox-warm/1 request"));
+            return Err(bad("not a txbox-warm/2 request"));
         }
         let text = |b: Option<&[u8]>, what: &str| -> Result<String, WireError> {
             String::from_utf8(b.ok_or_else(|| bad(what))?.to_vec()).map_err(|_| bad(what))
         };
+        let binary = text(it.next(), "binary")?;
         let umask = u32::from_str_radix(&text(it.next(), "umask")?, 8).map_err(|_| bad("umask"))?;
         let mut rlimits = Vec::new();
         for part in text(it.next(), "rlimits")?.split(';').filter(|p| !p.is_empty()) {
@@ -123,7 +128,7 @@ impl Request {
         }
         let spec = SandboxSpec::from_args(&spec_args).map_err(|e| WireError(e.to_string()))?;
         let env = it.map(|e| OsString::from_vec(e.to_vec())).collect();
-        Ok(Request { spec, env, umask, rlimits })
+        Ok(Request { binary, spec, env, umask, rlimits })
     }
 }
 
@@ -169,6 +174,7 @@ mod tests {
         spec.layers = vec![PathBuf::from("/s/tx/1/steps/1/upper")];
         spec.hide = vec!["/s".into()];
         Request {
+            binary: "0123456789abcdef".into(),
             spec,
             env: vec![
                 OsString::from("PATH=/usr/bin:/bin"),
@@ -203,8 +209,8 @@ mod tests {
             assert!(r.is_err(), "a body cut at {cut} of {} was accepted: {r:?}", body.len());
         }
         let mut other = body.to_vec();
-        other[4..16].copy_from_slice(b"txbox-warm/2");
-        assert_eq!(Request::decode(&other), Err(bad("not a txbox-warm/1 request")));
+        other[4..16].copy_from_slice(b"txbox-warm/1");
+        assert_eq!(Request::decode(&other), Err(bad("not a txbox-warm/2 request")));
     }
 
     #[test]
