@@ -550,3 +550,27 @@ impl Drop for Cleanup {
         let _ = std::fs::remove_file(&self.0);
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// What `txbox doctor` says about the edge
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn doctor_says_what_keeps_host_sockets_out_and_what_stands_in() {
+    let o = Command::new(binary()).args(["--json", "doctor"]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| panic!("{e}: {}", describe(&o)));
+    let checks = v["checks"].as_array().unwrap();
+    let check = |name: &str| checks.iter().find(|c| c["name"] == name).unwrap_or_else(|| panic!("no {name}: {v}"));
+    let sockets = check("unix sockets");
+    let detail = sockets["detail"].as_str().unwrap();
+    if txbox_sandbox::landlock::kernel_abi() >= txbox_sandbox::supervisor::LANDLOCK_UNIX_ABI {
+        assert!(detail.contains("Landlock") && sockets["ok"] == true, "{sockets}");
+    } else {
+        // Missing here, and what stands in.
+        assert!(sockets["ok"] == false && sockets["essential"] == false, "{sockets}");
+        assert!(detail.contains("seccomp supervisor stands in"), "{sockets}");
+    }
+    for name in ["warm clients", "landlock scopes"] {
+        check(name);
+    }
+}

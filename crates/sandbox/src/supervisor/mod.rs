@@ -53,7 +53,7 @@ pub enum Guard {
     Supervisor,
 }
 
-/// The Landlock ABI that can scope pathname unix sockets (Linux 7.0).
+/// The Landlock ABI that can scope pathname unix sockets (`LANDLOCK_ACCESS_FS_RESOLVE_UNIX`).
 pub const LANDLOCK_UNIX_ABI: u32 = 9;
 
 impl Guard {
@@ -73,6 +73,41 @@ impl Guard {
         match self {
             Guard::Landlock => "Landlock (pathname unix sockets scoped to the command's domain)",
             Guard::Supervisor => "seccomp supervisor (connect and sends by address performed after a check)",
+        }
+    }
+}
+
+/// What this kernel offers the sandbox's edge, for `txbox doctor`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Support {
+    pub guard: Guard,
+    pub landlock_abi: u32,
+    /// seccomp can hand calls to a supervisor (`user_notif` in `actions_avail`).
+    pub user_notif: bool,
+    /// A unix socket names its peer by pidfd (`SO_PEERPIDFD`, Linux 6.5): the warm server's
+    /// check of its clients' pid namespace.
+    pub peer_pidfd: bool,
+    /// `dev.tty.legacy_tiocsti` (Linux 6.2): Some(true) when TIOCSTI still works for everyone.
+    pub legacy_tiocsti: Option<bool>,
+}
+
+impl Support {
+    pub fn probe() -> Support {
+        let read = |p: &str| std::fs::read_to_string(p).ok().map(|s| s.trim().to_string());
+        let user_notif = read("/proc/sys/kernel/seccomp/actions_avail").is_some_and(|a| a.contains("user_notif"));
+        let peer_pidfd = rustix::net::socketpair(
+            rustix::net::AddressFamily::UNIX,
+            rustix::net::SocketType::STREAM,
+            rustix::net::SocketFlags::CLOEXEC,
+            None,
+        )
+        .is_ok_and(|(a, _b)| crate::warm::peer_pidfd(a.as_fd()).is_ok());
+        Support {
+            guard: Guard::for_kernel(),
+            landlock_abi: crate::landlock::kernel_abi(),
+            user_notif,
+            peer_pidfd,
+            legacy_tiocsti: read("/proc/sys/dev/tty/legacy_tiocsti").map(|v| v == "1"),
         }
     }
 }

@@ -101,7 +101,7 @@ pub(crate) fn pid_ns_depth(fdinfo: &str) -> Option<usize> {
 }
 
 /// A pidfd for the process at the other end of a unix socket (`SO_PEERPIDFD`, Linux 6.5).
-pub(crate) fn peer_pidfd(fd: std::os::fd::BorrowedFd<'_>) -> Result<std::os::fd::OwnedFd, rustix::io::Errno> {
+pub fn peer_pidfd(fd: std::os::fd::BorrowedFd<'_>) -> Result<std::os::fd::OwnedFd, rustix::io::Errno> {
     use std::os::fd::{AsRawFd, FromRawFd};
     const SO_PEERPIDFD: libc::c_int = 77;
     let mut pidfd: libc::c_int = -1;
