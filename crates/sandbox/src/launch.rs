@@ -369,12 +369,17 @@ pub fn launch(
         let _ = rustix::io::write(&sync_w, b"g");
     }
     drop(sync_w);
-    let relay = pty
-        .as_ref()
-        .and_then(crate::terminal::receive_master)
-        .map(|master| Relay::start(master, opts.null_stdin, opts.capture.is_some()))
-        .transpose()
-        .map_err(|e| SandboxError::Setup(format!("relaying the terminal: {e}")))?;
+    let relay = match pty.as_ref().and_then(crate::terminal::receive_master) {
+        None => None,
+        Some(master) => match Relay::start(master, opts.null_stdin, opts.capture.is_some()) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                child.kill();
+                let _ = child.wait();
+                return Err(SandboxError::Setup(format!("relaying the terminal: {e}")));
+            }
+        },
+    };
     supervise(child, report_r, out_r, err_r, relay, opts, watch, WarmUse::Cold(why_cold))
 }
 

@@ -34,7 +34,7 @@ pub mod remote;
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use rustix::event::{PollFd, PollFlags};
@@ -157,6 +157,7 @@ pub struct Shared {
     /// Threads performing a call that waits, by notification id: interrupted when their
     /// command's thread goes away.
     waiting: Mutex<Vec<(u64, libc::pthread_t)>>,
+    pool: Arc<Pool>,
 }
 
 /// The sandbox a supervisor guards.
@@ -194,6 +195,7 @@ fn supervise(listener: OwnedFd, proc: OwnedFd, sandbox: Sandbox, until: Borrowed
         places: Places { workspace: sandbox.workspace },
         host_network: sandbox.host_network,
         waiting: Mutex::new(Vec::new()),
+        pool: Arc::default(),
     });
     loop {
         let mut fds = [PollFd::new(&until, PollFlags::IN), PollFd::new(&shared.listener, PollFlags::IN)];
@@ -268,7 +270,7 @@ fn handle(shared: &Arc<Shared>, n: &libc::seccomp_notif) {
     }
 }
 
-/// Perform a call that waits on a thread of its own, so the supervisor goes on serving the
+/// Perform a call that waits on a thread of the pool, so the supervisor goes on serving the
 /// command's other threads meanwhile.
 fn wait_in_thread(
     shared: &Arc<Shared>,
@@ -279,12 +281,8 @@ fn wait_in_thread(
     caps: [u32; 2],
 ) {
     let id = remote.id;
-    let busy = shared.waiting.lock().map(|w| w.len()).unwrap_or(MAX_WAITING);
-    if busy >= MAX_WAITING {
-        return respond(shared.listener.as_fd(), id, Err(Errno::AGAIN));
-    }
     let worker = Arc::clone(shared);
-    let spawned = std::thread::Builder::new().name("txbox-waitcall".into()).stack_size(128 << 10).spawn(move || {
+    let job: Job = Box::new(move || {
         register(&worker, id, true);
         let r = {
             let _as = remote::AsCommand::enter(caps);
@@ -295,8 +293,68 @@ fn wait_in_thread(
             respond(worker.listener.as_fd(), id, r);
         }
     });
-    if spawned.is_err() {
+    if !shared.pool.submit(job) {
         respond(shared.listener.as_fd(), id, Err(Errno::AGAIN));
+    }
+}
+
+type Job = Box<dyn FnOnce() + Send>;
+
+/// Threads for calls that wait, kept once made (making one costs more than the call).
+#[derive(Default)]
+struct Pool {
+    state: Mutex<PoolState>,
+    ready: Condvar,
+}
+
+#[derive(Default)]
+struct PoolState {
+    queue: std::collections::VecDeque<Job>,
+    idle: usize,
+    threads: usize,
+}
+
+impl Pool {
+    /// Queue `job`, making a thread if none is free; false if it can make no more.
+    fn submit(self: &Arc<Pool>, job: Job) -> bool {
+        let Ok(mut st) = self.state.lock() else { return false };
+        if st.idle <= st.queue.len() {
+            if st.threads >= MAX_WAITING {
+                return false;
+            }
+            let pool = Arc::clone(self);
+            let made = std::thread::Builder::new()
+                .name("txbox-waitcall".into())
+                .stack_size(128 << 10)
+                .spawn(move || pool.work());
+            if made.is_err() {
+                return false;
+            }
+            st.threads += 1;
+        }
+        st.queue.push_back(job);
+        self.ready.notify_one();
+        true
+    }
+
+    fn work(&self) {
+        loop {
+            let job = {
+                let Ok(mut st) = self.state.lock() else { return };
+                st.idle += 1;
+                while st.queue.is_empty() {
+                    st = match self.ready.wait(st) {
+                        Ok(st) => st,
+                        Err(_) => return,
+                    };
+                }
+                st.idle -= 1;
+                st.queue.pop_front()
+            };
+            if let Some(job) = job {
+                job();
+            }
+        }
     }
 }
 
