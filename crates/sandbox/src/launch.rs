@@ -12,6 +12,7 @@ use rustix::event::{PollFd, PollFlags};
 
 use crate::stage2::{PTY_FD, REPORT_FD, SYNC_FD};
 use crate::terminal::Relay;
+use crate::warm::wire::Report;
 use crate::warm::{Conn, NotWarm};
 
 /// How often limits that need watching are checked.
@@ -487,19 +488,12 @@ fn supervise(
     // The caller's terminal mode is back before anything is printed.
     drop(relay);
     let status = child.wait()?;
-    let text = String::from_utf8_lossy(&report.buf).into_owned();
-    let mut exit = None;
-    for line in text.lines() {
-        if let Some(msg) = line.strip_prefix("error ") {
-            return Err(SandboxError::Setup(msg.to_string()));
-        }
-        let num = |s: &str| s.trim().parse::<i32>().ok();
-        if let Some(c) = line.strip_prefix("exit ").and_then(num) {
-            exit = Some(Exit::Code(c));
-        } else if let Some(s) = line.strip_prefix("signal ").and_then(num) {
-            exit = Some(Exit::Signal(s));
-        }
-    }
+    let exit = match Report::of_stream(&String::from_utf8_lossy(&report.buf)) {
+        Some(Report::Error(why)) => return Err(SandboxError::Setup(why)),
+        Some(Report::Exit(c)) => Some(Exit::Code(c)),
+        Some(Report::Signal(s)) => Some(Exit::Signal(s)),
+        None => None,
+    };
     let exit = match (exit, timed_out || limit.is_some()) {
         (Some(e), _) => e,
         (None, true) => Exit::Signal(libc::SIGKILL),

@@ -21,6 +21,7 @@ use rustix::thread::UnshareFlags;
 
 use crate::spec::{overlay_options, MountOp, MountPlan, SandboxSpec, EMPTY_FILE};
 use crate::supervisor::{Guard, Handoff, Sandbox};
+use crate::warm::wire::Report;
 
 /// The fd on which stage 2 reports to its parent (set up by the launcher).
 pub const REPORT_FD: i32 = 3;
@@ -54,7 +55,7 @@ pub fn main(args: &[OsString]) -> ! {
     match SandboxSpec::from_args(args) {
         Ok(spec) => run_spec(&spec),
         Err(e) => {
-            report(&format!("error {e}\n"));
+            report(&Report::Error(e.to_string()).line());
             exit(125)
         }
     }
@@ -84,7 +85,7 @@ pub fn run_spec(spec: &SandboxSpec) -> ! {
     match run(spec) {
         Ok(code) => exit(code),
         Err(e) => {
-            report(&format!("error {}\n", setup_failed(&e)));
+            report(&Report::Error(setup_failed(&e)).line());
             exit(125)
         }
     }
@@ -171,7 +172,7 @@ fn run(spec: &SandboxSpec) -> Result<i32, StepError> {
         let code = match init(spec, &plan, terminal.as_ref(), handoff) {
             Ok(c) => c,
             Err(e) => {
-                report(&format!("error {}\n", setup_failed(&e)));
+                report(&Report::Error(setup_failed(&e)).line());
                 125
             }
         };
@@ -510,7 +511,7 @@ fn init(
     }
     if child == 0 {
         if let Err(e) = crate::terminal::take(slave).and_then(|()| confine(spec, None)) {
-            report(&format!("error {}\n", setup_failed(&e)));
+            report(&Report::Error(setup_failed(&e)).line());
             // SAFETY: leaving the forked child without running the parent's destructors.
             unsafe { libc::_exit(125) };
         }
@@ -534,11 +535,7 @@ fn init(
             break 0;
         }
     };
-    if libc::WIFSIGNALED(status) {
-        report(&format!("signal {}\n", libc::WTERMSIG(status)));
-    } else {
-        report(&format!("exit {}\n", libc::WEXITSTATUS(status)));
-    }
+    report(&Report::of_wait_status(status).line());
     Ok(0)
 }
 

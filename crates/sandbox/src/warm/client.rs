@@ -6,7 +6,7 @@ use std::io::IoSlice;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use rustix::fs::{FlockOperation, Mode, OFlags};
@@ -14,8 +14,7 @@ use rustix::net::{
     AddressFamily, SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
 };
 
-use super::server::{ServerArgs, RESOURCES};
-use super::wire::{Answer, Request, FIXED_FDS, MAX_LAYERS};
+use super::wire::{with_suffix, Answer, Request, ServerArgs, FIXED_FDS, MAX_LAYERS, RESOURCES};
 use crate::SandboxSpec;
 
 /// How long a server may take to say whether it runs a command (it mounts the overlay first).
@@ -48,12 +47,6 @@ impl Conn {
     pub fn stop(&self) {
         let _ = rustix::net::shutdown(&self.stream, rustix::net::Shutdown::Write);
     }
-}
-
-pub(crate) fn with_suffix(p: &Path, suffix: &str) -> PathBuf {
-    let mut s = p.as_os_str().to_os_string();
-    s.push(suffix);
-    PathBuf::from(s)
 }
 
 /// Hand `spec`'s command to the server on `socket`, with `stdio` as its stdin, stdout, stderr.

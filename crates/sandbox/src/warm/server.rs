@@ -27,8 +27,7 @@ use rustix::net::{
     AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SocketAddrUnix, SocketFlags, SocketType,
 };
 
-use super::client::with_suffix;
-use super::wire::{Answer, Request, FIXED_FDS, MAX_LAYERS, MAX_REQUEST};
+use super::wire::{resource, with_suffix, Answer, Report, Request, ServerArgs, FIXED_FDS, MAX_LAYERS, MAX_REQUEST};
 use super::{LayerName, StateLayout};
 use crate::spec::{MountPlan, SandboxSpec, WarmPlan};
 use crate::stage2::{self, at, errno, mount, Pins, StepError};
@@ -38,48 +37,6 @@ use crate::supervisor::{Guard, Handoff, Sandbox};
 const TICK: Duration = Duration::from_secs(1);
 /// How long a client may take to send its request once connected.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
-
-/// What `txbox __warm` was started with.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServerArgs {
-    pub socket: PathBuf,
-    /// The state directory, where every transaction's upper and work directories live.
-    pub state: PathBuf,
-    pub idle: Duration,
-    /// The spec of the run that started the server: what its sandbox is built from.
-    pub spec: SandboxSpec,
-}
-
-impl ServerArgs {
-    pub fn to_args(&self) -> Vec<OsString> {
-        let mut a = vec![
-            OsString::from("--socket"),
-            self.socket.clone().into_os_string(),
-            OsString::from("--state"),
-            self.state.clone().into_os_string(),
-            OsString::from("--idle"),
-            OsString::from(self.idle.as_secs().to_string()),
-        ];
-        a.extend(self.spec.to_args());
-        a
-    }
-
-    pub fn from_args(args: &[OsString]) -> Result<ServerArgs, String> {
-        match args {
-            [s, socket, t, state, i, idle, rest @ ..] if s == "--socket" && t == "--state" && i == "--idle" => {
-                let idle = idle.to_str().and_then(|t| t.parse::<u64>().ok()).ok_or("bad --idle")?;
-                let spec = SandboxSpec::from_args(rest).map_err(|e| e.to_string())?;
-                Ok(ServerArgs {
-                    socket: PathBuf::from(socket),
-                    state: PathBuf::from(state),
-                    idle: Duration::from_secs(idle),
-                    spec,
-                })
-            }
-            _ => Err("usage: __warm --socket PATH --state DIR --idle SECS SPEC…".into()),
-        }
-    }
-}
 
 /// Entry point of `txbox __warm`. Never returns. Nobody reads its output: a server that cannot
 /// start simply is not there, and its clients build their own sandboxes. `layout`: what the
@@ -666,7 +623,7 @@ fn serve_one(ready: &Ready<'_>, conn: &OwnedFd, in_use: &mut Option<OwnedFd>) ->
     let status = run_command(&req, &command, fds, seccomp, conn, stack);
     match status {
         Ok(line) => say(conn, &line),
-        Err(e) => say(conn, &format!("error {}\n", stage2::setup_failed(&e))),
+        Err(e) => say(conn, &Report::Error(stage2::setup_failed(&e)).line()),
     }
     true
 }
@@ -769,11 +726,7 @@ fn run_command(
     // What the command left running goes with it, as when a cold sandbox's init exits.
     kill_all();
     reap_all();
-    Ok(if libc::WIFSIGNALED(st) {
-        format!("signal {}\n", libc::WTERMSIG(st))
-    } else {
-        format!("exit {}\n", libc::WEXITSTATUS(st))
-    })
+    Ok(Report::of_wait_status(st).line())
 }
 
 /// SIGKILL to every process of this pid namespace but its init.
@@ -818,7 +771,7 @@ fn spawn(child: &Child<'_>, stack: &ChildStack) -> Result<i32, StepError> {
         if let Err(e) = prepare_child(c.req, c.stdio, c.seccomp) {
             // SAFETY: conn_fd is open in this process (close-on-exec only).
             let conn = unsafe { BorrowedFd::borrow_raw(c.conn_fd) };
-            let _ = rustix::io::write(conn, format!("error {}\n", stage2::setup_failed(&e)).as_bytes());
+            let _ = rustix::io::write(conn, Report::Error(stage2::setup_failed(&e)).line().as_bytes());
             stage2::exit(125);
         }
         stage2::exec_prepared(&c.command.argp, &c.command.cwd, Some(&c.command.envp))
@@ -922,28 +875,9 @@ fn prepare_child(req: &Request, stdio: &[i32], seccomp: &seccompiler::BpfProgram
     stage2::confine(&req.spec, Some(seccomp))
 }
 
-/// The resource limits a client passes on, by number.
-pub(crate) const RESOURCES: [rustix::process::Resource; 16] = {
-    use rustix::process::Resource::*;
-    [Cpu, Fsize, Data, Stack, Core, Rss, Nproc, Nofile, Memlock, As, Locks, Sigpending, Msgqueue, Nice, Rtprio, Rttime]
-};
-
-fn resource(n: u32) -> Option<rustix::process::Resource> {
-    RESOURCES.iter().copied().find(|r| *r as u32 == n)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn server_arguments_round_trip() {
-        let spec = SandboxSpec::new("/w".into(), "/u".into(), "/k".into(), vec![OsString::from("true")]);
-        let a =
-            ServerArgs { socket: "/s/warm/0123.sock".into(), state: "/s".into(), idle: Duration::from_secs(60), spec };
-        assert_eq!(ServerArgs::from_args(&a.to_args()), Ok(a));
-        assert!(ServerArgs::from_args(&[OsString::from("--idle")]).is_err());
-    }
 
     /// The state directory's naming, as txbox's own (txn::layout) has it.
     fn layer(rel: &Path) -> Option<LayerName> {
@@ -988,13 +922,6 @@ mod tests {
             spec("/s/tx/a/steps/2/upper", "/s/tx/a/steps/3/work", &[]),
         ] {
             assert!(ok(&bad).is_err(), "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn resources_are_numbered_as_the_kernel_numbers_them() {
-        for (i, r) in RESOURCES.iter().enumerate() {
-            assert_eq!(*r as u32, i as u32, "{r:?}");
         }
     }
 }

@@ -10,13 +10,19 @@
 //!                   N, N spec arguments (SandboxSpec::to_args), the environment ("K=V"…),
 //!                   "end" (so a cut anywhere is noticed)
 //! server → client   "ok\n" (the command starts) or "refuse REASON\n" (nothing was done:
-//!                   run it elsewhere), then, as stage 2 reports: "exit N\n" | "signal N\n" |
-//!                   "error MESSAGE\n", then end of stream
+//!                   run it elsewhere), then a `Report`, as stage 2 writes it on its report
+//!                   pipe: "exit N\n" | "signal N\n" | "error MESSAGE\n", then end of stream
 //! client → server   end of stream (shutdown) at any time: kill the command
 //! ```
+//!
+//! Also the server's command line (`ServerArgs`), the names beside its socket
+//! (`with_suffix`) and the resource limits a request carries (`RESOURCES`): what client and
+//! server both need lives here, so neither depends on the other.
 
 use std::ffi::OsString;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use crate::SandboxSpec;
 
@@ -132,6 +138,119 @@ impl Request {
     }
 }
 
+/// What `txbox __warm` was started with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerArgs {
+    pub socket: PathBuf,
+    /// The state directory, where every transaction's upper and work directories live.
+    pub state: PathBuf,
+    pub idle: Duration,
+    /// The spec of the run that started the server: what its sandbox is built from.
+    pub spec: SandboxSpec,
+}
+
+impl ServerArgs {
+    pub fn to_args(&self) -> Vec<OsString> {
+        let mut a = vec![
+            OsString::from("--socket"),
+            self.socket.clone().into_os_string(),
+            OsString::from("--state"),
+            self.state.clone().into_os_string(),
+            OsString::from("--idle"),
+            OsString::from(self.idle.as_secs().to_string()),
+        ];
+        a.extend(self.spec.to_args());
+        a
+    }
+
+    pub fn from_args(args: &[OsString]) -> Result<ServerArgs, String> {
+        match args {
+            [s, socket, t, state, i, idle, rest @ ..] if s == "--socket" && t == "--state" && i == "--idle" => {
+                let idle = idle.to_str().and_then(|t| t.parse::<u64>().ok()).ok_or("bad --idle")?;
+                let spec = SandboxSpec::from_args(rest).map_err(|e| e.to_string())?;
+                Ok(ServerArgs {
+                    socket: PathBuf::from(socket),
+                    state: PathBuf::from(state),
+                    idle: Duration::from_secs(idle),
+                    spec,
+                })
+            }
+            _ => Err("usage: __warm --socket PATH --state DIR --idle SECS SPEC…".into()),
+        }
+    }
+}
+
+/// `SOCKET` + `suffix`: the server's lock (`.lock`), the busy lock a client holds while served
+/// (`.busy`), the reason a server could not start (`.failed`).
+pub(crate) fn with_suffix(p: &Path, suffix: &str) -> PathBuf {
+    let mut s = p.as_os_str().to_os_string();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+/// The resource limits a client passes on, by number.
+pub(crate) const RESOURCES: [rustix::process::Resource; 16] = {
+    use rustix::process::Resource::*;
+    [Cpu, Fsize, Data, Stack, Core, Rss, Nproc, Nofile, Memlock, As, Locks, Sigpending, Msgqueue, Nice, Rtprio, Rttime]
+};
+
+pub(crate) fn resource(n: u32) -> Option<rustix::process::Resource> {
+    RESOURCES.iter().copied().find(|r| *r as u32 == n)
+}
+
+/// How a command ended, as stage 2 reports it on its report pipe and a warm server on its
+/// connection: one line each.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Report {
+    Exit(i32),
+    Signal(i32),
+    /// The sandbox could not be built or the command not started (nothing ran).
+    Error(String),
+}
+
+impl Report {
+    /// From a `waitpid` status.
+    pub fn of_wait_status(st: i32) -> Report {
+        if libc::WIFSIGNALED(st) {
+            Report::Signal(libc::WTERMSIG(st))
+        } else {
+            Report::Exit(libc::WEXITSTATUS(st))
+        }
+    }
+
+    pub fn line(&self) -> String {
+        match self {
+            Report::Exit(c) => format!("exit {c}\n"),
+            Report::Signal(s) => format!("signal {s}\n"),
+            Report::Error(why) => format!("error {}\n", why.replace('\n', " ")),
+        }
+    }
+
+    pub fn parse(line: &str) -> Option<Report> {
+        let line = line.strip_suffix('\n').unwrap_or(line);
+        let num = |s: &str| s.trim().parse::<i32>().ok();
+        if let Some(why) = line.strip_prefix("error ") {
+            return Some(Report::Error(why.to_string()));
+        }
+        if let Some(c) = line.strip_prefix("exit ").and_then(num) {
+            return Some(Report::Exit(c));
+        }
+        line.strip_prefix("signal ").and_then(num).map(Report::Signal)
+    }
+
+    /// What a stream of report lines says: the first error, else the last fate.
+    pub fn of_stream(text: &str) -> Option<Report> {
+        let mut fate = None;
+        for r in text.lines().filter_map(Report::parse) {
+            match r {
+                Report::Error(_) => return Some(r),
+                r => fate = Some(r),
+            }
+        }
+        fate
+    }
+}
+
 /// The server's first answer to a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Answer {
@@ -211,6 +330,34 @@ mod tests {
         let mut other = body.to_vec();
         other[4..16].copy_from_slice(b"txbox-warm/1");
         assert_eq!(Request::decode(&other), Err(bad("not a txbox-warm/2 request")));
+    }
+
+    #[test]
+    fn server_arguments_round_trip() {
+        let spec = SandboxSpec::new("/w".into(), "/u".into(), "/k".into(), vec![OsString::from("true")]);
+        let a =
+            ServerArgs { socket: "/s/warm/0123.sock".into(), state: "/s".into(), idle: Duration::from_secs(60), spec };
+        assert_eq!(ServerArgs::from_args(&a.to_args()), Ok(a));
+        assert!(ServerArgs::from_args(&[OsString::from("--idle")]).is_err());
+    }
+
+    #[test]
+    fn resources_are_numbered_as_the_kernel_numbers_them() {
+        for (i, r) in RESOURCES.iter().enumerate() {
+            assert_eq!(*r as u32, i as u32, "{r:?}");
+        }
+    }
+    #[test]
+    fn reports_are_single_lines_and_an_error_wins() {
+        for r in [Report::Exit(0), Report::Exit(7), Report::Signal(9), Report::Error("at `mount`: EPERM".into())] {
+            assert_eq!(Report::parse(&r.line()), Some(r));
+        }
+        assert_eq!(Report::Error("two\nlines".into()).line(), "error two lines\n");
+        assert_eq!(Report::of_stream("exit 1\nexit 3\n"), Some(Report::Exit(3)));
+        assert_eq!(Report::of_stream("exit 0\nerror setup\nsignal 9\n"), Some(Report::Error("setup".into())));
+        assert_eq!(Report::of_stream("ok\ngarbage\n"), None);
+        assert_eq!(Report::of_wait_status(9), Report::Signal(9));
+        assert_eq!(Report::of_wait_status(3 << 8), Report::Exit(3));
     }
 
     #[test]
