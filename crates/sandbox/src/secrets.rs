@@ -4,9 +4,9 @@
 //! about the host it needs are gathered in one place ([`Host::gather`]).
 //!
 //! Hiding is a mount over the path (an empty, read-only directory or file), so the command
-//! finds nothing there, and its writes fail. Only paths that exist are listed: the list then
-//! names exactly what is hidden, and a warm server built for it is retired when a secret
-//! appears (the list, and with it the server's key, changes).
+//! finds nothing there, and its writes fail. The list does not depend on what exists (looking
+//! costs a `stat` each, on every run): the mount skips a missing path, and a warm server
+//! watches where each would appear (`warm::server`), and retires when one does.
 
 use std::path::{Path, PathBuf};
 
@@ -144,9 +144,8 @@ pub struct Host {
 
 /// Every path to hide, sorted, none beneath another, none that must stay visible: the
 /// workspace and the writable paths, and every directory above them (hiding one would hide
-/// them). `exists` filters to what is there (the host's filesystem at the edge; a set in
-/// tests).
-pub fn hidden(host: &Host, workspace: &Path, writable: &[PathBuf], exists: &dyn Fn(&Path) -> bool) -> Vec<PathBuf> {
+/// them).
+pub fn hidden(host: &Host, workspace: &Path, writable: &[PathBuf]) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = SYSTEM.iter().chain(SOCKET_PLACES).map(PathBuf::from).collect();
     if let Some(h) = &host.home {
         v.extend(IN_HOME.iter().map(|rel| h.join(rel)));
@@ -163,7 +162,7 @@ pub fn hidden(host: &Host, workspace: &Path, writable: &[PathBuf], exists: &dyn 
             || writable.iter().any(|w| w.starts_with(p))
             || host.home.as_ref().is_some_and(|h| h.starts_with(p))
     };
-    v.retain(|p| p.is_absolute() && !keep(p) && exists(p));
+    v.retain(|p| p.is_absolute() && !keep(p));
     v.sort();
     v.dedup();
     // A path beneath another hidden one is hidden with it.
@@ -195,12 +194,6 @@ impl Host {
     }
 }
 
-/// Whether `p` exists (without following a final symlink: a dangling link hides nothing, and
-/// a link is covered where it points).
-pub fn exists(p: &Path) -> bool {
-    std::fs::symlink_metadata(p).is_ok()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -215,17 +208,13 @@ mod tests {
         }
     }
 
-    fn all(_: &Path) -> bool {
-        true
-    }
-
     fn has(v: &[PathBuf], p: &str) -> bool {
         v.iter().any(|x| x == Path::new(p))
     }
 
     #[test]
     fn other_homes_keys_credentials_and_sockets_are_hidden() {
-        let v = hidden(&host(), Path::new("/home/ann/work"), &[], &all);
+        let v = hidden(&host(), Path::new("/home/ann/work"), &[]);
         for p in [
             "/home/bob",
             "/home/cy",
@@ -258,25 +247,18 @@ mod tests {
         let mut h = host();
         h.root = true;
         h.home = Some("/root".into());
-        let v = hidden(&h, Path::new("/home/bob/project"), &["/home/cy/cache".into()], &all);
+        let v = hidden(&h, Path::new("/home/bob/project"), &["/home/cy/cache".into()]);
         assert!(!has(&v, "/home/bob") && !has(&v, "/home/cy") && !has(&v, "/root"), "{v:#?}");
         assert!(has(&v, "/home/ann") && has(&v, "/root/.ssh"), "{v:#?}");
         // A workspace inside a secret directory keeps that directory visible.
-        let v = hidden(&host(), Path::new("/home/ann/.aws/tooling"), &[], &all);
+        let v = hidden(&host(), Path::new("/home/ann/.aws/tooling"), &[]);
         assert!(!has(&v, "/home/ann/.aws"), "{v:#?}");
-    }
-
-    #[test]
-    fn only_what_exists_is_listed() {
-        let present = |p: &Path| p == Path::new("/etc/shadow") || p.starts_with("/home/bob");
-        let v = hidden(&host(), Path::new("/w"), &[], &present);
-        assert_eq!(v, [PathBuf::from("/etc/shadow"), PathBuf::from("/home/bob")]);
     }
 
     #[test]
     fn without_a_home_only_the_host_rules_apply() {
         let h = Host { homes: vec!["/home/x".into()], ..Host::default() };
-        let v = hidden(&h, Path::new("/w"), &[], &all);
+        let v = hidden(&h, Path::new("/w"), &[]);
         assert!(has(&v, "/home/x") && has(&v, "/root") && has(&v, "/etc/ssh"));
         assert!(!v.iter().any(|p| p.ends_with(".ssh")), "{v:#?}");
     }

@@ -401,12 +401,7 @@ pub(crate) fn execute(
     // Everything else by rule: other homes, host keys, credentials, sockets' places, other
     // state directories (txbox_sandbox::secrets).
     let host = txbox_sandbox::secrets::Host::gather(other_states(&env.workspace));
-    spec.hide.extend(txbox_sandbox::secrets::hidden(
-        &host,
-        &env.workspace,
-        &spec.writable,
-        &txbox_sandbox::secrets::exists,
-    ));
+    spec.hide.extend(txbox_sandbox::secrets::hidden(&host, &env.workspace, &spec.writable));
     spec.cwd = env.cwd_for(cwd);
     spec.userns = !rustix::process::geteuid().is_root();
     spec.uid = rustix::process::getuid().as_raw();

@@ -457,3 +457,23 @@ fn a_client_inside_another_pid_namespace_is_refused() {
         assert!(served_warm(&o), "{who:?}: {}", describe(&o));
     }
 }
+
+/// A secret whose directory did not exist either when the server started: the directory
+/// appears first (nothing secret yet: served warm), then the secret in it.
+#[test]
+fn a_secret_in_a_directory_made_after_the_server_started_is_still_hidden() {
+    let s = Scratch::new("warm-nested-secret");
+    let home = s.root.join("home");
+    std::fs::create_dir(&home).unwrap();
+    let h = home.to_str().unwrap();
+    warm_up_with_home(&s, h);
+    std::fs::create_dir(home.join(".config")).unwrap();
+    std::fs::write(home.join(".config/ordinary.toml"), "x = 1\n").unwrap();
+    let o = run_timed(As::Me, &s, "cat ~/.config/ordinary.toml", &[("HOME", h)]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "x = 1\n", "{}", describe(&o));
+    warm_up_with_home(&s, h);
+    std::fs::create_dir(home.join(".config/gh")).unwrap();
+    std::fs::write(home.join(".config/gh/hosts.yml"), "oauth_token: GHTOKEN\n").unwrap();
+    let o = run_timed(As::Me, &s, "cat ~/.config/gh/hosts.yml", &[("HOME", h)]);
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("GHTOKEN"), "{}", describe(&o));
+}

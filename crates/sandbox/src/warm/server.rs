@@ -276,17 +276,26 @@ fn same_object(a: &OwnedFd, b: &OwnedFd) -> bool {
 /// secret that appears later was never covered: either way the secret would show here, so a
 /// difference makes the server stop serving (the run then builds its own sandbox, which hides
 /// the secret as it is now).
-struct Hidden(Vec<(PathBuf, Option<(u64, u64)>)>);
+///
+/// Looking at every secret for every request costs a `stat` each (a hundred, with the rule of
+/// `crate::secrets`); so the directories where they are, or would appear, are watched
+/// (inotify, for the names that matter), and the secrets are looked at only when one of those
+/// names moved. Without inotify (no instance left), every request looks.
+struct Hidden {
+    paths: Vec<(PathBuf, Option<(u64, u64)>)>,
+    watch: std::cell::RefCell<Option<Watch>>,
+}
 
 impl Hidden {
     fn now(spec: &SandboxSpec) -> Hidden {
-        Hidden(
-            spec.hide
-                .iter()
-                .filter(|h| !h.starts_with(&spec.workspace))
-                .map(|h| (h.clone(), Self::identity(h)))
-                .collect(),
-        )
+        let paths: Vec<PathBuf> = spec.hide.iter().filter(|h| !h.starts_with(&spec.workspace)).cloned().collect();
+        // Watching first: whatever moves while the identities are taken is seen.
+        let watch = Watch::of(&paths);
+        let paths = paths.into_iter().map(|h| {
+            let id = Self::identity(&h);
+            (h, id)
+        });
+        Hidden { paths: paths.collect(), watch: std::cell::RefCell::new(watch) }
     }
 
     /// What `p` is from inside: the cover over it (followed through a symlink, as the cover
@@ -297,7 +306,87 @@ impl Hidden {
 
     /// The first secret that is no longer what it was.
     fn changed(&self) -> Option<&Path> {
-        self.0.iter().find(|(p, was)| Self::identity(p) != *was).map(|(p, _)| p.as_path())
+        let Ok(mut watch) = self.watch.try_borrow_mut() else { return self.look() };
+        if watch.as_ref().is_some_and(|w| !w.stirred()) {
+            return None;
+        }
+        // Watch anew (a directory that appeared is watched now) before looking.
+        let paths: Vec<PathBuf> = self.paths.iter().map(|(p, _)| p.clone()).collect();
+        *watch = Watch::of(&paths);
+        self.look()
+    }
+
+    fn look(&self) -> Option<&Path> {
+        self.paths.iter().find(|(p, was)| Self::identity(p) != *was).map(|(p, _)| p.as_path())
+    }
+}
+
+/// inotify watches on the directories that hold the hidden paths (or the nearest one that
+/// exists, for a path whose directory does not), each for the names that lead to them.
+struct Watch {
+    fd: OwnedFd,
+    names: std::collections::HashMap<i32, Vec<OsString>>,
+}
+
+impl Watch {
+    fn of(paths: &[PathBuf]) -> Option<Watch> {
+        use rustix::fs::inotify;
+        let fd = inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK).ok()?;
+        let flags = inotify::WatchFlags::CREATE
+            | inotify::WatchFlags::DELETE
+            | inotify::WatchFlags::MOVED_FROM
+            | inotify::WatchFlags::MOVED_TO
+            | inotify::WatchFlags::DELETE_SELF
+            | inotify::WatchFlags::MOVE_SELF
+            | inotify::WatchFlags::ONLYDIR;
+        let mut names: std::collections::HashMap<i32, Vec<OsString>> = std::collections::HashMap::new();
+        for p in paths {
+            // A symlink's cover is where it points: that name matters too.
+            let target = rustix::fs::lstat(p)
+                .ok()
+                .filter(|st| st.st_mode & libc::S_IFMT == libc::S_IFLNK)
+                .and_then(|_| std::fs::canonicalize(p).ok());
+            for q in std::iter::once(p.clone()).chain(target) {
+                let (dir, name) = nearest_existing(&q)?;
+                let wd = inotify::add_watch(&fd, &dir, flags).ok()?;
+                names.entry(wd).or_default().push(name);
+            }
+        }
+        Some(Watch { fd, names })
+    }
+
+    /// Whether one of the watched names moved since the last call (or the kernel lost track).
+    fn stirred(&self) -> bool {
+        use rustix::fs::inotify::{ReadFlags, Reader};
+        let mut buf = [std::mem::MaybeUninit::uninit(); 4096];
+        let mut reader = Reader::new(&self.fd, &mut buf);
+        let mut moved = false;
+        loop {
+            match reader.next() {
+                Ok(ev) => {
+                    let lost =
+                        ReadFlags::QUEUE_OVERFLOW | ReadFlags::IGNORED | ReadFlags::DELETE_SELF | ReadFlags::MOVE_SELF;
+                    let named = ev.file_name().is_some_and(|n| {
+                        self.names.get(&ev.wd()).is_some_and(|v| v.iter().any(|x| x.as_bytes() == n.to_bytes()))
+                    });
+                    moved |= ev.events().intersects(lost) || named;
+                }
+                Err(rustix::io::Errno::AGAIN) => return moved,
+                Err(_) => return true,
+            }
+        }
+    }
+}
+
+/// The nearest directory above `p` that exists, and the name in it on the way to `p`.
+fn nearest_existing(p: &Path) -> Option<(PathBuf, OsString)> {
+    let mut child = p;
+    loop {
+        let parent = child.parent()?;
+        if rustix::fs::stat(parent).is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR) {
+            return Some((parent.to_path_buf(), child.file_name()?.to_os_string()));
+        }
+        child = parent;
     }
 }
 
