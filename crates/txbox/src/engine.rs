@@ -368,9 +368,13 @@ fn warm_socket(state: &StateDir, spec: &SandboxSpec) -> Option<PathBuf> {
     txbox_sandbox::warm::fits(&p).then_some(p)
 }
 
-/// Other users' (and this user's other) state directories at the root of the workspace's
-/// filesystem: `.txbox-state-<uid>`.
+/// Other users' state directories at the root of the workspace's filesystem
+/// (`.txbox-state-<uid>`). Only root can read another user's (they are 0700), so only root's
+/// runs look (this user's own is hidden with the state directory).
 fn other_states(workspace: &Path) -> Vec<PathBuf> {
+    if !rustix::process::geteuid().is_root() {
+        return Vec::new();
+    }
     let Some(root) = txbox_txn::layout::mount_root(workspace) else { return Vec::new() };
     let Ok(dir) = std::fs::read_dir(&root) else { return Vec::new() };
     dir.flatten()
