@@ -574,3 +574,64 @@ fn doctor_says_what_keeps_host_sockets_out_and_what_stands_in() {
         check(name);
     }
 }
+
+// ---------------------------------------------------------------------------------------------
+// The sandbox's init and the socket supervisor are out of the command's reach
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn init_and_the_supervisor_are_out_of_reach() {
+    let probe = r#"import ctypes, os, signal
+libc = ctypes.CDLL(None, use_errno=True)
+def attempt(name, f):
+    try:
+        f()
+        print("REACHED", name)
+    except OSError as e:
+        print("refused", name, e.errno)
+def init_fds():
+    # The numbers may be listed (root owns the directory); what they are must stay closed.
+    try:
+        fds = os.listdir("/proc/1/fd")
+    except OSError:
+        fds = ["0", "3"]
+    for fd in fds:
+        for use in (lambda: os.readlink("/proc/1/fd/" + fd), lambda: os.open("/proc/1/fd/" + fd, os.O_RDONLY)):
+            try:
+                use()
+                return
+            except OSError as e:
+                err = e
+    raise err
+attempt("init-fds", init_fds)
+attempt("init-mem", lambda: open("/proc/1/mem", "rb").read(1))
+attempt("init-environ", lambda: open("/proc/1/environ", "rb").read(1))
+r = libc.ptrace(16, 1, 0, 0)
+print("REACHED ptrace-init" if r == 0 else "refused ptrace-init %d" % ctypes.get_errno())
+# Landlock's signal scope refuses these (EPERM); without it the kernel drops them (pid 1 of
+# a namespace gets no signal from inside it has no handler for): init lives on either way.
+for sig in (signal.SIGKILL, signal.SIGTERM, signal.SIGSTOP):
+    try:
+        os.kill(1, sig)
+        print("signal sent", sig)
+    except OSError as e:
+        print("signal blocked", sig, e.errno)
+names = sorted(open("/proc/%s/comm" % p).read().strip() for p in os.listdir("/proc") if p.isdigit())
+print("processes", " ".join(names))
+"#;
+    for who in identities() {
+        let s = scratch(who, "init");
+        for mode in MODES {
+            let o = run_in(who, &s, mode, &[], &["--", "python3", "-c", probe]);
+            let out = String::from_utf8_lossy(&o.stdout);
+            // init survived its signals: the run completed and reported.
+            assert_eq!(o.status.code(), Some(0), "{who:?} {mode:?}: {}", describe(&o));
+            assert!(!out.contains("REACHED"), "{who:?} {mode:?}: {out}");
+            assert_eq!(out.matches("refused").count(), 4, "{who:?} {mode:?}: {out}");
+            // Only the sandbox's own processes: no supervisor among them.
+            let procs = out.lines().find_map(|l| l.strip_prefix("processes ")).unwrap_or_default();
+            assert!(!procs.contains("txbox-sockets"), "{who:?} {mode:?}: {procs}");
+            assert!(procs.split(' ').count() <= 3, "{who:?} {mode:?}: {procs}");
+        }
+    }
+}
