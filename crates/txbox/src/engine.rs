@@ -257,8 +257,24 @@ fn warm_socket(state: &StateDir, spec: &SandboxSpec) -> Option<PathBuf> {
     if std::env::var_os("TXBOX_WARM").is_some_and(|v| v == "0") {
         return None;
     }
-    let p = state.warm_dir().join(format!("{}.sock", spec.sandbox_key()));
+    // Named by this binary too: another one's server is never asked.
+    let p = state.warm_dir().join(txbox_sandbox::warm::socket_name(spec, &txbox_sandbox::warm::binary_id()));
     txbox_sandbox::warm::fits(&p).then_some(p)
+}
+
+/// Other users' state directories at the root of the workspace's filesystem
+/// (`.txbox-state-<uid>`). Only root can read another user's (they are 0700), so only root's
+/// runs look (this user's own is hidden with the state directory).
+fn other_states(workspace: &Path) -> Vec<PathBuf> {
+    if !rustix::process::geteuid().is_root() {
+        return Vec::new();
+    }
+    let Some(root) = txbox_txn::layout::mount_root(workspace) else { return Vec::new() };
+    let Ok(dir) = std::fs::read_dir(&root) else { return Vec::new() };
+    dir.flatten()
+        .filter(|e| e.file_name().as_encoded_bytes().starts_with(txbox_txn::layout::AT_MOUNT_PREFIX.as_bytes()))
+        .map(|e| e.path())
+        .collect()
 }
 
 // Each argument is one independent input of the sandbox; grouping them would only rename them.
@@ -283,10 +299,10 @@ pub(crate) fn execute(
     spec.hide = env.state.hidden().to_vec();
     // The policy in force is neither readable for tricks nor writable for the command.
     spec.hide.extend(policy_file.and_then(|p| std::fs::canonicalize(p).ok()));
-    let home = std::env::var_os("HOME").map(PathBuf::from);
-    spec.hide.extend(
-        txbox_sandbox::spec::default_secrets(home.as_deref()).into_iter().filter(|p| !env.workspace.starts_with(p)),
-    );
+    // Everything else by rule: other homes, host keys, credentials, sockets' places, other
+    // state directories (txbox_sandbox::secrets).
+    let host = txbox_sandbox::secrets::Host::gather(other_states(&env.workspace));
+    spec.hide.extend(txbox_sandbox::secrets::hidden(&host, &env.workspace, &spec.writable));
     spec.cwd = env.cwd_for(cwd);
     spec.userns = !rustix::process::geteuid().is_root();
     spec.uid = rustix::process::getuid().as_raw();

@@ -203,6 +203,41 @@ pub fn steps_root(state_root: &Path, id: &str, workspace: &Path) -> Option<PathB
     Some(layers_next_to(workspace)?.join(id))
 }
 
+/// One overlay layer of a transaction: its id, its step (a session's; None for a run) and
+/// whether it is the upper directory (else the work directory).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayerName {
+    pub id: String,
+    pub step: Option<u32>,
+    pub upper: bool,
+}
+
+/// Which layer `rel` (a path relative to a state directory) is, if it is one:
+/// `tx/<id>/{upper,work}` (a run) or `tx/<id>/steps/<n>/{upper,work}` (a session's step), with
+/// a valid id and a plain decimal step. A warm server lays overlays only on these.
+pub fn layer_name(rel: &Path) -> Option<LayerName> {
+    let parts: Vec<&str> = rel
+        .components()
+        .map(|c| match c {
+            Component::Normal(n) => n.to_str(),
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    let part = |p: &str| match p {
+        UPPER => Some(true),
+        WORK => Some(false),
+        _ => None,
+    };
+    let (id, step, upper) = match parts.as_slice() {
+        [TX, id, p] => (*id, None, part(p)?),
+        [TX, id, STEPS, n, p] if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && !n.starts_with('0') => {
+            (*id, Some(n.parse().ok()?), part(p)?)
+        }
+        _ => return None,
+    };
+    valid_id(id).then(|| LayerName { id: id.to_string(), step, upper })
+}
+
 /// `<parent>/.<name>.txbox-layers` for a workspace.
 pub fn layers_next_to(workspace: &Path) -> Option<PathBuf> {
     let (parent, name) = (workspace.parent()?, workspace.file_name()?);
@@ -356,6 +391,30 @@ mod tests {
         }
         for bad in ["w", "/w/../etc", "./w", ""] {
             assert!(!is_normal_absolute(Path::new(bad)), "{bad}");
+        }
+    }
+
+    #[test]
+    fn layers_are_named_by_transaction_and_step() {
+        let id = "0123456789abcdef";
+        let l = |s: &str| layer_name(Path::new(s));
+        assert_eq!(l(&format!("tx/{id}/upper")), Some(LayerName { id: id.into(), step: None, upper: true }));
+        assert_eq!(
+            l(&format!("tx/{id}/steps/12/work")),
+            Some(LayerName { id: id.into(), step: Some(12), upper: false })
+        );
+        for bad in [
+            format!("tx/{id}/trash"),
+            format!("tx/{id}/steps/01/upper"),
+            format!("tx/{id}/steps/x/upper"),
+            format!("tx/{id}/../{id}/upper"),
+            format!("tx/{id}/upper/sub"),
+            "tx/.spare-0/upper".to_string(),
+            "journal/upper".to_string(),
+            format!("/tx/{id}/upper"),
+            "gone/0123456789abcdef/upper".to_string(),
+        ] {
+            assert_eq!(l(&bad), None, "{bad}");
         }
     }
 
