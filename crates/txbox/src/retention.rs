@@ -1,37 +1,44 @@
 //! The retention budget in force (how much undo data is kept): the environment
 //! (`TXBOX_RETAIN_COUNT`, `TXBOX_RETAIN_SIZE`, `TXBOX_RETAIN_MIN_FREE`) over the configuration
-//! file's keys (`retain_count`, `retain_size`, `retain_min_free`, in `$TXBOX_CONFIG` or
-//! `~/.config/txbox/config.toml`) over the defaults ([`Budget::DEFAULT`]: 500 transactions,
+//! file's keys (`retain_count`, `retain_size`, `retain_min_free`, in the file `crate::config`
+//! reads, and only from one no sandboxed command could have written) over the defaults ([`Budget::DEFAULT`]: 500 transactions,
 //! 1 GiB, and 1 GiB or 5% of the filesystem, whichever is less, kept free). The free share is a
 //! size (`2G`) or a percentage (`5%`). A count or size of 0 turns retention off.
 
-use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use txbox_txn::retain::{Budget, MinFree};
 
-/// The retention keys of the configuration file (other keys are the shim's).
-#[derive(Debug, Default, serde::Deserialize)]
+/// The retention keys of the configuration file.
+#[derive(Debug, Default)]
 struct Keys {
     retain_count: Option<u64>,
     retain_size: Option<String>,
     retain_min_free: Option<String>,
 }
 
+/// The retention keys of the configuration file (`crate::config`), refused from a file a
+/// sandboxed command could have written (as every key that widens confinement is).
 fn config_keys() -> Result<Keys, String> {
-    let (path, required) = match std::env::var_os("TXBOX_CONFIG") {
-        Some(p) => (PathBuf::from(p), true),
-        None => match std::env::var_os("HOME") {
-            Some(h) => (PathBuf::from(h).join(".config/txbox/config.toml"), false),
-            None => return Ok(Keys::default()),
-        },
-    };
-    let text = match std::fs::read_to_string(&path) {
+    let Some(src) = crate::config::Source::default_location() else { return Ok(Keys::default()) };
+    let text = match std::fs::read_to_string(&src.path) {
         Ok(t) => t,
-        Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => return Ok(Keys::default()),
-        Err(e) => return Err(format!("reading {}: {e}", path.display())),
+        Err(e) if !src.required && e.kind() == std::io::ErrorKind::NotFound => return Ok(Keys::default()),
+        Err(e) => return Err(format!("reading {}: {e}", src.path.display())),
     };
-    toml::from_str(&text).map_err(|e| format!("{}: {e}", path.display()))
+    let c = crate::config::Config::parse(&text, &src.path).map_err(|e| e.message)?;
+    let set = c.retain_keys();
+    if !set.is_empty() {
+        if let Some(why) = crate::config::Untrusted::default().reason(&src.path) {
+            return Err(format!(
+                "configuration {} refused: it lies {why}, where a sandboxed command can write, and sets {}; \
+                 move it outside every workspace and txbox's state directory, or remove those keys",
+                src.path.display(),
+                set.join(", ")
+            ));
+        }
+    }
+    Ok(Keys { retain_count: c.retain_count, retain_size: c.retain_size, retain_min_free: c.retain_min_free })
 }
 
 /// What to leave free: a percentage (`5%`) or a size (`2G`, `0`).

@@ -4,14 +4,17 @@
 //! stderr only when it refuses (126), fails (125), hits a conflict (3) or a limit kills the command.
 //!
 //! A shell drop-in gets no txbox flags, so configuration comes from the environment:
-//! `TXBOX_WORKSPACE` (default: the current directory), `TXBOX_STATE_DIR`, `TXBOX_TIMEOUT`.
+//! `TXBOX_WORKSPACE` (default: the current directory), `TXBOX_STATE_DIR`, `TXBOX_TIMEOUT`,
+//! `TXBOX_PASS_ENV`, and from the configuration file (`txbox::config`).
 
 use std::ffi::OsString;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use anyhow::Result;
+use txbox::api::ApiError;
+use txbox::config::{Config, Source, Untrusted};
 use txbox::engine::{self, Command, Io, Outcome, RunRequest};
+use txbox::options::Seconds;
 use txbox::render;
 use txbox_policy::Policy;
 
@@ -79,72 +82,32 @@ pub fn parse(args: &[OsString]) -> Option<(OsString, Vec<OsString>)> {
     Some((script, argv))
 }
 
-/// The shim's configuration file (all keys optional).
-#[derive(Debug, Default, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Config {
-    pub workspace: Option<PathBuf>,
-    pub state_dir: Option<PathBuf>,
-    pub policy: Option<PathBuf>,
-    pub timeout: Option<f64>,
-    pub memory: Option<String>,
-    pub pids: Option<u64>,
-    pub max_write: Option<String>,
-    pub network: Option<String>,
-    // Retention of undo data: read by `txbox::retention` (for every subcommand), accepted here.
-    #[serde(rename = "retain_count")]
-    _retain_count: Option<u64>,
-    #[serde(rename = "retain_size")]
-    _retain_size: Option<String>,
-    #[serde(rename = "retain_min_free")]
-    _retain_min_free: Option<String>,
-}
-
-impl Config {
-    /// `$TXBOX_CONFIG`, else `~/.config/txbox/config.toml`; a missing default file is no
-    /// configuration, a missing or malformed named one is an error.
-    pub fn load() -> Result<Config> {
-        let (path, required) = match std::env::var_os("TXBOX_CONFIG") {
-            Some(p) => (PathBuf::from(p), true),
-            None => match std::env::var_os("HOME") {
-                Some(h) => (PathBuf::from(h).join(".config/txbox/config.toml"), false),
-                None => return Ok(Config::default()),
-            },
-        };
-        let text = match std::fs::read_to_string(&path) {
-            Ok(t) => t,
-            Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => return Ok(Config::default()),
-            Err(e) => anyhow::bail!("reading {}: {e}", path.display()),
-        };
-        toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
-    }
-
-    fn limits(&self, timeout: Option<f64>) -> Result<engine::Limits> {
-        let size =
-            |s: &Option<String>| s.as_deref().map(txbox::size::parse_size).transpose().map_err(|e| anyhow::anyhow!(e));
-        Ok(engine::Limits {
-            timeout: timeout.or(self.timeout).filter(|t| *t > 0.0).map(Duration::from_secs_f64),
-            memory: size(&self.memory)?,
-            pids: self.pids,
-            max_write: size(&self.max_write)?,
-            host_network: self.network.as_deref() == Some("host"),
-            ..engine::Limits::default()
-        })
-    }
-}
-
 pub fn main(state_dir: Option<PathBuf>, args: Vec<OsString>) -> Result<i32> {
     let Some((script, argv)) = parse(&args) else {
         eprintln!("txbox sh: usage: txbox sh [OPTIONS] -c 'STRING' [NAME [ARG...]] (a shell reading a script file or stdin is not supported)");
         return Ok(2);
     };
-    let config = Config::load()?;
     let cwd = std::env::current_dir()?;
-    let env_path = |k: &str| std::env::var_os(k).map(PathBuf::from);
-    let workspace = env_path("TXBOX_WORKSPACE").or(config.workspace.clone()).unwrap_or_else(|| cwd.clone());
+    let env_path = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let flagged_ws = env_path("TXBOX_WORKSPACE");
+    // The configuration may only narrow if it lies where a sandboxed command could write it:
+    // the workspace this run uses (or names), the state directory.
+    let untrusted = Untrusted {
+        workspaces: flagged_ws.iter().cloned().collect(),
+        state_dir: state_dir.clone(),
+        fallback: flagged_ws.is_none().then(|| cwd.clone()),
+    };
+    let config = Config::load(Source::default_location().as_ref(), &untrusted)?;
+    let workspace = flagged_ws.or(config.workspace.clone()).unwrap_or_else(|| cwd.clone());
     let policy_file = env_path("TXBOX_POLICY").or(config.policy.clone());
     let state_dir = state_dir.or(config.state_dir.clone());
-    let timeout = std::env::var("TXBOX_TIMEOUT").ok().and_then(|t| t.parse::<f64>().ok());
+    let mut limits = config.limits.clone();
+    if let Some(t) = std::env::var_os("TXBOX_TIMEOUT").filter(|v| !v.is_empty()) {
+        let t = t.to_string_lossy();
+        limits.timeout = Some(t.parse::<Seconds>().map_err(|e| ApiError::usage(format!("TXBOX_TIMEOUT: {e}")))?);
+    }
+    let mut pass_env = config.pass_env.clone();
+    pass_env.extend(txbox::environ::pass_from_env());
     // The sandbox runs the argv byte for byte; the policy judges the script as text (lossy if it
     // is not UTF-8).
     let command = Command::Script { script: script.to_string_lossy().into_owned(), argv };
@@ -159,17 +122,19 @@ pub fn main(state_dir: Option<PathBuf>, args: Vec<OsString>) -> Result<i32> {
         },
         policy_file: policy_file.clone(),
         io: Io::Inherit,
-        limits: config.limits(timeout)?,
+        limits: limits.to_limits(),
         validate: None,
         no_commit: false,
         keep_on_failure: false,
+        isolation: config.isolation.unwrap_or_default(),
+        pass_env,
     };
     let r = engine::run(&req)?;
     // Speak only when the shell itself would not explain the result: a refusal, a failure of
     // txbox, a conflict, or a limit/timeout that killed the command.
     let killed = r.timed_out || r.limit_exceeded.is_some();
     if killed
-        || matches!(r.outcome, Outcome::Denied | Outcome::Error | Outcome::Conflict)
+        || matches!(r.outcome, Outcome::Denied | Outcome::Error | Outcome::Conflict | Outcome::Held)
         || std::env::var_os("TXBOX_VERBOSE").is_some()
     {
         eprintln!("{}", render::summary(&r));
@@ -183,17 +148,6 @@ mod tests {
 
     fn os(v: &[&str]) -> Vec<OsString> {
         v.iter().map(OsString::from).collect()
-    }
-
-    #[test]
-    fn config_file_keys_and_unknown_keys() {
-        let c: Config = toml::from_str("workspace = \"/w\"\ntimeout = 30\nmemory = \"2G\"\nnetwork = \"host\"\n")
-            .unwrap_or_default();
-        assert_eq!(c.workspace, Some(PathBuf::from("/w")));
-        let l = c.limits(None).unwrap_or_default();
-        assert_eq!((l.memory, l.host_network, l.timeout), (Some(2 << 30), true, Some(Duration::from_secs(30))));
-        assert_eq!(c.limits(Some(5.0)).map(|l| l.timeout).ok().flatten(), Some(Duration::from_secs(5)));
-        assert!(toml::from_str::<Config>("workspaces = 1").is_err(), "a misspelt key must be an error");
     }
 
     #[test]

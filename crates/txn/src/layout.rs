@@ -6,13 +6,14 @@
 //!   elsewhere            state directories in use on other filesystems (sealed lines)
 //! STATE = BASE when it is on the workspace's filesystem (else see `candidates`)
 //!   txbox-state          the marker: this directory was made by txbox (sealed)
-//!   tx/<id>/             a transaction: meta, owner.lock, upper, work, trash   (a run)
+//!   tx/<id>/             a transaction: meta, owner.lock, upper, work, trash,  (a run)
+//!                                       applied (its commit record, once applied)
 //!                                       meta, owner.lock, status, steps/N/{upper,work},
-//!                                       fingerprints, last_step              (a session)
+//!                                       fingerprints, last_step, hold        (a session)
 //!   tx/.spare-<n>        an empty run's directory kept for the next run
 //!   gone/<id>            retired transaction directories, deleted by a collector
 //!   kept/<id>/           a committed transaction's retained directory (undo data, crate::retain):
-//!                        upper, trash, record, retained, retain-pre, bytes, consumed
+//!                        upper, trash, applied, retained, retain-pre, bytes, consumed
 //!   kept/index           retained transactions in the order they were kept, with running totals
 //!   kept/head            where in the index the oldest live entry may be; kept/pending: unmeasured;
 //!                        kept/totals: how many are retained and their bytes
@@ -21,6 +22,8 @@
 //!   locks/gc.lock        held by the collector of `gone`; locks/kept.lock: the retention index's
 //!   warm/                warm sandbox servers' sockets (crate sandbox, through `StateDir::warm_dir`)
 //!   audit.log            the hash-chained audit log
+//!   audit.head           its head record: the last entry's number, hash and offset (sealed)
+//!   reserve              space held back for commits on a full filesystem
 //! ```
 //!
 //! Owns: the names above, the kinds and statuses of transactions, the base directory and the
@@ -51,6 +54,11 @@ pub const RETIRED: &str = "gone";
 pub const AUDIT: &str = "audit.log";
 /// Retained transactions: what an undo needs (crate::retain).
 pub const KEPT: &str = "kept";
+pub const AUDIT_HEAD: &str = "audit.head";
+/// A file of [`RESERVE_BYTES`] allocated blocks, given up when the filesystem is full so that
+/// a commit (a deletion freeing space, say) can still be applied.
+pub const RESERVE: &str = "reserve";
+pub const RESERVE_BYTES: u64 = 4 << 20;
 /// The directories every state directory has.
 pub const SUBDIRS: [&str; 5] = [TX, JOURNAL, LOCKS, RETIRED, KEPT];
 /// The collector's lock (in `locks`).
@@ -79,17 +87,22 @@ pub const OWNER_LOCK: &str = "owner.lock";
 pub const UPPER: &str = "upper";
 pub const WORK: &str = "work";
 pub const TRASH: &str = "trash";
+/// A transaction's commit record once applied: moved here from the journal.
+pub const APPLIED: &str = "applied";
 pub const STEPS: &str = "steps";
 pub const STATUS: &str = "status";
 pub const FINGERPRINTS: &str = "fingerprints";
 pub const LAST_STEP: &str = "last_step";
+/// Why a held transaction waits for a person (sealed): what the commit-time policy found.
+pub const HOLD: &str = "hold";
 pub const DIFF_PREFIX: &str = "diff-";
 
 // Inside `tx/<id>/` (written while committing) and `kept/<id>/` (after).
 /// What an undo needs that the commit record does not say, taken before the commit point (sealed).
 pub const RETAIN_PRE: &str = "retain-pre";
-/// The commit or undo record, kept when it was applied instead of being deleted (sealed).
-pub const KEPT_RECORD: &str = "record";
+/// The commit or undo record once applied (sealed): a commit's is its [`APPLIED`] mark, moved
+/// along with its directory into `kept/`; an undo's is moved there from the journal.
+pub const KEPT_RECORD: &str = APPLIED;
 /// What an undo needs, taken after the transaction was applied (sealed); its presence makes a
 /// retained transaction undoable.
 pub const RETAINED: &str = "retained";
@@ -148,6 +161,9 @@ pub enum Status {
     Open,
     /// Its commit began: a crash before the commit record means it is to be discarded.
     Committing,
+    /// The commit-time policy held it for a person (`txbox approve`, or `rollback`); no more
+    /// steps run in it.
+    Held,
 }
 
 impl Status {
@@ -155,6 +171,7 @@ impl Status {
         match self {
             Status::Open => "open",
             Status::Committing => "committing",
+            Status::Held => "held",
         }
     }
 
@@ -162,6 +179,7 @@ impl Status {
         match s {
             "open" => Some(Status::Open),
             "committing" => Some(Status::Committing),
+            "held" => Some(Status::Held),
             _ => None,
         }
     }
@@ -239,6 +257,41 @@ pub fn steps_root(state_root: &Path, id: &str, workspace: &Path) -> Option<PathB
         return Some(state_root.join(TX).join(id).join(STEPS));
     }
     Some(layers_next_to(workspace)?.join(id))
+}
+
+/// One overlay layer of a transaction: its id, its step (a session's; None for a run) and
+/// whether it is the upper directory (else the work directory).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayerName {
+    pub id: String,
+    pub step: Option<u32>,
+    pub upper: bool,
+}
+
+/// Which layer `rel` (a path relative to a state directory) is, if it is one:
+/// `tx/<id>/{upper,work}` (a run) or `tx/<id>/steps/<n>/{upper,work}` (a session's step), with
+/// a valid id and a plain decimal step. A warm server lays overlays only on these.
+pub fn layer_name(rel: &Path) -> Option<LayerName> {
+    let parts: Vec<&str> = rel
+        .components()
+        .map(|c| match c {
+            Component::Normal(n) => n.to_str(),
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    let part = |p: &str| match p {
+        UPPER => Some(true),
+        WORK => Some(false),
+        _ => None,
+    };
+    let (id, step, upper) = match parts.as_slice() {
+        [TX, id, p] => (*id, None, part(p)?),
+        [TX, id, STEPS, n, p] if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && !n.starts_with('0') => {
+            (*id, Some(n.parse().ok()?), part(p)?)
+        }
+        _ => return None,
+    };
+    valid_id(id).then(|| LayerName { id: id.to_string(), step, upper })
 }
 
 /// `<parent>/.<name>.txbox-layers` for a workspace.
@@ -397,6 +450,30 @@ mod tests {
         }
         for bad in ["w", "/w/../etc", "./w", ""] {
             assert!(!is_normal_absolute(Path::new(bad)), "{bad}");
+        }
+    }
+
+    #[test]
+    fn layers_are_named_by_transaction_and_step() {
+        let id = "0123456789abcdef";
+        let l = |s: &str| layer_name(Path::new(s));
+        assert_eq!(l(&format!("tx/{id}/upper")), Some(LayerName { id: id.into(), step: None, upper: true }));
+        assert_eq!(
+            l(&format!("tx/{id}/steps/12/work")),
+            Some(LayerName { id: id.into(), step: Some(12), upper: false })
+        );
+        for bad in [
+            format!("tx/{id}/trash"),
+            format!("tx/{id}/steps/01/upper"),
+            format!("tx/{id}/steps/x/upper"),
+            format!("tx/{id}/../{id}/upper"),
+            format!("tx/{id}/upper/sub"),
+            "tx/.spare-0/upper".to_string(),
+            "journal/upper".to_string(),
+            format!("/tx/{id}/upper"),
+            "gone/0123456789abcdef/upper".to_string(),
+        ] {
+            assert_eq!(l(&bad), None, "{bad}");
         }
     }
 

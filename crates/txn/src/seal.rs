@@ -202,6 +202,8 @@ pub enum Domain {
     Retained,
     /// What a retained transaction's undo needs, taken before its commit point (crate::retain).
     RetainPre,
+    Hold,
+    AuditHead,
 }
 
 impl Domain {
@@ -216,6 +218,8 @@ impl Domain {
             Domain::UndoRecord => b"txbox undo record v1",
             Domain::Retained => b"txbox retained v1",
             Domain::RetainPre => b"txbox retain pre v1",
+            Domain::Hold => b"txbox hold v1",
+            Domain::AuditHead => b"txbox audit head v1",
         }
     }
 }

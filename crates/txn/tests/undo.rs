@@ -148,8 +148,9 @@ fn commit_retained(ws: &Path, state: &StateDir, id: &str) {
         trash: &tx.join("trash"),
         record: &record,
         seal: state.seal(),
+        relief: None,
     };
-    commit::commit_retaining(&target, &cs, &retain::record_keep_path(state, id), &mut CrashHook::default()).unwrap();
+    commit::commit(&target, &cs, &mut CrashHook::default(), &mut || {}).unwrap();
     let kept =
         retain::keep_commit(state, id, Some(generation), &KeepOptions { budget: budget(), kept_only: false }).unwrap();
     assert!(kept.retained, "{kept:?}");

@@ -2,8 +2,8 @@
 //!
 //! A commit already moves what it removes into its trash and swaps what it replaces into its
 //! upper layer; retention keeps them instead of deleting them: the transaction directory is
-//! renamed to `kept/<id>` (O(1)), with its commit record (kept by
-//! [`crate::commit::commit_retaining`] instead of deleted) and two sealed files of its own:
+//! renamed to `kept/<id>` (O(1)), with its commit record (moved into it as `applied` by
+//! [`crate::commit::finish`]) and two sealed files of its own:
 //! `retain-pre`, taken before the commit point ([`prepare`]: the attributes of directories the
 //! commit sets, the entries of trees it moves in whole as classified), and `retained`, taken
 //! once it is applied ([`keep_commit`]: fingerprints of what it placed, a ctime threshold, its
@@ -144,7 +144,7 @@ pub struct KeepOptions {
     pub kept_only: bool,
 }
 
-/// Where a committed transaction's applied record is kept (`tx/<id>/record`).
+/// Where a committed transaction's applied record is kept (`tx/<id>/applied`).
 pub fn record_keep_path(state: &StateDir, id: &str) -> PathBuf {
     state.tx_dir(id).join(layout::KEPT_RECORD)
 }
@@ -185,7 +185,7 @@ pub fn prepare(state: &StateDir, id: &str, workspace: &Path, cs: &ChangeSet) -> 
         let p = match f {
             // Removing a node changes its directory.
             Fixup::RemoveNode(p) => p.parent().map(Path::to_path_buf).unwrap_or_default(),
-            Fixup::RemoveXattr(p, _) | Fixup::Unescape { path: p, .. } | Fixup::Chmod(p, _) => p.clone(),
+            Fixup::RemoveXattr(p, _) | Fixup::Chmod(p, _) => p.clone(),
         };
         if pre.inner.contains_key(&p) && !pre.restat.contains(&p) {
             pre.restat.push(p);

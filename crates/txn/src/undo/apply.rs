@@ -402,6 +402,17 @@ fn taken_after(
     })
 }
 
+/// An undo recovery finished.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecoveredUndo {
+    pub tx: String,
+    pub workspace: PathBuf,
+    /// What it changed, by step.
+    pub changes: crate::audit::Counts,
+    /// When its record was written (its commit point), in ms since the epoch.
+    pub committed_ms: u64,
+}
+
 /// Finish undos cut short by a crash (records in the journal): of `workspace` only (the caller
 /// holds its lock), or of every workspace, each locked in turn. Temporary records whose writer
 /// is gone are removed. Returns the undos finished.
@@ -410,7 +421,7 @@ pub fn recover_pending(
     workspace: Option<&Path>,
     hook: &mut CrashHook,
     looked_at: &mut usize,
-) -> Result<Vec<(String, PathBuf)>, UndoError> {
+) -> Result<Vec<RecoveredUndo>, UndoError> {
     let journal = state.dir(layout::JOURNAL)?;
     let names = fsx::list(journal.as_fd()).map_err(io_at("list journal", &state.root.join(layout::JOURNAL)))?;
     let mut out = Vec::new();
@@ -434,9 +445,17 @@ pub fn recover_pending(
         };
         // Its undo may have finished while we waited for the lock.
         let Some(rec) = read_pending(state, id)? else { continue };
+        let committed_ms = rustix::fs::statat(&journal, name.as_os_str(), AtFlags::SYMLINK_NOFOLLOW)
+            .map(|st| u64::try_from(st.st_mtime).unwrap_or(0) * 1000 + st.st_mtime_nsec / 1_000_000)
+            .unwrap_or(0);
         let idx = Index::lock(state)?;
         finish(state, &idx, &rec, None, hook, true)?;
-        out.push((rec.tx.clone(), rec.workspace.clone()));
+        out.push(RecoveredUndo {
+            tx: rec.tx.clone(),
+            workspace: rec.workspace.clone(),
+            changes: rec.counts(),
+            committed_ms,
+        });
     }
     Ok(out)
 }

@@ -119,6 +119,21 @@ fn ids(list: &[String]) -> String {
 }
 
 impl UndoRecord {
+    /// What the undo changes in the workspace, counted by step (for the audit entry recovery
+    /// writes; directory attributes are not counted).
+    pub fn counts(&self) -> crate::audit::Counts {
+        let mut c = crate::audit::Counts::default();
+        for op in &self.ops {
+            match op {
+                UndoOp::Restore { .. } => c.added += 1,
+                UndoOp::Exchange { .. } => c.modified += 1,
+                UndoOp::Remove { .. } => c.deleted += 1,
+                UndoOp::Attrs { .. } => {}
+            }
+        }
+        c
+    }
+
     /// The record's text, sealed for its transaction.
     pub fn render(&self, seal: &Seal) -> String {
         let mut b = format!("{MAGIC}\ntx {}\nworkspace {}\n", self.tx, path_to_hex(&self.workspace));
