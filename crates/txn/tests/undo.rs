@@ -134,6 +134,11 @@ fn build(root: &Path) -> Option<(PathBuf, StateDir, String)> {
 
 /// Commit transaction `id` with retention, as the engine does.
 fn commit_retained(ws: &Path, state: &StateDir, id: &str) {
+    commit_kept(ws, state, id, false);
+}
+
+/// [`commit_retained`], saying whether the transaction only kept build output (issue #15).
+fn commit_kept(ws: &Path, state: &StateDir, id: &str, kept_only: bool) {
     let tx = state.tx_dir(id);
     let upper = tx.join("upper");
     let cs = txbox_txn::classify(&upper, ws, &HashSet::new()).unwrap();
@@ -151,8 +156,7 @@ fn commit_retained(ws: &Path, state: &StateDir, id: &str) {
         relief: None,
     };
     commit::commit(&target, &cs, &mut CrashHook::default(), &mut || {}).unwrap();
-    let kept =
-        retain::keep_commit(state, id, Some(generation), &KeepOptions { budget: budget(), kept_only: false }).unwrap();
+    let kept = retain::keep_commit(state, id, Some(generation), &KeepOptions { budget: budget(), kept_only }).unwrap();
     assert!(kept.retained, "{kept:?}");
 }
 
@@ -262,5 +266,42 @@ fn recovery_of_a_cut_undo_is_idempotent_when_cut_itself() {
         assert_eq!(digest(&ws), before, "recovery cut at {m} then resumed did not finish the undo");
         let _ = std::fs::remove_dir_all(&root);
     }
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+#[test]
+fn a_transaction_that_only_kept_build_output_is_not_the_last_commit() {
+    let base = scratch("keptonly");
+    let Some((ws, state, id)) = build(&base) else { return };
+    let before = digest(&ws);
+    commit_retained(&ws, &state, &id);
+    let after = digest(&ws);
+    // A later transaction that only kept build output (committed although its command failed).
+    let kept = TxDir::create(&state, &ws, TxKind::Run).unwrap().id.clone();
+    write(&state.tx_dir(&kept).join("upper/target/out.o"), "object");
+    commit_kept(&ws, &state, &kept, true);
+    assert!(ws.join("target/out.o").exists());
+    // `undo` with no id passes over it to the real last commit; the build output stays.
+    let u = undo_last(&state, &ws, &mut CrashHook::default()).unwrap();
+    assert!(u.conflicts.is_empty(), "{:?}", u.conflicts);
+    assert_eq!(u.undone, vec![id.clone()], "undo took the kept-only transaction for the last commit");
+    assert!(ws.join("target/out.o").exists());
+    let mut without_output = digest(&ws);
+    without_output.retain(|k, _| !k.starts_with(b"target"));
+    assert_eq!(without_output, before);
+    // Redo, then undo the kept-only one by its id: it is undoable that way.
+    undo_last(&state, &ws, &mut CrashHook::default()).unwrap();
+    let r = undo::undo(
+        &state,
+        &ws,
+        &Target::Tx(kept.clone()),
+        &UndoOptions { budget: budget() },
+        &mut CrashHook::default(),
+    )
+    .unwrap();
+    assert!(r.conflicts.is_empty(), "{:?}", r.conflicts);
+    assert_eq!(r.undone, vec![kept]);
+    assert!(!ws.join("target").exists());
+    assert_eq!(digest(&ws), after);
     let _ = std::fs::remove_dir_all(&base);
 }

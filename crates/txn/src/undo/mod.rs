@@ -28,7 +28,7 @@ use std::path::{Path, PathBuf};
 use crate::commit::CrashHook;
 use crate::layout::{self, TxKind};
 use crate::retain::entry::{self, Entry, EntryError};
-use crate::retain::files::RetainedKind;
+use crate::retain::files::{Retained, RetainedKind};
 use crate::retain::index::Index;
 use crate::retain::{self, Budget, Eviction, RetainError, Retention};
 use crate::state::{Logged, StateDir, StateError, TxDir};
@@ -241,11 +241,20 @@ enum Net {
 /// The retained transactions of a range: id → (is an undo, what it undid).
 type Chains = HashMap<String, (bool, Vec<String>)>;
 
-/// A transaction of a range: live (not consumed), only kept build output.
+/// Whether a retained transaction is one of the workspace's commits as undo sees history: what
+/// `txbox undo` with no id calls the last commit, what `--to` undoes, and what is in force for
+/// undo's commit-log conflicts. The one place that rule lives (issue #15: a transaction that
+/// only kept build output, committed although its command failed, is not; it stays undoable
+/// by its id).
+fn is_commit(r: &Retained) -> bool {
+    !r.kept_only
+}
+
+/// A transaction of a range: live (not consumed), one of the workspace's commits ([`is_commit`]).
 struct Row {
     id: String,
     live: bool,
-    kept_only: bool,
+    commit: bool,
 }
 
 /// The net effect, over the range, of each transaction in `range`.
@@ -318,7 +327,7 @@ fn resolve(state: &StateDir, workspace: &Path, target: &Target) -> Result<Resolv
                     )));
                 };
                 match entry::header(state, id) {
-                    Ok((r, None)) if r.kept_only => continue,
+                    Ok((r, None)) if !is_commit(&r) => continue,
                     Ok((_, _)) => return single(state, &history, &mut real, entry::load(state, id, false)?),
                     Err(EntryError::Missing(_)) => {
                         return Err(not_undoable(format!(
@@ -374,7 +383,7 @@ fn range_of(
         match entry::header(state, id) {
             Ok((r, by)) => {
                 range.insert(id.clone(), (r.kind == RetainedKind::Undo, r.undoes.clone()));
-                rows.push(Row { id: id.clone(), live: by.is_none(), kept_only: r.kept_only });
+                rows.push(Row { id: id.clone(), live: by.is_none(), commit: is_commit(&r) });
             }
             Err(EntryError::Missing(_)) if !strict => {}
             Err(EntryError::Missing(_)) => {
@@ -418,7 +427,7 @@ fn single(
             None => log_paths.extend(l.paths.iter().map(|p| (p.clone(), id.clone()))),
             Some(row) => {
                 let in_force =
-                    row.live && !row.kept_only && matches!(net(id, &range, &mut memo), Net::Active | Net::Partial);
+                    row.live && row.commit && matches!(net(id, &range, &mut memo), Net::Active | Net::Partial);
                 if in_force {
                     log_paths.extend(l.paths.iter().map(|p| (p.clone(), id.clone())));
                 }
@@ -457,7 +466,7 @@ fn to(
                 row.id
             )));
         }
-        if row.live && !row.kept_only && n == Net::Active {
+        if row.live && row.commit && n == Net::Active {
             undo.push(entry::load(state, &row.id, false)?);
         } else {
             later.push(entry::load(state, &row.id, true)?);
