@@ -441,8 +441,26 @@ fn space(state: &StateDir) -> Option<(u64, u64)> {
 
 fn low_on_space(state: &StateDir, budget: &Budget) -> bool {
     match space(state) {
-        Some((avail, total)) if total > 0 => avail < budget.min_free.bytes(total),
+        // The reserve is looked for only when it could matter (one `statvfs` when there is room).
+        Some((avail, total)) if total > 0 => {
+            avail < budget.min_free.bytes(total).saturating_add(layout::RESERVE_BYTES)
+                && avail < wanted_free(state, budget, total)
+        }
         _ => false,
+    }
+}
+
+/// What retained data leaves free on a filesystem of `total` bytes: the budget's free share,
+/// and room to make the state directory's space reserve again if it was given up (so that the
+/// next commit on a full disk has it: a deletion that had to take the reserve is not kept at
+/// the cost of it). A free share of 0 asks for nothing.
+fn wanted_free(state: &StateDir, budget: &Budget, total: u64) -> u64 {
+    let share = budget.min_free.bytes(total);
+    let reserve_gone = rustix::fs::statat(state.fd(), layout::RESERVE, AtFlags::SYMLINK_NOFOLLOW).is_err();
+    if share > 0 && reserve_gone {
+        share.saturating_add(layout::RESERVE_BYTES)
+    } else {
+        share
     }
 }
 
@@ -533,7 +551,7 @@ pub fn yield_if_low(state: &StateDir, budget: &Budget) -> Result<Vec<String>, Re
     if !low_on_space(state, budget) {
         return Ok(Vec::new());
     }
-    let want = space(state).map_or(0, |(_, total)| budget.min_free.bytes(total));
+    let want = space(state).map_or(0, |(_, total)| wanted_free(state, budget, total));
     yield_space(state, want)
 }
 
