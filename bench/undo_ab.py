@@ -2,6 +2,10 @@
 """Interleaved A/B of the commits retention touches, and of undo (issue #16).
 
     bench/undo_ab.py --rounds 7 base=/path/to/main/txbox branch=target/release/txbox
+    bench/undo_ab.py --rounds 7 off=target/release/txbox:TXBOX_RETAIN_COUNT=0 on=target/release/txbox
+
+A variant is NAME=BINARY[:VAR=VALUE,...]: the variables are set for its runs (retention off is
+TXBOX_RETAIN_COUNT=0; such a variant is not asked to undo).
 
 Cases, each on a fresh workspace made natively before every timed run:
   delete-tree   `rm -rf big` where big/ holds 10,000 small files (one commit step)
@@ -69,11 +73,16 @@ def main():
     variants = []
     for spec in args.variants:
         name, binary = spec.split("=", 1)
+        extra = {}
+        if ":" in binary:
+            binary, env_spec = binary.split(":", 1)
+            extra = dict(kv.split("=", 1) for kv in env_spec.split(",") if kv)
         d = os.path.join(root, name)
         os.makedirs(os.path.join(d, "state"))
         os.makedirs(os.path.join(d, "home"))
         has_undo = subprocess.run([binary, "undo", "--help"], capture_output=True).returncode == 0
-        variants.append({"name": name, "bin": os.path.abspath(binary), "dir": d, "undo": has_undo})
+        has_undo = has_undo and extra.get("TXBOX_RETAIN_COUNT") != "0"
+        variants.append({"name": name, "bin": os.path.abspath(binary), "dir": d, "undo": has_undo, "env": extra})
     cases = args.cases.split(",")
     results = {v["name"]: {c: {"run": [], "commit": [], "cleanup": [], "undo": [], "kept": []} for c in cases} for v in variants}
 
@@ -83,7 +92,7 @@ def main():
         shutil.rmtree(ws, ignore_errors=True)
         os.makedirs(ws)
         populate(ws, d, n)
-        env = dict(os.environ, HOME=os.path.join(v["dir"], "home"), TXBOX_TIMING="1")
+        env = dict(os.environ, HOME=os.path.join(v["dir"], "home"), TXBOX_TIMING="1", **v["env"])
         env.pop("XDG_STATE_HOME", None)
         state = os.path.join(v["dir"], "state")
         base = [v["bin"], "--state-dir", state]
@@ -133,6 +142,8 @@ def main():
     with open(os.path.join(root, "results.json"), "w") as f:
         json.dump(results, f)
     print(f"raw: {os.path.join(root, 'results.json')}")
+    for v in variants:  # the workspaces and state directories (10,000 files each)
+        shutil.rmtree(v["dir"], ignore_errors=True)
 
 
 if __name__ == "__main__":
