@@ -662,7 +662,12 @@ impl Api {
             (Some(w), _) => return Err(ApiError::forbidden(format!("workspace {} is not served here", w.display()))),
             (None, requested) => self.workspace(requested)?,
         };
-        let req = crate::undo::UndoRequest { workspace, state_dir: self.state_dir.clone(), target };
+        let req = crate::undo::UndoRequest {
+            workspace,
+            state_dir: self.state_dir.clone(),
+            target,
+            judged_by: Some(self.policy.clone()),
+        };
         Ok(capped(crate::undo::undo(&req)?))
     }
 

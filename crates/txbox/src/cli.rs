@@ -647,7 +647,7 @@ fn cmd_undo(state_dir: Option<PathBuf>, json: bool, a: UndoArgs) -> Result<i32> 
         },
         _ => workspace_of(&a.ws)?,
     };
-    let r = txbox::undo::undo(&txbox::undo::UndoRequest { workspace, state_dir, target })?;
+    let r = txbox::undo::undo(&txbox::undo::UndoRequest { workspace, state_dir, target, judged_by: None })?;
     Ok(show(json, &r))
 }
 

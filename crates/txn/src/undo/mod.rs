@@ -64,6 +64,9 @@ pub enum UndoError {
     Injected(usize),
     #[error("{0}")]
     NotUndoable(String),
+    /// The caller's vetting of what the undo would put in place refused it (nothing changed).
+    #[error("{0}")]
+    Refused(String),
     #[error("{0}")]
     Journal(String),
 }
@@ -102,6 +105,21 @@ pub struct Undone {
     pub collector: bool,
 }
 
+/// What an undo would change in the workspace, for a caller to vet before anything changes
+/// ([`undo_vetted`]): every path it would put an object at (each entry inside a directory it
+/// puts back included), with where that object is now, and every path it would remove.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Touched {
+    /// The state directory's `kept/`, which holds every object placed.
+    pub kept: PathBuf,
+    /// (workspace path, the object's path beneath `kept`).
+    pub placed: Vec<(PathBuf, PathBuf)>,
+    pub removed: Vec<PathBuf>,
+}
+
+/// A caller's verdict on [`Touched`]: `Err(why)` refuses the undo ([`UndoError::Refused`]).
+pub type Vet<'a> = &'a dyn Fn(&Touched) -> Result<(), String>;
+
 /// Undo `target` in `workspace` (a real absolute path). Takes the workspace's lock, finishes
 /// what a crash left first, and holds the retention index from planning to the end.
 pub fn undo(
@@ -109,6 +127,19 @@ pub fn undo(
     workspace: &Path,
     target: &Target,
     opts: &UndoOptions,
+    hook: &mut CrashHook,
+) -> Result<Undone, UndoError> {
+    undo_vetted(state, workspace, target, opts, None, hook)
+}
+
+/// [`undo`], with `vet` asked, once the undo is planned and free of conflicts and before its
+/// commit point, whether what it would change may be changed.
+pub fn undo_vetted(
+    state: &StateDir,
+    workspace: &Path,
+    target: &Target,
+    opts: &UndoOptions,
+    vet: Option<Vet<'_>>,
     hook: &mut CrashHook,
 ) -> Result<Undone, UndoError> {
     let _lock = state.lock_workspace(workspace)?;
@@ -141,6 +172,9 @@ pub fn undo(
             evicted: Vec::new(),
             collector: false,
         });
+    }
+    if let Some(vet) = vet {
+        vet(&touched(state, &plan.ops)?).map_err(UndoError::Refused)?;
     }
     let tx = TxDir::create(state, workspace, TxKind::Undo)?;
     let mut parts = Vec::new();
@@ -208,6 +242,43 @@ pub fn undo(
         evicted: r.evicted,
         collector: r.collector || rec.ops.iter().any(|o| matches!(o, record::UndoOp::Remove { .. })),
     })
+}
+
+/// What `ops` would change: the paths they place (a directory put back with every entry inside
+/// it, read from the retained data without following anything) and remove.
+fn touched(state: &StateDir, ops: &[record::UndoOp]) -> Result<Touched, UndoError> {
+    use record::UndoOp;
+    let kept = state.root.join(layout::KEPT);
+    let mut out = Touched { kept: kept.clone(), ..Touched::default() };
+    for op in ops {
+        let (path, kind, src) = match op {
+            UndoOp::Remove { path, .. } => {
+                out.removed.push(path.clone());
+                continue;
+            }
+            UndoOp::Restore { path, kind, src, .. } => (path, *kind, src),
+            UndoOp::Exchange { path, src, src_kind, .. } => (path, *src_kind, src),
+            UndoOp::Attrs { .. } => continue,
+        };
+        out.placed.push((path.clone(), src.beneath_kept()));
+        if kind == crate::meta::Kind::Dir {
+            let mut stack = vec![(src.beneath_kept(), path.clone())];
+            while let Some((rel, at)) = stack.pop() {
+                let dir = kept.join(&rel);
+                let io = |e| UndoError::Io { step: "list retained directory", path: dir.clone(), source: e };
+                for e in std::fs::read_dir(&dir).map_err(io)? {
+                    let e = e.map_err(io)?;
+                    let (inner, inner_rel) = (at.join(e.file_name()), rel.join(e.file_name()));
+                    // The entry's own type: a symlink is never followed.
+                    if e.file_type().map_err(io)?.is_dir() {
+                        stack.push((inner_rel.clone(), inner.clone()));
+                    }
+                    out.placed.push((inner, inner_rel));
+                }
+            }
+        }
+    }
+    Ok(out)
 }
 
 /// What to undo and what to check it against.
