@@ -72,6 +72,10 @@ pub enum EngineError {
     Layers(#[from] txbox_txn::session::LayerError),
     #[error("{0}")]
     Usage(String),
+    /// What txbox itself failed at (a record it wrote that does not read back, a scratch
+    /// directory it could not make): not the caller's doing, exit 125 / HTTP 500.
+    #[error("{0}")]
+    Internal(String),
     #[error("workspace {path}: {source}")]
     Workspace { path: PathBuf, source: std::io::Error },
     #[error(transparent)]
