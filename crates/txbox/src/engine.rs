@@ -799,7 +799,7 @@ pub(crate) fn audit(env: &Env, command: &Command, r: &mut RunResult, started: In
 
 /// The audit of a transaction that may commit: the log is opened before the commit point (a
 /// log that cannot be written refuses the commit: nothing changed), and the entry is appended
-/// at the commit point, where the commit's final flush makes it durable with the change.
+/// at the commit point, and the commit's flush after applying makes it durable with the change.
 pub(crate) struct CommitAudit<'a> {
     env: &'a Env,
     command: &'a Command,

@@ -175,7 +175,7 @@ pub struct CommitTarget<'a> {
 /// the workspace and durable. On Err the transaction is not committed and nothing was changed,
 /// except for [`CommitError::Unfinished`]: committed, and recovery applies the rest.
 /// `at_commit_point` runs once the record is durable, before anything is applied (the audit
-/// entry is appended there, and made durable by the commit's own final flush).
+/// entry is appended there, and made durable by the commit's flush after applying).
 pub fn commit(
     target: &CommitTarget<'_>,
     cs: &ChangeSet,

@@ -130,6 +130,12 @@ impl Batch {
         self.whole_fs.get_or_insert_with(|| root.to_path_buf());
     }
 
+    /// Whether the batch is a `syncfs` already, whatever is added (planning can stop: a commit
+    /// of 10,000 files need not list them to know it).
+    pub fn settled(&self) -> bool {
+        self.whole_fs.is_some() || self.items.len() > MAX_FSYNCS
+    }
+
     /// The flushes, or one `syncfs` of `fs_root`'s filesystem if they cannot all be fsyncs or
     /// there are more than [`MAX_FSYNCS`].
     pub fn finish(self, fs_root: &Path) -> Vec<Flush> {
@@ -161,6 +167,9 @@ pub struct Before<'a> {
 pub fn before_record(b: &Before<'_>, steps: &[JournalStep]) -> io::Result<Vec<Flush>> {
     let mut batch = Batch::default();
     for js in steps {
+        if batch.settled() {
+            break;
+        }
         let path = js.step.path();
         match &js.step {
             Step::Create { kind, .. } | Step::Replace { new: kind, .. } => {
@@ -203,8 +212,21 @@ fn object(batch: &mut Batch, upper: &Path, rel: &Path, kind: Kind) -> io::Result
             let mut names: Vec<_> = std::fs::read_dir(&dir)?.collect::<Result<_, _>>()?;
             names.sort_by_key(|e| e.file_name());
             for e in names {
-                let md = e.metadata()?;
-                object(batch, upper, &rel.join(e.file_name()), Kind::of(&md))?;
+                if batch.settled() {
+                    break;
+                }
+                // The type from the directory entry (no stat unless the filesystem omits it).
+                let ft = e.file_type()?;
+                let kind = if ft.is_dir() {
+                    Kind::Dir
+                } else if ft.is_file() {
+                    Kind::File
+                } else if ft.is_symlink() {
+                    Kind::Symlink
+                } else {
+                    Kind::Special
+                };
+                object(batch, upper, &rel.join(e.file_name()), kind)?;
             }
         }
         // A symlink has no descriptor to fsync; nothing else is ever moved (fixups removed it).
@@ -219,6 +241,9 @@ fn object(batch: &mut Batch, upper: &Path, rel: &Path, kind: Kind) -> io::Result
 pub fn after_apply(workspace: &Path, upper: &Path, trash: &Path, steps: &[JournalStep], logs: &[Flush]) -> Vec<Flush> {
     let mut batch = Batch::default();
     for js in steps {
+        if batch.settled() {
+            break;
+        }
         let path = js.step.path();
         let parent = path.parent().unwrap_or(Path::new(""));
         match &js.step {
