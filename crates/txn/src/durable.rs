@@ -38,8 +38,16 @@ use crate::journal::JournalStep;
 use crate::meta::Kind;
 use crate::plan::Step;
 
-/// Above this many fsyncs a batch is one `syncfs` (measured crossover: docs/BENCHMARKS.md).
+/// Above this many fsyncs a batch is one `syncfs` (docs/BENCHMARKS.md, "Durability of a
+/// one-file commit"). `TXBOX_MAX_FSYNCS=N` sets another bound for a process (0: every batch a
+/// `syncfs`), for measuring on a given disk.
 pub const MAX_FSYNCS: usize = 64;
+
+/// [`MAX_FSYNCS`], or `TXBOX_MAX_FSYNCS` when set (read once).
+pub fn max_fsyncs() -> usize {
+    static MAX: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *MAX.get_or_init(|| std::env::var("TXBOX_MAX_FSYNCS").ok().and_then(|v| v.parse().ok()).unwrap_or(MAX_FSYNCS))
+}
 
 /// Flushes of one batch run on at most this many threads (each holds one descriptor while it
 /// flushes, within the budget `check::FD_BUDGET` keeps for after the commit point).
@@ -133,15 +141,15 @@ impl Batch {
     /// Whether the batch is a `syncfs` already, whatever is added (planning can stop: a commit
     /// of 10,000 files need not list them to know it).
     pub fn settled(&self) -> bool {
-        self.whole_fs.is_some() || self.items.len() > MAX_FSYNCS
+        self.whole_fs.is_some() || self.items.len() > max_fsyncs()
     }
 
     /// The flushes, or one `syncfs` of `fs_root`'s filesystem if they cannot all be fsyncs or
-    /// there are more than [`MAX_FSYNCS`].
+    /// there are more than [`max_fsyncs`].
     pub fn finish(self, fs_root: &Path) -> Vec<Flush> {
         match self.whole_fs {
             Some(root) => vec![Flush::fs(&root)],
-            None if self.items.len() > MAX_FSYNCS => vec![Flush::fs(fs_root)],
+            None if self.items.len() > max_fsyncs() => vec![Flush::fs(fs_root)],
             None => self.items,
         }
     }
