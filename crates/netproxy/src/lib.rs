@@ -8,6 +8,8 @@
 //! - [`upstream`]: the caller's own proxy (`https_proxy`, `no_proxy`);
 //! - [`report`]: what the proxy saw, for the result and the audit log.
 //!
+//! [`preset`] expands `@pypi` and friends from the caller's package managers (it runs them).
+//!
 //! The processes ([`process`]): a broker ([`broker`]), unconfined, the only part that resolves
 //! names and connects, checking the allowlist itself; and the proxy ([`proxy`]), which reads
 //! the sandbox's bytes and is confined first ([`confine`]).
@@ -18,6 +20,7 @@ pub mod broker;
 pub mod confine;
 mod fd;
 pub mod http;
+pub mod preset;
 pub mod process;
 pub mod proxy;
 pub mod report;

@@ -136,7 +136,7 @@ fn refuse_busy(conn: &OwnedFd, shared: &Shared) {
     let (status, reason) = Code::Busy.status();
     let text = format!("txbox: more than {} connections at once", shared.limits.connections);
     let _ = rustix::io::write(conn, &http::response(status, reason, &text));
-    shared.record(refused("", 0, Via::Tunnel, text, Instant::now()));
+    shared.record(refused("", 0, Via::Tunnel, Code::Busy.as_str(), text, Instant::now()));
 }
 
 /// Answer a refused client and close the connection gently: shut our side, then read and
@@ -156,12 +156,13 @@ fn answer_and_close(conn: &OwnedFd, response: &[u8]) {
     }
 }
 
-fn refused(host: &str, port: u16, via: Via, reason: String, started: Instant) -> Connection {
+fn refused(host: &str, port: u16, via: Via, code: &str, reason: String, started: Instant) -> Connection {
     Connection {
         host: host.to_string(),
         port,
         via,
         allowed: false,
+        code: Some(code.to_string()),
         reason: Some(reason),
         address: None,
         upstream: false,
@@ -188,11 +189,15 @@ fn handle(conn: OwnedFd, shared: &Shared) {
         // Gone before saying anything: nothing to record.
         Ok(None) => return,
         Err(why) => {
-            let (status, reason, text) = match why {
-                HeadWait::TooLarge => (431, "Request Header Fields Too Large", http::HeadError::TooLarge.to_string()),
-                HeadWait::Slow => (408, "Request Timeout", "the request head did not arrive in time".to_string()),
+            let (status, reason, code, text) = match why {
+                HeadWait::TooLarge => {
+                    (431, "Request Header Fields Too Large", "too-large", http::HeadError::TooLarge.to_string())
+                }
+                HeadWait::Slow => {
+                    (408, "Request Timeout", "slow", "the request head did not arrive in time".to_string())
+                }
             };
-            shared.record(refused("", 0, Via::Tunnel, text.clone(), started));
+            shared.record(refused("", 0, Via::Tunnel, code, text.clone(), started));
             answer_and_close(&conn, &http::response(status, reason, &format!("txbox: {text}")));
             return;
         }
@@ -201,7 +206,8 @@ fn handle(conn: OwnedFd, shared: &Shared) {
         Ok(r) => r,
         Err(e) => {
             let (status, reason) = e.status();
-            shared.record(refused("", 0, Via::Tunnel, e.to_string(), started));
+            let code = if e == http::HeadError::TooLarge { "too-large" } else { Code::Bad.as_str() };
+            shared.record(refused("", 0, Via::Tunnel, code, e.to_string(), started));
             answer_and_close(&conn, &http::response(status, reason, &format!("txbox: {e}")));
             return;
         }
@@ -213,7 +219,7 @@ fn handle(conn: OwnedFd, shared: &Shared) {
             "{host_text}:{port} is not in this command's allowlist; allow it with --allow-host {}",
             allow_hint(&host, port, via)
         );
-        shared.record(refused(&host_text, port, via, text.clone(), started));
+        shared.record(refused(&host_text, port, via, Code::NotAllowed.as_str(), text.clone(), started));
         answer_and_close(&conn, &http::response(403, "Forbidden", &format!("txbox: {text}")));
         return;
     }
@@ -222,7 +228,7 @@ fn handle(conn: OwnedFd, shared: &Shared) {
         Err(r) => {
             let (status, reason) = r.code.status();
             let response = http::response(status, reason, &format!("txbox: {}", r.text));
-            shared.record(refused(&host_text, port, via, r.text, started));
+            shared.record(refused(&host_text, port, via, r.code.as_str(), r.text, started));
             answer_and_close(&conn, &response);
             return;
         }
@@ -246,6 +252,7 @@ fn handle(conn: OwnedFd, shared: &Shared) {
         port,
         via,
         allowed: true,
+        code: None,
         reason: None,
         address: Some(server.address),
         upstream: server.upstream,
@@ -516,7 +523,8 @@ mod tests {
         let r = h.finish();
         assert_eq!(r.connections.len(), cases.len());
         assert!(r.connections.iter().all(|c| !c.allowed && c.reason.is_some()));
-        assert!(r.refused_hosts().contains(&"evil.example:443".to_string()), "{r:?}");
+        assert!(r.hosts_with(&["not-allowed"]).contains(&"evil.example:443".to_string()), "{r:?}");
+        assert!(r.hosts_with(&["non-public"]).contains(&format!("localhost:{other}")), "{r:?}");
     }
 
     #[test]

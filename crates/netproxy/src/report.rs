@@ -15,8 +15,14 @@ pub struct Connection {
     pub host: String,
     pub port: u16,
     pub via: Via,
+    /// The connection was made (the allowlist allowed it and the host answered).
     pub allowed: bool,
-    /// Why it was refused or failed, for people and agents.
+    /// Why not, for programs: `not-allowed` (not in the allowlist), `non-public` (an allowed
+    /// name resolving to an unlisted non-public address), `resolve`, `connect`, `timeout`,
+    /// `upstream` (the caller's proxy), `busy`, `bad-request`, `too-large`, `slow`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub code: Option<String>,
+    /// Why not, for people and agents.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reason: Option<String>,
     /// The address connected to (the caller's proxy's, when chained).
@@ -64,10 +70,11 @@ impl Report {
         }
     }
 
-    /// Refused connections (listed ones first), as `host:port`, each once.
-    pub fn refused_hosts(&self) -> Vec<String> {
+    /// Connections refused or failed with one of `codes`, as `host:port`, each once.
+    pub fn hosts_with(&self, codes: &[&str]) -> Vec<String> {
         let mut out: Vec<String> = Vec::new();
-        for c in self.connections.iter().filter(|c| !c.allowed && !c.host.is_empty()) {
+        let wanted = |c: &Connection| c.code.as_deref().is_some_and(|k| codes.contains(&k));
+        for c in self.connections.iter().filter(|c| !c.allowed && !c.host.is_empty() && wanted(c)) {
             let hp = format!("{}:{}", c.host, c.port);
             if !out.contains(&hp) {
                 out.push(hp);
@@ -92,6 +99,7 @@ mod tests {
             port: 443,
             via: Via::Tunnel,
             allowed,
+            code: (!allowed).then(|| "not-allowed".to_string()),
             reason: None,
             address: None,
             upstream: false,
@@ -109,7 +117,8 @@ mod tests {
         }
         assert_eq!(r.connections.len(), MAX_LISTED);
         assert_eq!(r.unlisted_allowed + r.unlisted_refused, 5);
-        assert_eq!(r.refused_hosts(), vec!["a.example:443".to_string()]);
+        assert_eq!(r.hosts_with(&["not-allowed"]), vec!["a.example:443".to_string()]);
+        assert!(r.hosts_with(&["resolve"]).is_empty());
         let json = serde_json::to_string(&r).unwrap();
         assert_eq!(serde_json::from_str::<Report>(&json).unwrap(), r);
     }

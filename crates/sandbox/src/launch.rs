@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags};
 
+use crate::net::NET_FD;
 use crate::stage2::{REPORT_FD, SYNC_FD};
 use crate::warm::{Conn, NotWarm};
 
@@ -47,6 +48,9 @@ pub struct LaunchOptions {
     /// The socket of a warm server to try first ([`crate::warm`]); without one, or when it
     /// cannot take the command, the launcher builds a sandbox of its own.
     pub warm: Option<std::path::PathBuf>,
+    /// Network by allowlist: the socket on which stage 2 sends the proxy listener it makes in
+    /// the sandbox ([`crate::net`]); the caller keeps it open while `launch` runs.
+    pub net_handoff: Option<std::os::fd::RawFd>,
 }
 
 /// Where the command ran.
@@ -82,6 +86,8 @@ pub struct Finished {
     /// The limit that made txbox kill the command, if any (`output`, or one from `Watch`).
     pub limit: Option<&'static str>,
     pub warm: WarmUse,
+    /// How often the command tried to reach a network it does not have ([`crate::net`]).
+    pub net_attempts: u64,
 }
 
 struct Sink {
@@ -243,7 +249,8 @@ fn try_warm(
     // forked from the caller has; cgroup limits need stage 2 stopped before it starts.
     let tty = (!opts.null_stdin && std::io::stdin().is_terminal())
         || (opts.capture.is_none() && (std::io::stdout().is_terminal() || std::io::stderr().is_terminal()));
-    if tty || spec.sync {
+    // A proxy's listener is made in a namespace of the run's own (`crate::net`).
+    if tty || spec.sync || spec.proxy_port.is_some() {
         return Err(NotWarm::Unsuitable);
     }
     let pipe = || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|_| NotWarm::Unsuitable);
@@ -284,6 +291,7 @@ pub fn launch(
     let (report_r, report_w) = pipe()?;
     let (sync_r, sync_w) = pipe()?;
     let sr = if spec.sync { sync_r.as_raw_fd() } else { -1 };
+    let net = opts.net_handoff.unwrap_or(-1);
     let w = report_w.as_raw_fd();
     let (mut child, out_r, err_r) = if single_threaded() && std::env::var_os("TXBOX_REEXEC").is_none() {
         let (out, err) = match opts.capture {
@@ -302,7 +310,9 @@ pub fn launch(
         }
         if pid == 0 {
             // SAFETY: in the forked child, with fds inherited from the parent.
-            if !unsafe { install_fds(&[(in_r, 0), (out_w, 1), (err_w, 2), (w, REPORT_FD), (sr, SYNC_FD)]) } {
+            if !unsafe {
+                install_fds(&[(in_r, 0), (out_w, 1), (err_w, 2), (w, REPORT_FD), (sr, SYNC_FD), (net, NET_FD)])
+            } {
                 // SAFETY: leaving the forked child without touching the parent's state.
                 unsafe { libc::_exit(125) };
             }
@@ -322,7 +332,7 @@ pub fn launch(
         // syscalls (fcntl, dup2) on fds that exist in the child.
         unsafe {
             cmd.pre_exec(move || {
-                if install_fds(&[(w, REPORT_FD), (sr, SYNC_FD)]) {
+                if install_fds(&[(w, REPORT_FD), (sr, SYNC_FD), (net, NET_FD)]) {
                     Ok(())
                 } else {
                     Err(std::io::Error::last_os_error())
@@ -427,7 +437,11 @@ fn supervise(
     let status = child.wait()?;
     let text = String::from_utf8_lossy(&report.buf).into_owned();
     let mut exit = None;
+    let mut net_attempts = 0;
     for line in text.lines() {
+        if let Some(n) = crate::net::parse_report_line(line) {
+            net_attempts += n;
+        }
         if let Some(msg) = line.strip_prefix("error ") {
             return Err(SandboxError::Setup(msg.to_string()));
         }
@@ -452,6 +466,7 @@ fn supervise(
         stderr_truncated: err.truncated,
         limit,
         warm,
+        net_attempts,
     })
 }
 

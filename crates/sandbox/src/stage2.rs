@@ -118,8 +118,12 @@ fn run(spec: &SandboxSpec) -> Result<i32, StepError> {
         // SAFETY: closing our own copy of the sync fd; nothing else refers to it.
         unsafe { libc::close(SYNC_FD) };
     }
-    // 1-2. New namespaces, the caller's ids mapped to themselves, loopback up.
+    // 1-2. New namespaces, the caller's ids mapped to themselves, loopback up; the proxy's
+    //      listener handed out, the proxy variables set (network by allowlist, `crate::net`).
     enter_namespaces(spec)?;
+    let mut attempts = crate::net::Attempts::open(spec);
+    crate::net::hand_over_listener(spec)?;
+    crate::net::apply_env(spec);
     // 3. Open every host object a later mount may cover (a workspace below /tmp, /dev/null),
     //    then run the mount plan.
     let mut pins = Pins::default();
@@ -147,8 +151,12 @@ fn run(spec: &SandboxSpec) -> Result<i32, StepError> {
         };
         exit(code);
     }
-    // 5. Wait for init; its exit means the whole pid namespace is gone.
+    // 5. Wait for init; its exit means the whole pid namespace is gone. Then say whether the
+    //    command tried to reach the network it does not have.
     let status = wait_for(pid);
+    if let Some(a) = attempts.as_mut() {
+        report(&a.since_last());
+    }
     // 6. Unmount the workspace view now rather than when the namespace is torn down, so the
     //    upper layer is quiescent before txbox classifies it.
     let _ = rustix::mount::unmount(spec.workspace.as_path(), UnmountFlags::DETACH);

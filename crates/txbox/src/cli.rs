@@ -147,6 +147,10 @@ struct ExecOpts {
     /// `none` (default): a private network namespace with loopback only; `host`: the host's.
     #[arg(long, value_enum, default_value = "none")]
     network: Network,
+    /// Let the command reach these hosts through txbox's proxy (repeatable, comma lists): HOST,
+    /// *.DOMAIN, HOST:PORT, an address, or a preset: @pypi @npm @crates @go @github.
+    #[arg(long = "allow-host", value_name = "SPEC")]
+    allow_host: Vec<String>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -393,14 +397,27 @@ fn limits(o: &ExecOpts) -> Result<engine::Limits> {
         max_output: o.max_output,
         max_write: o.max_write,
         host_network: o.network == Network::Host,
+        allow_hosts: allow_hosts(&o.allow_host, o.network == Network::Host)?,
     })
 }
 
-/// Print a result (JSON on stdout, or the summary on stderr) and return its exit status.
+/// `--allow-host` values, parsed (presets are expanded when the command runs).
+fn allow_hosts(values: &[String], host_network: bool) -> Result<Vec<txbox_netproxy::Spec>> {
+    if host_network && !values.is_empty() {
+        bail!("--allow-host limits a command's network; with --network host it has the host's whole network");
+    }
+    Ok(txbox_netproxy::allow::parse_all(values)?)
+}
+
+/// Print a result (JSON on stdout, or the summary on stderr, after what the network saw) and
+/// return its exit status.
 fn show(json: bool, r: &engine::RunResult) -> i32 {
     if json {
         println!("{}", render::json(r));
     } else {
+        if let Some(hint) = r.network.as_ref().and_then(|n| n.hint.as_deref()) {
+            eprintln!("{hint}");
+        }
         eprintln!("{}", render::summary(r));
     }
     r.exit_code

@@ -153,6 +153,10 @@ pub struct RunResult {
     /// For `exec`: the step number this command ran as.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub step: Option<u32>,
+    /// What the command did with the network (`crate::network`): present with an allowlist, or
+    /// when the command tried to reach a network it did not have.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub network: Option<crate::network::Summary>,
 }
 
 impl RunResult {
@@ -176,6 +180,7 @@ impl RunResult {
             conflicts: Vec::new(),
             skipped: Vec::new(),
             step: None,
+            network: None,
         }
     }
 }
@@ -332,6 +337,8 @@ pub struct Limits {
     /// Bytes the command may write into its upper layer.
     pub max_write: Option<u64>,
     pub host_network: bool,
+    /// `--allow-host` items (network by allowlist; ignored with `host_network`).
+    pub allow_hosts: Vec<txbox_netproxy::Spec>,
 }
 
 /// Where a command's stdio goes.
@@ -367,6 +374,19 @@ fn warm_socket(state: &StateDir, spec: &SandboxSpec) -> Option<PathBuf> {
     txbox_sandbox::warm::fits(&p).then_some(p)
 }
 
+/// A command's fate and what it did with the network.
+pub(crate) struct Executed {
+    pub finished: Finished,
+    pub network: Option<crate::network::Summary>,
+}
+
+impl std::ops::Deref for Executed {
+    type Target = Finished;
+    fn deref(&self) -> &Finished {
+        &self.finished
+    }
+}
+
 pub(crate) fn execute(
     env: &Env,
     cwd: &Path,
@@ -375,7 +395,7 @@ pub(crate) fn execute(
     io: Io,
     limits: &Limits,
     policy_file: Option<&Path>,
-) -> Result<Finished, txbox_sandbox::SandboxError> {
+) -> Result<Executed, txbox_sandbox::SandboxError> {
     let argv = match command {
         Command::Argv(a) | Command::Script { argv: a, .. } => a.clone(),
         Command::Shell(s) => txbox_sandbox::shell_argv(s),
@@ -397,6 +417,10 @@ pub(crate) fn execute(
     spec.host_network = limits.host_network;
     spec.cpu_seconds = limits.cpu_seconds;
     spec.max_file_size = limits.max_write;
+    let exe = Path::new("/proc/self/exe");
+    let (plan, notes) = crate::network::plan(limits.host_network, &limits.allow_hosts, Some(env.state.base()))
+        .map_err(txbox_sandbox::SandboxError::Setup)?;
+    let net = crate::network::Session::start(plan, exe, &mut spec).map_err(txbox_sandbox::SandboxError::Setup)?;
     let mut watch = crate::limits::Watcher::new(layers.upper, limits)?;
     spec.sync = watch.needs_sync();
     let opts = LaunchOptions {
@@ -405,9 +429,10 @@ pub(crate) fn execute(
         null_stdin: io == Io::Api,
         output_limit_kills: limits.max_output.is_some(),
         timeout: limits.timeout,
-        warm: warm_socket(&env.state, &spec),
+        // A proxied run makes its own network namespace (and its listener in it).
+        warm: if spec.proxy_port.is_some() { None } else { warm_socket(&env.state, &spec) },
+        net_handoff: net.handoff(),
     };
-    let exe = Path::new("/proc/self/exe");
     let mut finished = txbox_sandbox::launch(exe, &spec, &opts, &mut watch)?;
     if let (WarmUse::Cold(NotWarm::Absent), Some(socket)) = (&finished.warm, &opts.warm) {
         // No server for sandboxes like this one yet: start one for the next runs. Failing to
@@ -419,11 +444,17 @@ pub(crate) fn execute(
     }
     // Dropping the watcher kills anything left in its cgroup and removes it.
     drop(watch);
-    Ok(finished)
+    let mut network = net.finish(finished.net_attempts);
+    if let Some(n) = network.as_mut() {
+        n.notes = notes;
+    }
+    Ok(Executed { finished, network })
 }
 
 /// Copy a finished command's fate into the result; true when it succeeded (status 0).
-pub(crate) fn record(r: &mut RunResult, finished: Finished) -> bool {
+pub(crate) fn record(r: &mut RunResult, executed: Executed) -> bool {
+    r.network = executed.network;
+    let finished = executed.finished;
     r.stdout = String::from_utf8_lossy(&finished.stdout).into_owned();
     r.stderr = String::from_utf8_lossy(&finished.stderr).into_owned();
     r.stdout_truncated = finished.stdout_truncated;
@@ -720,6 +751,7 @@ pub(crate) fn audit(
         signal: r.signal,
         changes: r.changes.counts(),
         duration_ms: r.duration_ms,
+        network: r.network.as_ref().and_then(|n| serde_json::to_value(n).ok()),
         ..audit::Entry::default()
     };
     audit::append(&env.state.audit_path(), entry, durable)?;

@@ -6,6 +6,7 @@
 pub mod diff;
 pub mod engine;
 pub mod limits;
+pub mod network;
 pub mod progress;
 pub mod render;
 pub mod session;

@@ -19,6 +19,11 @@ fn main() {
     if args.get(1).is_some_and(|a| a == "__warm") {
         txbox_sandbox::warm::server::main(&args[2..], std::path::Path::new(txbox_txn::layout::RETIRED));
     }
+    // The network proxy of one command (txbox_netproxy::process): a broker and, forked from it,
+    // the confined proxy. Started by the engine for a command with an allowlist.
+    if args.get(1).is_some_and(|a| a == txbox_netproxy::process::SUBCOMMAND) {
+        txbox_netproxy::process::main();
+    }
     // Background deletion of retired layers (see engine::drop_tx), in a state directory txbox
     // made (anything else is refused by opening it).
     if args.get(1).is_some_and(|a| a == "__gc") {

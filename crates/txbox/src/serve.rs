@@ -118,6 +118,7 @@ impl RunBody {
             max_output: size(&self.max_output, "max_output")?,
             max_write: size(&self.max_write, "max_write")?,
             host_network,
+            allow_hosts: Vec::new(),
         })
     }
 

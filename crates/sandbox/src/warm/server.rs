@@ -165,6 +165,7 @@ fn listen_build_and_serve(
     // 3. Namespaces, private copies of the two trees every transaction's layers come from,
     //    and every mount that does not depend on the transaction.
     stage2::enter_namespaces(spec)?;
+    crate::net::warm_open(spec);
     let roots = Roots::clone_from(&args.state, &spec.workspace, retired)?;
     let plan = MountPlan::for_warm(spec);
     let mut pins = Pins::default();
@@ -562,6 +563,9 @@ fn serve_one(ready: &Ready<'_>, conn: &OwnedFd, in_use: &mut Option<OwnedFd>) ->
     // so nothing writes to the upper layer any more and the client may classify it. The view
     // is detached afterwards, off the client's path: unmounting waits for an RCU grace period.
     let status = run_command(&req, &command, fds, seccomp, conn, stack);
+    if let Some(line) = crate::net::warm_since_last() {
+        say(conn, &line);
+    }
     match status {
         Ok(line) => say(conn, &line),
         Err(e) => say(conn, &format!("error {}\n", stage2::setup_failed(&e))),
