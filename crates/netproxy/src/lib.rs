@@ -6,7 +6,8 @@
 //! - [`addr`]: which addresses are public;
 //! - [`http`]: the request heads the proxy reads;
 //! - [`upstream`]: the caller's own proxy (`https_proxy`, `no_proxy`);
-//! - [`report`]: what the proxy saw, for the result and the audit log.
+//! - [`report`]: what the proxy saw, for the result and the audit log;
+//! - [`targets`]: the hosts a command line names, for the check before it runs.
 //!
 //! [`preset`] expands `@pypi` and friends from the caller's package managers (it runs them).
 //!
@@ -24,6 +25,7 @@ pub mod preset;
 pub mod process;
 pub mod proxy;
 pub mod report;
+pub mod targets;
 pub mod upstream;
 
 pub use allow::{Allowlist, Host, Preset, Rule, Spec, SpecError, Via};

@@ -43,6 +43,9 @@ enum Sub {
         /// A name to recognise it by in `txbox list`.
         #[arg(long)]
         name: Option<String>,
+        /// Hosts every step may reach through txbox's proxy (as `run --allow-host`).
+        #[arg(long = "allow-host", value_name = "SPEC")]
+        allow_host: Vec<String>,
     },
     /// Run one step inside an open transaction (each step is a savepoint).
     Exec {
@@ -104,6 +107,9 @@ enum Sub {
         token_file: Option<PathBuf>,
         #[command(flatten)]
         policy: PolicyArg,
+        /// Hosts commands may reach through txbox's proxy, at most (requests may only narrow it).
+        #[arg(long = "allow-host", value_name = "SPEC")]
+        allow_host: Vec<String>,
     },
     /// Model Context Protocol server on stdio (tools run, begin, exec, diff, commit, rollback, log).
     Mcp {
@@ -112,6 +118,9 @@ enum Sub {
         workspaces: Vec<PathBuf>,
         #[command(flatten)]
         policy: PolicyArg,
+        /// Hosts commands may reach through txbox's proxy, at most (requests may only narrow it).
+        #[arg(long = "allow-host", value_name = "SPEC")]
+        allow_host: Vec<String>,
     },
 }
 
@@ -208,6 +217,10 @@ enum PolicyCmd {
         ws: WorkspaceArg,
         #[command(flatten)]
         policy: PolicyArg,
+        /// Judge network targets the command names against these hosts (as `run --allow-host`;
+        /// without any, the network is off, as for `run`).
+        #[arg(long = "allow-host", value_name = "SPEC")]
+        allow_host: Vec<String>,
         #[arg(short = 'c', value_name = "STRING")]
         command: String,
     },
@@ -249,8 +262,8 @@ pub fn main(args: Vec<OsString>) -> Result<i32> {
     let state_dir = cli.state_dir;
     match cli.command {
         Sub::Run(a) => cmd_run(state_dir, json, a),
-        Sub::Begin { ws, name } => {
-            let id = session::begin(&workspace_of(&ws)?, state_dir.as_deref(), name.as_deref())?;
+        Sub::Begin { ws, name, allow_host } => {
+            let id = session::begin_with(&workspace_of(&ws)?, state_dir.as_deref(), name.as_deref(), &allow_host)?;
             if json {
                 println!("{}", serde_json::json!({ "tx": id }));
             } else {
@@ -333,7 +346,9 @@ pub fn main(args: Vec<OsString>) -> Result<i32> {
         Sub::Recover(a) => cmd_recover(state_dir, json, a),
         Sub::Demo => crate::demo::run(),
         Sub::Doctor => crate::doctor::run(json),
-        Sub::Policy(PolicyCmd::Check { ws, policy, command }) => cmd_policy_check(json, ws, &policy, &command),
+        Sub::Policy(PolicyCmd::Check { ws, policy, allow_host, command }) => {
+            cmd_policy_check(json, ws, &policy, &allow_host, &command)
+        }
         Sub::Policy(PolicyCmd::Lint { file }) => match txbox_policy::lint(&file) {
             Ok(warnings) => {
                 if json {
@@ -355,10 +370,12 @@ pub fn main(args: Vec<OsString>) -> Result<i32> {
                 Ok(1)
             }
         },
-        Sub::Serve { listen, workspaces, token_file, policy } => {
-            crate::serve::main(&listen, &workspaces, state_dir, token_file.as_deref(), policy.file)
+        Sub::Serve { listen, workspaces, token_file, policy, allow_host } => {
+            crate::serve::main(&listen, &workspaces, state_dir, token_file.as_deref(), policy.file, &allow_host)
         }
-        Sub::Mcp { workspaces, policy } => crate::mcp::main(&workspaces, state_dir, policy.file),
+        Sub::Mcp { workspaces, policy, allow_host } => {
+            crate::mcp::main(&workspaces, state_dir, policy.file, &allow_host)
+        }
         Sub::Policy(PolicyCmd::Show { policy }) => {
             print!("{}", policy.load()?.to_toml());
             Ok(0)
@@ -557,13 +574,21 @@ fn cmd_recover(state_dir: Option<PathBuf>, json: bool, a: WorkspaceArg) -> Resul
     Ok(0)
 }
 
-fn cmd_policy_check(json: bool, ws: WorkspaceArg, policy: &PolicyArg, command: &str) -> Result<i32> {
+fn cmd_policy_check(json: bool, ws: WorkspaceArg, policy: &PolicyArg, allow: &[String], command: &str) -> Result<i32> {
     let cwd = std::env::current_dir().unwrap_or_default();
     let workspace = match &ws.workspace {
         Some(_) => workspace_of(&ws)?,
         None => cwd.clone(),
     };
-    let ev = policy.load()?.evaluate_str(command, &engine::policy_context(&workspace, &cwd));
+    let policy = policy.load()?;
+    let mut ev = policy.evaluate_str(command, &engine::policy_context(&workspace, &cwd));
+    if ev.decision.action != txbox_policy::Action::Deny {
+        let limits = engine::Limits { allow_hosts: allow_hosts(allow, false)?, ..engine::Limits::default() };
+        let limits = txbox::network::with_policy_hosts(&limits, &policy, &[]).map_err(anyhow::Error::msg)?;
+        if let Some(d) = txbox::network::visible_denial(&ev.commands, false, &limits.allow_hosts, None) {
+            ev.decision = d;
+        }
+    }
     if json {
         let d = &ev.decision;
         println!(

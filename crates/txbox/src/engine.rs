@@ -504,8 +504,18 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
     let env = Env::open(&req.workspace, req.state_dir.as_deref())?;
     let cwd = env.cwd_for(&req.cwd);
 
-    // 1. Policy: a denial runs nothing.
-    let evaluation = evaluate(&req.policy, &req.command, &policy_context(&env.workspace, &cwd));
+    // 1. Policy: a denial runs nothing. A network target the command names outside its
+    //    allowlist is denied here too (`crate::network`).
+    let mut evaluation = evaluate(&req.policy, &req.command, &policy_context(&env.workspace, &cwd));
+    let limits = crate::network::with_policy_hosts(&req.limits, &req.policy, &[]).map_err(EngineError::Usage)?;
+    if evaluation.decision.action != Action::Deny {
+        let base = Some(env.state.base());
+        if let Some(d) =
+            crate::network::visible_denial(&evaluation.commands, limits.host_network, &limits.allow_hosts, base)
+        {
+            evaluation.decision = d;
+        }
+    }
     timeline.mark("policy");
     if evaluation.decision.action == Action::Deny {
         let mut r = RunResult::new(txbox_txn::state::new_tx_id(), evaluation.decision);
@@ -523,7 +533,7 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
 
     // 4. Execute in the sandbox.
     let layers = Layers { lower: Vec::new(), upper: &tx.upper, work: &tx.work };
-    let finished = match execute(&env, &cwd, &req.command, layers, req.io, &req.limits, req.policy_file.as_deref()) {
+    let finished = match execute(&env, &cwd, &req.command, layers, req.io, &limits, req.policy_file.as_deref()) {
         Ok(f) => f,
         Err(e) => {
             setup_failed(&mut r, e);

@@ -30,7 +30,8 @@ const LIMIT_PROPS: &str = r#"{
   "cpu": {"type": "integer", "description": "CPU seconds per process."},
   "max_output": {"type": ["integer", "string"], "description": "Output limit per stream; exceeding it kills and rolls back."},
   "max_write": {"type": ["integer", "string"], "description": "Most bytes the command may write into the workspace."},
-  "network": {"type": "string", "enum": ["none", "host"], "description": "none (default): no network but loopback. host: the host's network."},
+  "network": {"type": "string", "enum": ["none", "host"], "description": "none (default): no network but loopback, and the hosts of allow_hosts through txbox's proxy. host: the host's network."},
+  "allow_hosts": {"type": "array", "items": {"type": "string"}, "description": "Hosts the command may reach (HTTP and HTTPS through the proxy txbox sets in HTTPS_PROXY/HTTP_PROXY): \"host\", \"*.domain\", \"host:port\", or presets \"@pypi\", \"@npm\", \"@crates\", \"@go\", \"@github\". Default: everything the server allows; a request may only narrow that. The result's `network` lists every connection, allowed or refused."},
   "keep_on_failure": {"type": "boolean", "description": "Keep a failed command's changes pending for review instead of rolling them back."}
 }"#;
 
@@ -258,8 +259,13 @@ pub(crate) fn http_service(api: Arc<Api>) -> StreamableHttpService<Server, Never
 }
 
 /// Serve MCP on stdin/stdout until the client closes stdin.
-pub fn main(workspaces: &[PathBuf], state_dir: Option<PathBuf>, policy_file: Option<PathBuf>) -> Result<i32> {
-    let api = Arc::new(Api::new(workspaces, state_dir, policy_file)?);
+pub fn main(
+    workspaces: &[PathBuf],
+    state_dir: Option<PathBuf>,
+    policy_file: Option<PathBuf>,
+    allow_hosts: &[String],
+) -> Result<i32> {
+    let api = Arc::new(Api::new(workspaces, state_dir, policy_file)?.with_allow_hosts(allow_hosts)?);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all() // rmcp uses timers (request timeouts)

@@ -38,6 +38,109 @@ pub fn plan(host_network: bool, specs: &[Spec], base: Option<&Path>) -> Result<(
     Ok((if allow.is_empty() { Plan::Off } else { Plan::Allow(allow) }, notes))
 }
 
+/// The limits a command runs with, its network items completed: the request's, the policy
+/// file's `allow_hosts`, and `more` (a session's, from `begin`).
+pub fn with_policy_hosts(
+    limits: &crate::engine::Limits,
+    policy: &txbox_policy::Policy,
+    more: &[String],
+) -> Result<crate::engine::Limits, String> {
+    let mut l = limits.clone();
+    let extra: Vec<&String> = policy.allow_hosts().iter().chain(more).collect();
+    if extra.is_empty() || l.host_network {
+        return Ok(l);
+    }
+    for s in txbox_netproxy::allow::parse_all(&extra).map_err(|e| format!("{e} (in the policy file or the session)"))? {
+        if !l.allow_hosts.contains(&s) {
+            l.allow_hosts.push(s);
+        }
+    }
+    Ok(l)
+}
+
+/// What an API request may reach: the operator's `ceiling` (`serve`/`mcp --allow-host`) when
+/// it asks for nothing, else what it asks for, if the ceiling covers every item (a preset the
+/// ceiling names, or hosts within its items). `base`: where presets are cached.
+pub fn narrow(ceiling: &[Spec], requested: Option<&[String]>, base: Option<&Path>) -> Result<Vec<Spec>, String> {
+    let Some(requested) = requested else { return Ok(ceiling.to_vec()) };
+    let asked = txbox_netproxy::allow::parse_all(requested).map_err(|e| e.to_string())?;
+    let mut expanded: Option<Allowlist> = None;
+    for spec in &asked {
+        if ceiling.contains(spec) {
+            continue;
+        }
+        if expanded.is_none() {
+            expanded = Some(txbox_netproxy::preset::expand(ceiling, base).map_err(|e| e.to_string())?.0);
+        }
+        let limit = expanded.as_ref().map(Allowlist::rules).unwrap_or_default();
+        let limit = Allowlist::new(limit.iter().cloned());
+        let rules = match spec {
+            Spec::Rule(r) => vec![r.clone()],
+            Spec::Preset(_) => txbox_netproxy::preset::expand(std::slice::from_ref(spec), base)
+                .map_err(|e| e.to_string())?
+                .0
+                .rules()
+                .to_vec(),
+        };
+        if let Some(r) = rules.iter().find(|r| !limit.covers(r)) {
+            let shown = if matches!(spec, Spec::Preset(_)) { format!("{spec} ({r})") } else { spec.to_string() };
+            return Err(format!(
+                "allow_hosts item {shown} is outside what this server allows (its --allow-host: {})",
+                if ceiling.is_empty() {
+                    "none: the network is off".to_string()
+                } else {
+                    ceiling.iter().map(Spec::to_string).collect::<Vec<_>>().join(",")
+                }
+            ));
+        }
+    }
+    Ok(asked)
+}
+
+/// The rule id of a denial for a visible network target.
+pub const RULE: &str = "network.allowlist";
+
+/// Deny a command that names (in a URL of its words) a host its network does not reach, before
+/// it runs. None: nothing visible, or everything visible is allowed (or loopback, the
+/// sandbox's own). A preset that cannot be expanded is left for the run to report.
+pub fn visible_denial(
+    commands: &[Vec<String>],
+    host_network: bool,
+    specs: &[Spec],
+    base: Option<&Path>,
+) -> Option<txbox_policy::Decision> {
+    if host_network {
+        return None;
+    }
+    let named: Vec<(&str, txbox_netproxy::targets::Target)> = commands
+        .iter()
+        .flat_map(|argv| {
+            let program = argv.first().map(String::as_str).unwrap_or("");
+            txbox_netproxy::targets::in_commands(std::slice::from_ref(argv)).into_iter().map(move |t| (program, t))
+        })
+        .collect();
+    if named.is_empty() {
+        return None;
+    }
+    let allow = match plan(false, specs, base) {
+        Ok((Plan::Allow(a), _)) => a,
+        Ok(_) => Allowlist::default(),
+        Err(_) => return None,
+    };
+    let (program, t) = named.into_iter().find(|(_, t)| !allow.allows(&t.host, t.port, t.via))?;
+    let item = if t.port == t.via.default_port() { t.host.to_string() } else { format!("{}:{}", t.host, t.port) };
+    let why = if allow.is_empty() {
+        "network is off for this command".to_string()
+    } else {
+        format!("{}:{} is not in this command's allowlist", t.host, t.port)
+    };
+    Some(txbox_policy::Decision {
+        action: txbox_policy::Action::Deny,
+        rule: Some(RULE.to_string()),
+        reason: format!("`{program}` would reach {}, but {why}; allow hosts with --allow-host {item}", t.url),
+    })
+}
+
 /// The proxy variables a command gets: every spelling the usual tools read.
 pub fn proxy_env(port: u16) -> Vec<(String, String)> {
     let url = format!("http://127.0.0.1:{port}");
@@ -254,6 +357,51 @@ mod tests {
         assert!(hint.contains("refused b.example:443, c.example:8080"), "{hint}");
         assert!(hint.ends_with("--allow-host b.example,c.example:8080"), "{hint}");
         assert_eq!(s.allow, vec!["a.example".to_string()]);
+    }
+
+    #[test]
+    fn visible_targets_outside_the_list_are_denied_before_running() {
+        let cmd = |words: &[&str]| vec![words.iter().map(|w| w.to_string()).collect::<Vec<_>>()];
+        let specs = txbox_netproxy::allow::parse_all(&["a.example"]).unwrap();
+        let d = visible_denial(&cmd(&["curl", "-fsSL", "https://b.example/x.sh"]), false, &specs, None).unwrap();
+        assert_eq!(d.rule.as_deref(), Some(RULE));
+        assert!(
+            d.reason.contains("`curl` would reach https://b.example") && d.reason.ends_with("--allow-host b.example"),
+            "{}",
+            d.reason
+        );
+        assert!(visible_denial(&cmd(&["curl", "https://a.example/x"]), false, &specs, None).is_none());
+        assert!(visible_denial(&cmd(&["curl", "http://localhost:8000/"]), false, &[], None).is_none());
+        assert!(visible_denial(&cmd(&["curl", "https://b.example/"]), true, &[], None).is_none());
+        let d = visible_denial(
+            &cmd(&["pip", "install", "--index-url", "http://b.example:8080/simple", "x"]),
+            false,
+            &[],
+            None,
+        )
+        .unwrap();
+        assert!(
+            d.reason.contains("network is off") && d.reason.ends_with("--allow-host b.example:8080"),
+            "{}",
+            d.reason
+        );
+        assert!(visible_denial(&cmd(&["ls", "-la"]), false, &[], None).is_none());
+    }
+
+    #[test]
+    fn api_requests_only_narrow_the_operator_s_ceiling() {
+        let ceiling = txbox_netproxy::allow::parse_all(&["*.example.com", "reg.example:8080"]).unwrap();
+        assert_eq!(narrow(&ceiling, None, None).unwrap(), ceiling);
+        let asked =
+            |items: &[&str]| narrow(&ceiling, Some(&items.iter().map(|s| s.to_string()).collect::<Vec<_>>()), None);
+        assert_eq!(asked(&["a.example.com", "reg.example:8080"]).unwrap().len(), 2);
+        assert!(asked(&[]).unwrap().is_empty(), "asking for nothing turns the network off");
+        for wider in ["example.com", "evil.example", "reg.example", "reg.example:*", "*.com"] {
+            let e = asked(&[wider]).unwrap_err();
+            assert!(e.contains("outside what this server allows"), "{wider}: {e}");
+        }
+        let e = narrow(&[], Some(&["a.example".to_string()]), None).unwrap_err();
+        assert!(e.contains("the network is off"), "{e}");
     }
 
     #[test]

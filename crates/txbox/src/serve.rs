@@ -69,6 +69,10 @@ pub struct RunBody {
     /// `none` (default) or `host`.
     #[serde(default)]
     pub network: Option<String>,
+    /// Hosts the command may reach through txbox's proxy (`--allow-host` items); within the
+    /// server's own `--allow-host`, which is the default.
+    #[serde(default)]
+    pub allow_hosts: Option<Vec<String>>,
     #[serde(default)]
     pub validate: Option<String>,
     #[serde(default)]
@@ -96,7 +100,7 @@ impl Size {
 }
 
 impl RunBody {
-    fn limits(&self) -> Result<engine::Limits, ApiError> {
+    fn limits(&self, ceiling: &[txbox_netproxy::Spec]) -> Result<engine::Limits, ApiError> {
         let timeout = match self.timeout {
             Some(t) if !(t.is_finite() && t > 0.0) => {
                 return Err(ApiError::new(400, "timeout must be a positive number of seconds"))
@@ -118,7 +122,13 @@ impl RunBody {
             max_output: size(&self.max_output, "max_output")?,
             max_write: size(&self.max_write, "max_write")?,
             host_network,
-            allow_hosts: Vec::new(),
+            allow_hosts: if host_network {
+                Vec::new()
+            } else {
+                let base = txbox_txn::layout::base_dir().ok();
+                txbox::network::narrow(ceiling, self.allow_hosts.as_deref(), base.as_deref())
+                    .map_err(|e| ApiError::new(403, e))?
+            },
         })
     }
 
@@ -137,6 +147,8 @@ pub struct Api {
     state_dir: Option<PathBuf>,
     policy: Policy,
     policy_file: Option<PathBuf>,
+    /// The operator's `--allow-host`: what requests may reach at most (and by default).
+    allow_hosts: Vec<txbox_netproxy::Spec>,
 }
 
 impl Api {
@@ -157,7 +169,13 @@ impl Api {
             Some(f) => Policy::load(f)?,
             None => Policy::builtin(),
         };
-        Ok(Api { workspaces: ws, state_dir, policy, policy_file })
+        Ok(Api { workspaces: ws, state_dir, policy, policy_file, allow_hosts: Vec::new() })
+    }
+
+    /// The operator's network ceiling (`serve`/`mcp --allow-host`).
+    pub fn with_allow_hosts(mut self, items: &[String]) -> Result<Api> {
+        self.allow_hosts = txbox_netproxy::allow::parse_all(items)?;
+        Ok(self)
     }
 
     pub fn workspaces(&self) -> &[PathBuf] {
@@ -215,7 +233,7 @@ impl Api {
             policy: self.policy.clone(),
             policy_file: self.policy_file.clone(),
             io: Io::Api,
-            limits: body.limits()?,
+            limits: body.limits(&self.allow_hosts)?,
             validate: body.validate.clone(),
             no_commit: body.no_commit,
             keep_on_failure: body.keep_on_failure,
@@ -241,7 +259,7 @@ impl Api {
             policy: self.policy.clone(),
             policy_file: self.policy_file.clone(),
             io: Io::Api,
-            limits: body.limits()?,
+            limits: body.limits(&self.allow_hosts)?,
             keep_on_failure: body.keep_on_failure,
         };
         Ok(session::exec(&state, &req)?)
@@ -548,9 +566,10 @@ pub fn main(
     state_dir: Option<PathBuf>,
     token_file: Option<&Path>,
     policy_file: Option<PathBuf>,
+    allow_hosts: &[String],
 ) -> Result<i32> {
     let token = load_token(token_file)?;
-    let api = Api::new(workspaces, state_dir, policy_file)?;
+    let api = Api::new(workspaces, state_dir, policy_file)?.with_allow_hosts(allow_hosts)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all() // rmcp uses timers (request timeouts)

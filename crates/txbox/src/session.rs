@@ -35,9 +35,25 @@ fn open(state: &StateDir, tx: &str) -> Result<(Env, TxMeta), EngineError> {
 
 /// `begin`: a new open transaction; returns its id.
 pub fn begin(workspace: &Path, state_dir: Option<&Path>, name: Option<&str>) -> Result<String, EngineError> {
+    begin_with(workspace, state_dir, name, &[])
+}
+
+/// `begin --allow-host …`: a new open transaction whose every step may reach these hosts
+/// (besides what each `exec` allows).
+pub fn begin_with(
+    workspace: &Path,
+    state_dir: Option<&Path>,
+    name: Option<&str>,
+    allow_hosts: &[String],
+) -> Result<String, EngineError> {
+    txbox_netproxy::allow::parse_all(allow_hosts).map_err(|e| EngineError::Usage(e.to_string()))?;
     let env = Env::open(workspace, state_dir)?;
     env.recover()?;
-    Ok(env.state.create_session(&env.workspace, name)?)
+    let id = env.state.create_session(&env.workspace, name)?;
+    if !allow_hosts.is_empty() {
+        env.state.set_allow_hosts(&id, allow_hosts)?;
+    }
+    Ok(id)
 }
 
 /// What an `exec` runs and how.
@@ -61,7 +77,17 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
     let _lock = state.lock_tx(&req.tx)?;
     let (env, _) = open(state, &req.tx)?;
     let steps = state.steps_root(&req.tx, &env.workspace)?;
-    let evaluation = evaluate(&req.policy, &req.command, &policy_context(&env.workspace, &req.cwd));
+    let mut evaluation = evaluate(&req.policy, &req.command, &policy_context(&env.workspace, &req.cwd));
+    let limits = crate::network::with_policy_hosts(&req.limits, &req.policy, &state.allow_hosts(&req.tx)?)
+        .map_err(EngineError::Usage)?;
+    if evaluation.decision.action != Action::Deny {
+        let base = Some(state.base());
+        if let Some(d) =
+            crate::network::visible_denial(&evaluation.commands, limits.host_network, &limits.allow_hosts, base)
+        {
+            evaluation.decision = d;
+        }
+    }
     let mut r = RunResult::new(req.tx.clone(), evaluation.decision);
     if r.decision.action == Action::Deny {
         deny(&mut r);
@@ -79,7 +105,7 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
     let (upper, work) = session::create_step(&steps, n, &env.workspace)?;
     let lower: Vec<PathBuf> = layers.iter().rev().map(|(_, p)| p.clone()).collect();
     let layers = Layers { lower, upper: &upper, work: &work };
-    let finished = execute(&env, &req.cwd, &req.command, layers, req.io, &req.limits, req.policy_file.as_deref());
+    let finished = execute(&env, &req.cwd, &req.command, layers, req.io, &limits, req.policy_file.as_deref());
     let ok = match finished {
         Ok(f) => record(&mut r, f),
         Err(e) => {

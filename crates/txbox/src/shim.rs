@@ -4,7 +4,11 @@
 //! stderr only when it refuses (126), fails (125), hits a conflict (3) or a limit kills the command.
 //!
 //! A shell drop-in gets no txbox flags, so configuration comes from the environment:
-//! `TXBOX_WORKSPACE` (default: the current directory), `TXBOX_STATE_DIR`, `TXBOX_TIMEOUT`.
+//! `TXBOX_WORKSPACE` (default: the current directory), `TXBOX_STATE_DIR`, `TXBOX_TIMEOUT`,
+//! `TXBOX_ALLOW_HOSTS` (a comma list, as `--allow-host` takes), or the config file. The one
+//! exception: `--allow-host SPEC` (or `--allow-host=SPEC`) given *first*, before any shell
+//! option, which no shell has. Network hints go to the audit log only: the shell's stderr stays
+//! the command's.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -91,6 +95,8 @@ pub struct Config {
     pub pids: Option<u64>,
     pub max_write: Option<String>,
     pub network: Option<String>,
+    /// `--allow-host` items (network by allowlist).
+    pub allow_hosts: Option<Vec<String>>,
 }
 
 impl Config {
@@ -112,7 +118,7 @@ impl Config {
         toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
     }
 
-    fn limits(&self, timeout: Option<f64>) -> Result<engine::Limits> {
+    fn limits(&self, timeout: Option<f64>, allow: &[String]) -> Result<engine::Limits> {
         let size =
             |s: &Option<String>| s.as_deref().map(txbox::size::parse_size).transpose().map_err(|e| anyhow::anyhow!(e));
         Ok(engine::Limits {
@@ -121,12 +127,34 @@ impl Config {
             pids: self.pids,
             max_write: size(&self.max_write)?,
             host_network: self.network.as_deref() == Some("host"),
+            allow_hosts: txbox_netproxy::allow::parse_all(allow)?,
             ..engine::Limits::default()
         })
     }
 }
 
+/// `--allow-host SPEC` / `--allow-host=SPEC` at the very start of the arguments, taken off.
+fn leading_allow_hosts(mut args: Vec<OsString>) -> Result<(Vec<String>, Vec<OsString>)> {
+    let mut allow = Vec::new();
+    loop {
+        let first = args.first().map(|a| a.to_string_lossy().into_owned());
+        match first.as_deref() {
+            Some("--allow-host") => {
+                let v = args.get(1).ok_or_else(|| anyhow::anyhow!("--allow-host needs a value"))?;
+                allow.push(v.to_string_lossy().into_owned());
+                args.drain(..2);
+            }
+            Some(a) if a.starts_with("--allow-host=") => {
+                allow.push(a["--allow-host=".len()..].to_string());
+                args.remove(0);
+            }
+            _ => return Ok((allow, args)),
+        }
+    }
+}
+
 pub fn main(state_dir: Option<PathBuf>, args: Vec<OsString>) -> Result<i32> {
+    let (mut allow, args) = leading_allow_hosts(args)?;
     let Some((script, argv)) = parse(&args) else {
         eprintln!("txbox sh: usage: txbox sh [OPTIONS] -c 'STRING' [NAME [ARG...]] (a shell reading a script file or stdin is not supported)");
         return Ok(2);
@@ -138,6 +166,8 @@ pub fn main(state_dir: Option<PathBuf>, args: Vec<OsString>) -> Result<i32> {
     let policy_file = env_path("TXBOX_POLICY").or(config.policy.clone());
     let state_dir = state_dir.or(config.state_dir.clone());
     let timeout = std::env::var("TXBOX_TIMEOUT").ok().and_then(|t| t.parse::<f64>().ok());
+    allow.extend(std::env::var("TXBOX_ALLOW_HOSTS").ok().filter(|v| !v.trim().is_empty()));
+    allow.extend(config.allow_hosts.iter().flatten().cloned());
     // The sandbox runs the argv byte for byte; the policy judges the script as text (lossy if it
     // is not UTF-8).
     let command = Command::Script { script: script.to_string_lossy().into_owned(), argv };
@@ -152,7 +182,7 @@ pub fn main(state_dir: Option<PathBuf>, args: Vec<OsString>) -> Result<i32> {
         },
         policy_file: policy_file.clone(),
         io: Io::Inherit,
-        limits: config.limits(timeout)?,
+        limits: config.limits(timeout, &allow)?,
         validate: None,
         no_commit: false,
         keep_on_failure: false,
@@ -183,10 +213,25 @@ mod tests {
         let c: Config = toml::from_str("workspace = \"/w\"\ntimeout = 30\nmemory = \"2G\"\nnetwork = \"host\"\n")
             .unwrap_or_default();
         assert_eq!(c.workspace, Some(PathBuf::from("/w")));
-        let l = c.limits(None).unwrap_or_default();
+        let l = c.limits(None, &[]).unwrap_or_default();
         assert_eq!((l.memory, l.host_network, l.timeout), (Some(2 << 30), true, Some(Duration::from_secs(30))));
-        assert_eq!(c.limits(Some(5.0)).map(|l| l.timeout).ok().flatten(), Some(Duration::from_secs(5)));
+        assert_eq!(c.limits(Some(5.0), &[]).map(|l| l.timeout).ok().flatten(), Some(Duration::from_secs(5)));
+        let c: Config = toml::from_str("allow_hosts = [\"@pypi\", \"a.example,*.b.example\"]\n").unwrap_or_default();
+        let allow = c.allow_hosts.clone().unwrap_or_default();
+        assert_eq!(c.limits(None, &allow).map(|l| l.allow_hosts.len()).unwrap_or(0), 3);
+        assert!(c.limits(None, &["*".to_string()]).is_err(), "a bad item is an error, not ignored");
         assert!(toml::from_str::<Config>("workspaces = 1").is_err(), "a misspelt key must be an error");
+    }
+
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn allow_host_is_taken_only_from_the_front() {
+        let (allow, rest) =
+            leading_allow_hosts(os(&["--allow-host", "a.example", "--allow-host=@npm", "-c", "x"])).unwrap();
+        assert_eq!((allow, rest), (vec!["a.example".to_string(), "@npm".to_string()], os(&["-c", "x"])));
+        let (allow, rest) = leading_allow_hosts(os(&["-c", "x", "--allow-host", "a"])).unwrap();
+        assert!(allow.is_empty() && rest.len() == 4);
+        assert!(leading_allow_hosts(os(&["--allow-host"])).is_err());
     }
 
     #[test]

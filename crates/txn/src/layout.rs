@@ -63,6 +63,8 @@ pub const STEPS: &str = "steps";
 pub const STATUS: &str = "status";
 pub const FINGERPRINTS: &str = "fingerprints";
 pub const LAST_STEP: &str = "last_step";
+/// A session's `--allow-host` items from `begin` (sealed), for every step.
+pub const ALLOW_HOSTS: &str = "allow_hosts";
 pub const DIFF_PREFIX: &str = "diff-";
 
 pub const RECORD_SUFFIX: &str = ".commit";

@@ -195,6 +195,7 @@ pub enum Domain {
     Fingerprints,
     Record,
     Registry,
+    AllowHosts,
 }
 
 impl Domain {
@@ -206,6 +207,7 @@ impl Domain {
             Domain::Fingerprints => b"txbox fingerprints v1",
             Domain::Record => b"txbox commit record v2",
             Domain::Registry => b"txbox registry v1",
+            Domain::AllowHosts => b"txbox allow-hosts v1",
         }
     }
 }
