@@ -326,20 +326,11 @@ impl Pipe {
     }
 
     /// Move what can be moved without blocking; false if the relay should stop (an error).
-    fn pump(&mut self, from: BorrowedFd<'_>, to: BorrowedFd<'_>, readable: bool, writable: bool) -> bool {
-        if writable && self.pending() {
-            match rustix::io::write(to, &self.buf[self.start..self.end]) {
-                Ok(n) => {
-                    self.start += n;
-                    self.moved += n as u64;
-                }
-                Err(Errno::AGAIN | Errno::INTR) => {}
-                Err(_) => return false,
-            }
-            if self.start == self.end {
-                self.start = 0;
-                self.end = 0;
-            }
+    fn pump(&mut self, from: BorrowedFd<'_>, to: BorrowedFd<'_>, readable: bool) -> bool {
+        // Write, read, write again: what was just read leaves at once, without waiting for
+        // another round of poll (the sockets are non-blocking; a full one says EAGAIN).
+        if !self.flush(to) {
+            return false;
         }
         if readable && !self.eof && self.end < self.buf.len() {
             match rustix::io::read(from, &mut self.buf[self.end..]) {
@@ -349,9 +340,32 @@ impl Pipe {
                 Err(_) => self.eof = true,
             }
         }
+        if !self.flush(to) {
+            return false;
+        }
         if self.eof && !self.pending() && !self.shut {
             let _ = rustix::net::shutdown(to, rustix::net::Shutdown::Write);
             self.shut = true;
+        }
+        true
+    }
+
+    /// Write what is pending, as far as the sink takes it; false on an error.
+    fn flush(&mut self, to: BorrowedFd<'_>) -> bool {
+        while self.pending() {
+            match rustix::io::write(to, &self.buf[self.start..self.end]) {
+                Ok(n) => {
+                    self.start += n;
+                    self.moved += n as u64;
+                }
+                Err(Errno::AGAIN) => break,
+                Err(Errno::INTR) => {}
+                Err(_) => return false,
+            }
+        }
+        if self.start == self.end {
+            self.start = 0;
+            self.end = 0;
         }
         true
     }
@@ -361,8 +375,13 @@ impl Pipe {
 /// `opening` goes to the server first (the forwarded head, or what a tunnel's client sent
 /// right after its CONNECT). Returns the bytes carried up (to the server) and down.
 fn relay(client: &OwnedFd, server: &OwnedFd, opening: &[u8], idle: Duration) -> (u64, u64) {
-    let _ = rustix::io::ioctl_fionbio(client, true);
-    let _ = rustix::io::ioctl_fionbio(server, true);
+    // No Nagle here: the proxy passes on each segment as its sender cut it; delaying a small
+    // one until the previous is acknowledged (and the peer delays its ACK) costs tens of
+    // milliseconds per exchange.
+    for fd in [client, server] {
+        let _ = rustix::io::ioctl_fionbio(fd, true);
+        let _ = rustix::net::sockopt::set_tcp_nodelay(fd, true);
+    }
     let mut up = Pipe::new(opening);
     let mut down = Pipe::new(&[]);
     let mut last = Instant::now();
@@ -383,8 +402,8 @@ fn relay(client: &OwnedFd, server: &OwnedFd, opening: &[u8], idle: Duration) -> 
         let (c, s) = (fds[0].revents(), fds[1].revents());
         let hup = PollFlags::HUP | PollFlags::ERR;
         let before = (up.moved, down.moved, up.end, down.end);
-        let ok = up.pump(client.as_fd(), server.as_fd(), c.intersects(PollFlags::IN | hup), s.contains(PollFlags::OUT))
-            && down.pump(server.as_fd(), client.as_fd(), s.intersects(PollFlags::IN | hup), c.contains(PollFlags::OUT));
+        let ok = up.pump(client.as_fd(), server.as_fd(), c.intersects(PollFlags::IN | hup))
+            && down.pump(server.as_fd(), client.as_fd(), s.intersects(PollFlags::IN | hup));
         if !ok {
             break;
         }
