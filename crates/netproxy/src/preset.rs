@@ -137,29 +137,41 @@ impl Caller {
     }
 }
 
-/// Expand every preset in `specs` and collect the rules; notes about presets are returned
-/// beside the list.
-pub fn expand_with(specs: &[Spec], caller: &Caller) -> Result<(Allowlist, Vec<String>), PresetError> {
+/// What a list of items expands to.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Expansion {
+    pub allow: Allowlist,
+    /// What to know about the presets used (hosts they cannot cover).
+    pub notes: Vec<String>,
+    /// Presets that gave no host, and why (`@go: go is not on PATH`): the command runs without
+    /// them, and its result says so. A missing tool does not stop every command of a server
+    /// whose ceiling names it.
+    pub failed: Vec<String>,
+}
+
+/// Expand every preset in `specs` and collect the rules.
+pub fn expand_with(specs: &[Spec], caller: &Caller) -> Expansion {
     let mut rules = Vec::new();
-    let mut notes = Vec::new();
+    let mut x = Expansion::default();
     for s in specs {
         match s {
             Spec::Rule(r) => rules.push(r.clone()),
-            Spec::Preset(p) => {
-                let d = derive(*p, caller)?;
-                if d.rules.is_empty() {
-                    return Err(PresetError { preset: *p, why: "the configuration names no host".into() });
+            Spec::Preset(p) => match derive(*p, caller) {
+                Ok(d) if d.rules.is_empty() => x.failed.push(format!("{p}: the configuration names no host")),
+                Ok(d) => {
+                    rules.extend(d.rules);
+                    x.notes.extend(d.notes.into_iter().map(|n| format!("{p}: {n}")));
                 }
-                rules.extend(d.rules);
-                notes.extend(d.notes.into_iter().map(|n| format!("{p}: {n}")));
-            }
+                Err(e) => x.failed.push(format!("{p}: {}", e.why)),
+            },
         }
     }
-    Ok((Allowlist::new(rules), notes))
+    x.allow = Allowlist::new(rules);
+    x
 }
 
 /// [`expand_with`] for this process's environment, cached in `base/presets`.
-pub fn expand(specs: &[Spec], base: Option<&Path>) -> Result<(Allowlist, Vec<String>), PresetError> {
+pub fn expand(specs: &[Spec], base: Option<&Path>) -> Expansion {
     if !specs.iter().any(|s| matches!(s, Spec::Preset(_))) {
         return expand_with(specs, &Caller::with_vars([], None));
     }

@@ -418,8 +418,7 @@ pub(crate) fn execute(
     spec.cpu_seconds = limits.cpu_seconds;
     spec.max_file_size = limits.max_write;
     let exe = Path::new("/proc/self/exe");
-    let (plan, notes) = crate::network::plan(limits.host_network, &limits.allow_hosts, Some(env.state.base()))
-        .map_err(txbox_sandbox::SandboxError::Setup)?;
+    let (plan, expansion) = crate::network::plan(limits.host_network, &limits.allow_hosts, Some(env.state.base()));
     let net = crate::network::Session::start(plan, exe, &mut spec).map_err(txbox_sandbox::SandboxError::Setup)?;
     let mut watch = crate::limits::Watcher::new(layers.upper, limits)?;
     spec.sync = watch.needs_sync();
@@ -444,10 +443,7 @@ pub(crate) fn execute(
     }
     // Dropping the watcher kills anything left in its cgroup and removes it.
     drop(watch);
-    let mut network = net.finish(finished.net_attempts);
-    if let Some(n) = network.as_mut() {
-        n.notes = notes;
-    }
+    let network = net.finish(finished.net_attempts, expansion);
     Ok(Executed { finished, network })
 }
 

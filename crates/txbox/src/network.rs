@@ -11,6 +11,7 @@ use std::os::fd::AsRawFd;
 use std::path::Path;
 
 use serde::Serialize;
+use txbox_netproxy::preset::Expansion;
 use txbox_netproxy::{Allowlist, Connection, Report, Spec};
 use txbox_sandbox::SandboxSpec;
 
@@ -26,16 +27,14 @@ pub enum Plan {
 }
 
 /// Expand `specs` (presets from the caller's configuration, see `txbox_netproxy::preset`,
-/// cached in the state base directory `base`). Returns the plan and notes about presets.
-pub fn plan(host_network: bool, specs: &[Spec], base: Option<&Path>) -> Result<(Plan, Vec<String>), String> {
-    if host_network {
-        return Ok((Plan::Host, Vec::new()));
+/// cached in the state base directory `base`). Returns the plan and what to say about presets.
+pub fn plan(host_network: bool, specs: &[Spec], base: Option<&Path>) -> (Plan, Expansion) {
+    if host_network || specs.is_empty() {
+        return (if host_network { Plan::Host } else { Plan::Off }, Expansion::default());
     }
-    if specs.is_empty() {
-        return Ok((Plan::Off, Vec::new()));
-    }
-    let (allow, notes) = txbox_netproxy::preset::expand(specs, base).map_err(|e| e.to_string())?;
-    Ok((if allow.is_empty() { Plan::Off } else { Plan::Allow(allow) }, notes))
+    let mut x = txbox_netproxy::preset::expand(specs, base);
+    let allow = std::mem::take(&mut x.allow);
+    (if allow.is_empty() { Plan::Off } else { Plan::Allow(allow) }, x)
 }
 
 /// The limits a command runs with, its network items completed: the request's, the policy
@@ -70,17 +69,13 @@ pub fn narrow(ceiling: &[Spec], requested: Option<&[String]>, base: Option<&Path
             continue;
         }
         if expanded.is_none() {
-            expanded = Some(txbox_netproxy::preset::expand(ceiling, base).map_err(|e| e.to_string())?.0);
+            expanded = Some(txbox_netproxy::preset::expand(ceiling, base).allow);
         }
         let limit = expanded.as_ref().map(Allowlist::rules).unwrap_or_default();
         let limit = Allowlist::new(limit.iter().cloned());
         let rules = match spec {
             Spec::Rule(r) => vec![r.clone()],
-            Spec::Preset(_) => txbox_netproxy::preset::expand(std::slice::from_ref(spec), base)
-                .map_err(|e| e.to_string())?
-                .0
-                .rules()
-                .to_vec(),
+            Spec::Preset(_) => txbox_netproxy::preset::expand(std::slice::from_ref(spec), base).allow.rules().to_vec(),
         };
         if let Some(r) = rules.iter().find(|r| !limit.covers(r)) {
             let shown = if matches!(spec, Spec::Preset(_)) { format!("{spec} ({r})") } else { spec.to_string() };
@@ -122,10 +117,9 @@ pub fn visible_denial(
     if named.is_empty() {
         return None;
     }
-    let allow = match plan(false, specs, base) {
-        Ok((Plan::Allow(a), _)) => a,
-        Ok(_) => Allowlist::default(),
-        Err(_) => return None,
+    let allow = match plan(false, specs, base).0 {
+        Plan::Allow(a) => a,
+        _ => Allowlist::default(),
     };
     let (program, t) = named.into_iter().find(|(_, t)| !allow.allows(&t.host, t.port, t.via))?;
     let item = if t.port == t.via.default_port() { t.host.to_string() } else { format!("{}:{}", t.host, t.port) };
@@ -198,9 +192,22 @@ impl Session {
     }
 
     /// The command is over: stop the proxy and say what happened.
-    pub fn finish(self, attempts: u64) -> Option<Summary> {
+    pub fn finish(self, attempts: u64, expansion: Expansion) -> Option<Summary> {
         let report = self.running.map(txbox_netproxy::Running::finish);
-        summarize(&self.plan, report, attempts)
+        let mut summary = summarize(&self.plan, report, attempts);
+        if expansion.notes.is_empty() && expansion.failed.is_empty() {
+            return summary;
+        }
+        let s = summary.get_or_insert_with(|| Summary::off(0, None));
+        if !expansion.failed.is_empty() {
+            let failed = format!("txbox: no hosts from {}", expansion.failed.join("; "));
+            s.hint = Some(match s.hint.take() {
+                Some(h) => format!("{h}\n{failed}"),
+                None => failed,
+            });
+        }
+        s.notes = expansion.notes.into_iter().chain(expansion.failed).collect();
+        summary
     }
 }
 
@@ -240,6 +247,22 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
+impl Summary {
+    fn off(attempts: u64, hint: Option<String>) -> Summary {
+        Summary {
+            mode: "off",
+            allow: Vec::new(),
+            connections: Vec::new(),
+            unlisted: 0,
+            direct_attempts: attempts,
+            hint,
+            proxy: String::new(),
+            notes: Vec::new(),
+            error: None,
+        }
+    }
+}
+
 const PRESETS: &str = "@pypi, @npm, @crates, @go, @github";
 
 /// The summary of a run, None when there is nothing to say (the network was off and the command
@@ -248,20 +271,13 @@ pub fn summarize(plan: &Plan, report: Option<Report>, attempts: u64) -> Option<S
     match plan {
         Plan::Host => None,
         Plan::Off if attempts == 0 => None,
-        Plan::Off => Some(Summary {
-            mode: "off",
-            allow: Vec::new(),
-            connections: Vec::new(),
-            unlisted: 0,
-            direct_attempts: attempts,
-            hint: Some(format!(
+        Plan::Off => Some(Summary::off(
+            attempts,
+            Some(format!(
                 "txbox: the command tried to reach the network, but network is off for this command; \
                  allow hosts with --allow-host HOST (or a preset: {PRESETS})"
             )),
-            proxy: String::new(),
-            notes: Vec::new(),
-            error: None,
-        }),
+        )),
         Plan::Allow(allow) => {
             let report = report.unwrap_or_default();
             let hint = allowlist_hint(&report, attempts);

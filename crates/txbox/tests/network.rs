@@ -434,3 +434,21 @@ fn opt_in_real_pypi_through_the_preset() {
     }
     panic!("pip through {allow} failed");
 }
+
+#[test]
+fn a_preset_that_cannot_be_derived_is_reported_not_fatal() {
+    let s = Scratch::new("net-preset-missing");
+    let env = [("PATH", "/nonexistent")];
+    let (out, v) = run_json(As::Me, &s, &["--allow-host", "@npm,192.0.2.1", "--", "/bin/true"], &env);
+    assert_eq!(v["outcome"], "committed", "{}", describe(&out));
+    assert_eq!(v["network"]["allow"], serde_json::json!(["192.0.2.1"]), "{v}");
+    let notes = v["network"]["notes"].to_string();
+    assert!(notes.contains("@npm: npm is not on PATH"), "{v}");
+    let ws = s.ws.to_str().unwrap().to_string();
+    let out = txbox_env(As::Me, &s, &["run", "-C", &ws, "--allow-host", "@npm", "--", "/bin/true"], &env);
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("txbox: no hosts from @npm: npm is not on PATH"),
+        "{}",
+        describe(&out)
+    );
+}
