@@ -224,6 +224,14 @@ mod tests {
     }
 
     #[test]
+    fn the_example_config_file_parses() {
+        let c: Result<Config, _> = toml::from_str(include_str!("../../../examples/claude-code/config.toml"));
+        let allow = c.map(|c| c.allow_hosts.unwrap_or_default()).unwrap_or_default();
+        assert_eq!(allow, ["@pypi", "@npm", "@crates", "@github"]);
+        assert!(txbox_netproxy::allow::parse_all(&allow).is_ok());
+    }
+
+    #[test]
     #[allow(clippy::unwrap_used)]
     fn allow_host_is_taken_only_from_the_front() {
         let (allow, rest) =
