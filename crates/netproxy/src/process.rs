@@ -154,6 +154,10 @@ impl Drop for Running {
 /// `txbox __netproxy`: B, which forks P. Never returns.
 pub fn main() -> ! {
     let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
+    // A session of its own: the terminal's signals are not for it (it dies with txbox), and
+    // with the scheduler's autogroups it gets a share of the CPU of its own rather than one
+    // taken from the command it serves, which on a busy machine delayed every relayed packet.
+    let _ = rustix::process::setsid();
     let mut text = Vec::new();
     let config: Config = match std::io::stdin().lock().take(MAX_CONFIG).read_to_end(&mut text) {
         Ok(_) => match serde_json::from_slice(&text) {

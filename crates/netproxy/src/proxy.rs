@@ -7,8 +7,9 @@
 //! [`Limits::connections`] at once, new ones are answered 503 and closed without being read. A
 //! client can waste only its own connections, never another's.
 
+use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -72,11 +73,61 @@ pub struct Shared {
     pub limits: Limits,
     report: Mutex<Report>,
     active: AtomicUsize,
+    /// Connections being relayed, by a number of their own.
+    live: Mutex<HashMap<u64, Arc<Live>>>,
+    next: AtomicU64,
+}
+
+/// A connection being relayed: its record, with the byte counts the relay keeps up to date, so
+/// a report taken while it still runs (the server has not closed yet) is right.
+struct Live {
+    record: Connection,
+    started: Instant,
+    up: AtomicU64,
+    down: AtomicU64,
+}
+
+impl Live {
+    fn now(&self) -> Connection {
+        let mut c = self.record.clone();
+        c.bytes_up = self.up.load(Ordering::Relaxed);
+        c.bytes_down = self.down.load(Ordering::Relaxed);
+        c.duration_ms = self.started.elapsed().as_millis() as u64;
+        c
+    }
 }
 
 impl Shared {
     pub fn new(allow: Allowlist, broker: broker::Client, limits: Limits) -> Arc<Shared> {
-        Arc::new(Shared { allow, broker, limits, report: Mutex::new(Report::default()), active: AtomicUsize::new(0) })
+        Arc::new(Shared {
+            allow,
+            broker,
+            limits,
+            report: Mutex::new(Report::default()),
+            active: AtomicUsize::new(0),
+            live: Mutex::new(HashMap::new()),
+            next: AtomicU64::new(0),
+        })
+    }
+
+    fn begin(&self, record: Connection, started: Instant) -> (u64, Arc<Live>) {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let live = Arc::new(Live { record, started, up: AtomicU64::new(0), down: AtomicU64::new(0) });
+        if let Ok(mut l) = self.live.lock() {
+            l.insert(id, Arc::clone(&live));
+        }
+        (id, live)
+    }
+
+    /// Move a finished connection from the live ones to the report. Both locks are held (live,
+    /// then report: the order [`report`](Self::report) takes them in), so a report taken
+    /// meanwhile sees the connection exactly once.
+    fn end(&self, id: u64) {
+        if let Ok(mut l) = self.live.lock() {
+            if let Some(live) = l.remove(&id) {
+                self.record(live.now());
+            }
+        }
     }
 
     fn record(&self, c: Connection) {
@@ -85,9 +136,16 @@ impl Shared {
         }
     }
 
-    /// The report so far (taken when the proxy stops).
+    /// The report so far (taken when the proxy stops), connections still relayed included.
     pub fn report(&self) -> Report {
-        self.report.lock().map(|r| r.clone()).unwrap_or_default()
+        let live = self.live.lock();
+        let mut r = self.report.lock().map(|r| r.clone()).unwrap_or_default();
+        if let Ok(live) = live {
+            let mut open: Vec<(u64, Connection)> = live.iter().map(|(id, l)| (*id, l.now())).collect();
+            open.sort_by_key(|(id, _)| *id);
+            open.into_iter().for_each(|(_, c)| r.add(c));
+        }
+        r
     }
 }
 
@@ -122,9 +180,10 @@ pub fn serve(listener: &OwnedFd, stop: BorrowedFd<'_>, shared: &Arc<Shared>) -> 
             shared.active.fetch_sub(1, Ordering::SeqCst);
         }
     }
-    // The sandbox is gone by now, so its ends of every connection are closed and the threads
-    // are finishing; give them a moment to record their byte counts.
-    let deadline = Instant::now() + Duration::from_millis(500);
+    // The sandbox is gone by now, so its ends of every connection are closed. Relays that see
+    // it finish at once; one whose server has not closed yet is reported as it stands rather
+    // than waited for (the run would wait on a remote server otherwise).
+    let deadline = Instant::now() + Duration::from_millis(20);
     while shared.active.load(Ordering::SeqCst) > 0 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -246,20 +305,22 @@ fn handle(conn: OwnedFd, shared: &Shared) {
             first
         }
     };
-    let (up, down) = relay(&conn, &server.stream, &opening, shared.limits.idle);
-    shared.record(Connection {
+    let record = Connection {
         host: host_text,
         port,
         via,
         allowed: true,
         code: None,
         reason: None,
-        address: Some(server.address),
+        address: Some(server.address.clone()),
         upstream: server.upstream,
-        bytes_up: up,
-        bytes_down: down,
-        duration_ms: started.elapsed().as_millis() as u64,
-    });
+        bytes_up: 0,
+        bytes_down: 0,
+        duration_ms: 0,
+    };
+    let (id, live) = shared.begin(record, started);
+    relay(&conn, &server.stream, &opening, shared.limits.idle, &live);
+    shared.end(id);
 }
 
 enum HeadWait {
@@ -373,8 +434,9 @@ impl Pipe {
 
 /// Carry bytes both ways until both directions end, one fails, or nothing moves for `idle`.
 /// `opening` goes to the server first (the forwarded head, or what a tunnel's client sent
-/// right after its CONNECT). Returns the bytes carried up (to the server) and down.
-fn relay(client: &OwnedFd, server: &OwnedFd, opening: &[u8], idle: Duration) -> (u64, u64) {
+/// right after its CONNECT). Keeps `live`'s counts of the bytes carried up (to the server) and
+/// down.
+fn relay(client: &OwnedFd, server: &OwnedFd, opening: &[u8], idle: Duration, live: &Live) {
     // No Nagle here: the proxy passes on each segment as its sender cut it; delaying a small
     // one until the previous is acknowledged (and the peer delays its ACK) costs tens of
     // milliseconds per exchange.
@@ -413,9 +475,12 @@ fn relay(client: &OwnedFd, server: &OwnedFd, opening: &[u8], idle: Duration) -> 
         }
         if before != (up.moved, down.moved, up.end, down.end) {
             last = Instant::now();
+            live.up.store(up.moved, Ordering::Relaxed);
+            live.down.store(down.moved, Ordering::Relaxed);
         }
     }
-    (up.moved, down.moved)
+    live.up.store(up.moved, Ordering::Relaxed);
+    live.down.store(down.moved, Ordering::Relaxed);
 }
 
 #[cfg(test)]
@@ -578,6 +643,38 @@ mod tests {
         drop((slow, garbage));
         let r = h.finish();
         assert!(r.connections.iter().filter(|c| c.allowed).count() >= 3, "{r:?}");
+    }
+
+    #[test]
+    fn a_connection_whose_server_stays_open_is_reported_as_it_stands() {
+        // A server that answers and then keeps the connection open.
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let (tx, rx) = std::sync::mpsc::channel::<TcpStream>();
+        std::thread::spawn(move || {
+            if let Ok((mut s, _)) = l.accept() {
+                let mut buf = [0u8; 1024];
+                let _ = s.read(&mut buf);
+                let _ = s.write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello");
+                let _ = tx.send(s);
+            }
+        });
+        let h = Harness::new(&[format!("127.0.0.1:{port}")], Limits::default());
+        let mut c = h.client();
+        c.write_all(format!("CONNECT 127.0.0.1:{port} HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\n\r\n").as_bytes()).unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 256];
+        while !got.ends_with(b"hello") {
+            let n = c.read(&mut buf).unwrap();
+            assert!(n > 0, "{}", String::from_utf8_lossy(&got));
+            got.extend_from_slice(&buf[..n]);
+        }
+        drop(c);
+        let r = h.finish();
+        let held = rx.recv().unwrap();
+        assert_eq!(r.connections.len(), 1, "{r:?}");
+        assert!(r.connections[0].allowed && r.connections[0].bytes_down >= 40, "{r:?}");
+        drop(held);
     }
 
     #[test]
