@@ -46,7 +46,9 @@ def main():
     while (cmd := next_command(history)) is not None:
         status, r = call("POST", "/v1/run", {"command": cmd, "timeout": 60})
         if status != 200:
-            sys.exit(f"txbox answered {status}: {r.get('error')}")
+            # Errors before a result exists: {"error": {"kind": ..., "message": ...}}.
+            err = r.get("error") or {}
+            sys.exit(f"txbox answered {status} ({err.get('kind')}): {err.get('message')}")
         print(f"$ {cmd}\n  -> {r['outcome']} (exit {r['exit_code']}) changes={r['changes']}")
         if r["outcome"] == "denied":
             print(f"     denied: {r['decision']['reason']}")

@@ -5,6 +5,7 @@
 //! the transaction layer depend only on these types, so the engine behind them can grow
 //! (full shell parsing, policy files) without changing its callers.
 
+mod commit;
 mod extract;
 mod glob;
 pub mod paths;
@@ -17,6 +18,8 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, OnceLock};
 
 use serde::Serialize;
+
+pub use commit::{ChangeKind, CommitAction, CommitChange, CommitFiles, CommitFinding, FileContent, ObjectKind};
 
 /// What the engine decided. Strictest wins when several rules match: `Deny` > `Transact` > `Allow`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -175,6 +178,10 @@ struct Compiled {
     weakened: Vec<Weakening>,
     /// The file's `allow_hosts` (network by allowlist for every command under this policy).
     allow_hosts: Vec<String>,
+    /// Effective commit rule specs, in order (disabled ones kept for `to_toml`).
+    commit_specs: Vec<commit::CommitRuleSpec>,
+    /// The enabled commit rules, compiled and indexed.
+    commit: commit::CommitRules,
 }
 
 /// A loaded policy: the built-in default, possibly with a user file merged over it.
@@ -190,7 +197,7 @@ fn builtin_cell() -> &'static Result<Policy, String> {
     static CELL: OnceLock<Result<Policy, String>> = OnceLock::new();
     CELL.get_or_init(|| {
         let spec = parse_file(BUILTIN_TOML, "<builtin>").map_err(|e| e.to_string())?;
-        Policy::build(spec.rules, BUILTIN_TOML, "<builtin>", Check::Nothing).map_err(|e| e.to_string())
+        Policy::build(spec.rules, spec.commit, BUILTIN_TOML, "<builtin>", Check::Nothing).map_err(|e| e.to_string())
     })
 }
 
@@ -203,7 +210,8 @@ fn runtime_cell() -> &'static Result<Policy, String> {
     CELL.get_or_init(|| {
         let text = without_examples(BUILTIN_TOML);
         let spec = parse_file(&text, "<builtin>").map_err(|e| e.to_string())?;
-        let mut p = Policy::build(spec.rules, &text, "<builtin>", Check::Nothing).map_err(|e| e.to_string())?;
+        let mut p =
+            Policy::build(spec.rules, spec.commit, &text, "<builtin>", Check::Nothing).map_err(|e| e.to_string())?;
         if let Some(c) = Arc::get_mut(&mut p.inner) {
             c.stripped = true;
         }
@@ -277,6 +285,8 @@ impl Policy {
                     stripped: false,
                     weakened: Vec::new(),
                     allow_hosts: Vec::new(),
+                    commit_specs: Vec::new(),
+                    commit: commit::CommitRules::default(),
                 }),
             },
         }
@@ -292,8 +302,8 @@ impl Policy {
     /// Parse policy text (`origin` names it in errors) and merge it over the built-in policy.
     pub fn from_toml_str(text: &str, origin: &str) -> Result<Policy, PolicyError> {
         let user = parse_file(text, origin)?;
-        let base = match builtin_cell() {
-            Ok(p) => p.inner.specs.clone(),
+        let (base, commit_base) = match builtin_cell() {
+            Ok(p) => (p.inner.specs.clone(), p.inner.commit_specs.clone()),
             Err(e) => return Err(PolicyError::at("<builtin>", "", 0, None, e.clone())),
         };
         let mut specs = base;
@@ -340,10 +350,11 @@ impl Policy {
                 specs.push(r);
             }
         }
+        let commit_specs = merge_commit_rules(commit_base, user.commit, text, origin, &mut seen, &mut weakened)?;
         // The rules this file adds or changes are checked (regexes, inline examples, inherited
         // ones included); the untouched built-in rules were checked by the tests, and checking
         // all of them again cost ~3 ms on every run with --policy.
-        let mut p = Policy::build(specs, text, origin, Check::Only(&seen))?;
+        let mut p = Policy::build(specs, commit_specs, text, origin, Check::Only(&seen))?;
         if let Some(c) = Arc::get_mut(&mut p.inner) {
             c.weakened = weakened;
             c.allow_hosts = user.allow_hosts;
@@ -364,7 +375,13 @@ impl Policy {
 
     /// Compile rules, and check the regexes and inline examples of those `check` names (the
     /// built-in policy's are checked by `builtin_examples_hold`, not on every start).
-    fn build(specs: Vec<rules::RuleSpec>, text: &str, origin: &str, check: Check<'_>) -> Result<Policy, PolicyError> {
+    fn build(
+        specs: Vec<rules::RuleSpec>,
+        commit_specs: Vec<commit::CommitRuleSpec>,
+        text: &str,
+        origin: &str,
+        check: Check<'_>,
+    ) -> Result<Policy, PolicyError> {
         let mut compiled = Vec::new();
         let mut ids: Vec<&str> = Vec::new();
         for s in &specs {
@@ -432,6 +449,7 @@ impl Policy {
             v.sort_unstable();
             v.dedup();
         }
+        let commit = build_commit_rules(&commit_specs, text, origin, check)?;
         Ok(Policy {
             inner: Arc::new(Compiled {
                 specs,
@@ -442,6 +460,8 @@ impl Policy {
                 stripped: false,
                 weakened: Vec::new(),
                 allow_hosts: Vec::new(),
+                commit_specs,
+                commit,
             }),
         })
     }
@@ -460,8 +480,15 @@ impl Policy {
             #[serde(skip_serializing_if = "<[String]>::is_empty")]
             allow_hosts: &'a [String],
             rule: &'a [rules::RuleSpec],
+            #[serde(skip_serializing_if = "<[_]>::is_empty")]
+            commit: &'a [commit::CommitRuleSpec],
         }
-        let out = Out { version: 1, allow_hosts: &self.inner.allow_hosts, rule: &self.inner.specs };
+        let out = Out {
+            version: 1,
+            allow_hosts: &self.inner.allow_hosts,
+            rule: &self.inner.specs,
+            commit: &self.inner.commit_specs,
+        };
         let mut text = String::new();
         for w in &self.inner.weakened {
             text.push_str(&format!("# WEAKENED built-in rule `{}`: {} (override = \"weaken\")\n", w.rule, w.how));
@@ -475,16 +502,27 @@ impl Policy {
         self.inner.rules.iter().map(|r| r.id.clone()).collect()
     }
 
+    /// Ids of the enabled commit rules, in order.
+    pub fn commit_rule_ids(&self) -> Vec<String> {
+        self.inner.commit.rules().iter().map(|r| r.id.clone()).collect()
+    }
+
+    /// Judge what a transaction would commit (crate::commit): the `hold` and `deny` findings,
+    /// the strictest per path. Cheap when no changed path has a component any rule names.
+    pub fn judge_commit(&self, changes: &[CommitChange], files: &dyn CommitFiles) -> Vec<CommitFinding> {
+        self.inner.commit.judge(changes, files)
+    }
+
     /// Evaluate a shell string as `bash -c` would run it.
     pub fn evaluate_str(&self, command: &str, ctx: &Context) -> Evaluation {
         let ex = extract::extract_str(command, ctx);
-        self.decide(&ex, ctx)
+        self.decide(ex, ctx)
     }
 
     /// Evaluate an argv (the `run -- PROGRAM ARGS` form). Arguments are taken literally.
     pub fn evaluate_argv(&self, argv: &[String], ctx: &Context) -> Evaluation {
         let ex = extract::extract_argv(argv, ctx);
-        self.decide(&ex, ctx)
+        self.decide(ex, ctx)
     }
 
     /// The rules that may match a command, in policy order: those naming its program, those
@@ -502,55 +540,172 @@ impl Policy {
         std::borrow::Cow::Owned(all)
     }
 
-    fn decide(&self, ex: &extract::Extraction, ctx: &Context) -> Evaluation {
-        let commands: Vec<Vec<String>> =
-            ex.cmds.iter().filter(|c| !c.argv.is_empty()).map(|c| c.argv.clone()).collect();
-        let mut best: Option<Decision> = None;
-        let consider = |d: Decision, best: &mut Option<Decision>| {
-            if best.as_ref().is_none_or(|b| d.action > b.action) {
-                *best = Some(d);
-            }
-        };
-        if let Some(e) = &ex.parse_error {
-            consider(
-                Decision {
-                    action: Action::Transact,
-                    rule: Some("engine.parse-error".into()),
-                    reason: format!("the command does not parse ({e}); it runs as a transaction"),
-                },
-                &mut best,
-            );
+    /// The strictest decision over every extracted command: per command the first rule, in
+    /// policy order, of the strictest action that matches (`engine.opaque` when the command is
+    /// opaque and nothing stricter matched, else the default); over the commands, the first of
+    /// the strictest. Only the winner's reason is rendered, and the argvs are moved, not copied.
+    fn decide(&self, ex: extract::Extraction, ctx: &Context) -> Evaluation {
+        /// Where a decision comes from, before its reason is written.
+        enum Why {
+            ParseError,
+            Rule { rule: usize, cmd: usize, path: Option<String> },
+            Opaque(usize),
+            Default,
         }
-        for c in &ex.cmds {
+        let mut best: Option<(Action, Why)> = None;
+        if ex.parse_error.is_some() {
+            best = Some((Action::Transact, Why::ParseError));
+        }
+        for (k, c) in ex.cmds.iter().enumerate() {
             let view = rules::CmdView::new(c, ctx, &ex.cmds);
-            let mut cmd_best: Option<Decision> = None;
+            let mut cmd_best: Option<(Action, Why)> = None;
             for &i in self.candidates(c).iter() {
                 let Some(rule) = self.inner.rules.get(i) else { continue };
-                if cmd_best.as_ref().is_some_and(|b| b.action >= rule.action) {
+                if cmd_best.as_ref().is_some_and(|(a, _)| *a >= rule.action) {
                     continue;
                 }
                 if let Some(path) = rule.matches(&view) {
-                    cmd_best = Some(Decision {
-                        action: rule.action,
-                        rule: Some(rule.id.clone()),
-                        reason: rule.render(c, path.as_deref()),
-                    });
+                    cmd_best = Some((rule.action, Why::Rule { rule: i, cmd: k, path }));
                 }
             }
-            if let Some(why) = &c.opaque {
-                if cmd_best.as_ref().is_none_or(|b| b.action < Action::Transact) {
-                    cmd_best = Some(Decision {
-                        action: Action::Transact,
-                        rule: Some("engine.opaque".into()),
-                        reason: format!("{why}; it runs as a transaction"),
-                    });
-                }
+            if c.opaque.is_some() && cmd_best.as_ref().is_none_or(|(a, _)| *a < Action::Transact) {
+                cmd_best = Some((Action::Transact, Why::Opaque(k)));
             }
-            consider(cmd_best.unwrap_or_else(Decision::default_transact), &mut best);
+            let d = cmd_best.unwrap_or((Action::Transact, Why::Default));
+            if best.as_ref().is_none_or(|(a, _)| d.0 > *a) {
+                best = Some(d);
+            }
         }
-        let decision = best.unwrap_or(Decision { action: Action::Allow, rule: None, reason: "nothing to run".into() });
+        let decision = match best {
+            None => Decision { action: Action::Allow, rule: None, reason: "nothing to run".into() },
+            Some((action, why)) => match why {
+                Why::ParseError => Decision {
+                    action,
+                    rule: Some("engine.parse-error".into()),
+                    reason: format!(
+                        "the command does not parse ({}); it runs as a transaction",
+                        ex.parse_error.as_deref().unwrap_or_default()
+                    ),
+                },
+                Why::Rule { rule, cmd, path } => match (self.inner.rules.get(rule), ex.cmds.get(cmd)) {
+                    (Some(r), Some(c)) => {
+                        Decision { action, rule: Some(r.id.clone()), reason: r.render(c, path.as_deref()) }
+                    }
+                    _ => Decision::default_transact(),
+                },
+                Why::Opaque(cmd) => Decision {
+                    action,
+                    rule: Some("engine.opaque".into()),
+                    reason: format!(
+                        "{}; it runs as a transaction",
+                        ex.cmds.get(cmd).and_then(|c| c.opaque.as_deref()).unwrap_or_default()
+                    ),
+                },
+                Why::Default => Decision::default_transact(),
+            },
+        };
+        let commands = ex.cmds.into_iter().filter(|c| !c.argv.is_empty()).map(|c| c.argv).collect();
         Evaluation { decision, commands }
     }
+}
+
+/// Merge a file's commit rules over the built-in ones, as for command rules: a rule with a
+/// built-in id replaces fields of it, and weakening it needs `override = "weaken"`.
+fn merge_commit_rules(
+    mut specs: Vec<commit::CommitRuleSpec>,
+    user: Vec<commit::CommitRuleSpec>,
+    text: &str,
+    origin: &str,
+    seen: &mut Vec<String>,
+    weakened: &mut Vec<Weakening>,
+) -> Result<Vec<commit::CommitRuleSpec>, PolicyError> {
+    let mut seen_here: Vec<String> = Vec::new();
+    for r in user {
+        let id = r.id.get_ref().clone();
+        if seen_here.contains(&id) {
+            return Err(PolicyError::at(origin, text, r.id.span().start, Some(&id), "duplicate commit rule id"));
+        }
+        seen_here.push(id.clone());
+        seen.push(id.clone());
+        let Some(b) = specs.iter_mut().find(|s| s.id.get_ref() == &id) else {
+            specs.push(r);
+            continue;
+        };
+        let mut merged = r.clone();
+        if merged.action.is_none() {
+            merged.action = b.action.clone();
+        }
+        if merged.reason.is_none() {
+            merged.reason = b.reason.clone();
+        }
+        if merged.when.is_empty() {
+            merged.when = b.when.clone();
+            if merged.examples.is_none() {
+                merged.examples = b.examples.clone();
+            }
+        }
+        if let Some(how) = commit::weakens(b, &merged) {
+            if merged.override_ != Some(rules::Override::Weaken) {
+                return Err(PolicyError::at(
+                    origin,
+                    text,
+                    r.id.span().start,
+                    Some(&id),
+                    format!(
+                        "weakens the built-in commit rule ({how}); add `override = \"weaken\"` to the rule if that is meant"
+                    ),
+                ));
+            }
+            weakened.push(Weakening { rule: id.clone(), how });
+        }
+        *b = merged;
+    }
+    Ok(specs)
+}
+
+/// Compile commit rules, checking the inline examples of those `check` names.
+fn build_commit_rules(
+    specs: &[commit::CommitRuleSpec],
+    text: &str,
+    origin: &str,
+    check: Check<'_>,
+) -> Result<commit::CommitRules, PolicyError> {
+    let mut ids: Vec<&str> = Vec::new();
+    let mut compiled = Vec::new();
+    for s in specs {
+        let id = s.id.get_ref();
+        let err = |m: String| PolicyError::at(origin, text, s.id.span().start, Some(id), m);
+        if ids.contains(&id.as_str()) {
+            return Err(err("duplicate commit rule id".into()));
+        }
+        ids.push(id);
+        if id.is_empty() {
+            return Err(err("empty rule id".into()));
+        }
+        if s.enabled == Some(false) {
+            continue;
+        }
+        let rule = commit::CommitRule::compile(s).map_err(err)?;
+        let check_examples = match check {
+            Check::Nothing => false,
+            Check::All => true,
+            Check::Only(ids) => ids.iter().any(|i| i == id),
+        };
+        if let Some(ex) = s.examples.as_ref().filter(|_| check_examples) {
+            for e in &ex.matches {
+                if !commit::example_matches(&rule, e) {
+                    return Err(err(format!("example `{e}` should match but does not")));
+                }
+            }
+            for e in &ex.no_match {
+                if commit::example_matches(&rule, e) {
+                    return Err(err(format!("example `{e}` should not match but does")));
+                }
+            }
+        }
+        compiled.push(rule);
+    }
+    Ok(commit::CommitRules::new(compiled))
 }
 
 fn rule_matches_str(rule: &rules::Rule, text: &str, ctx: &Context) -> bool {
@@ -603,6 +758,37 @@ pub fn lint(path: &Path) -> Result<Vec<String>, PolicyError> {
             }
         }
     }
+    for r in &user.commit {
+        let id = r.id.get_ref();
+        let (line, col) = line_col(&text, r.id.span().start);
+        let at = format!("{origin}:{line}:{col}: commit rule `{id}`");
+        let base = builtin.inner.commit_specs.iter().find(|s| s.id.get_ref() == id);
+        if let Some(w) = policy.weakened().iter().find(|w| &w.rule == id && base.is_some()) {
+            let was = base.and_then(|b| b.action.as_deref()).unwrap_or("?");
+            warnings.push(format!("{at}: WEAKENS the built-in {was} commit rule: {} (override = \"weaken\")", w.how));
+        } else if r.override_.is_some() {
+            let what = if base.is_some() { "weakens nothing" } else { "is not a built-in commit rule" };
+            warnings.push(format!("{at}: has `override = \"weaken\"` but {what}"));
+        }
+        if r.enabled == Some(false) {
+            if base.is_none() {
+                warnings.push(format!("{at}: disables a commit rule that is not built in (no effect)"));
+            }
+            continue;
+        }
+        if base.is_none() && r.examples.as_ref().is_none_or(|e| e.matches.is_empty()) {
+            warnings.push(format!("{at}: has no `examples.match`; add one so the rule is checked at load"));
+        }
+        if base.is_none() && !id.contains('.') {
+            warnings.push(format!("{at}: id is not namespaced (e.g. `team.{id}`)"));
+        }
+        if base.is_none() && r.action.as_deref() == Some("allow") {
+            warnings.push(format!(
+                "{at}: an allow commit rule exempts nothing (the strictest rule wins); to relax a built-in \
+                 commit rule, give its id with `override = \"weaken\"`"
+            ));
+        }
+    }
     Ok(warnings)
 }
 
@@ -637,8 +823,9 @@ mod tests {
     #[test]
     fn builtin_examples_hold() {
         let spec = parse_file(BUILTIN_TOML, "<builtin>").map_err(|e| e.to_string());
-        let built =
-            spec.and_then(|s| Policy::build(s.rules, BUILTIN_TOML, "<builtin>", Check::All).map_err(|e| e.to_string()));
+        let built = spec.and_then(|s| {
+            Policy::build(s.rules, s.commit, BUILTIN_TOML, "<builtin>", Check::All).map_err(|e| e.to_string())
+        });
         if let Err(e) = built {
             panic!("{e}");
         }

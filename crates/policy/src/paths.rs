@@ -1,6 +1,7 @@
 //! Path classes: where an argument would point, decided lexically against the [`Context`]
 //! (no filesystem access, so symlinks are not followed; the sandbox contains what this misses).
 
+use std::borrow::Cow;
 use std::path::{Component, Path, PathBuf};
 
 use crate::Context;
@@ -406,6 +407,23 @@ fn under(p: &str, prefix: &str) -> bool {
     p.strip_prefix(prefix).is_some_and(|rest| rest.is_empty() || rest.starts_with('/'))
 }
 
+/// [`normalize`], borrowing `p` when it is normal already (absolute, no `.` or `..`, no empty
+/// or trailing component): the workspace and home of a context usually are, and every
+/// classified path needs them.
+fn normalized(p: &Path) -> Cow<'_, Path> {
+    let normal = p.to_str().is_some_and(|s| {
+        s == "/"
+            || (s.starts_with('/')
+                && !s.ends_with('/')
+                && s[1..].split('/').all(|c| !c.is_empty() && c != "." && c != ".."))
+    });
+    if normal {
+        Cow::Borrowed(p)
+    } else {
+        Cow::Owned(normalize(p))
+    }
+}
+
 /// Lexically normalise an absolute path: drop `.`, apply `..` (never above `/`).
 pub fn normalize(p: &Path) -> PathBuf {
     let mut out = PathBuf::from("/");
@@ -442,16 +460,16 @@ pub fn classify(text: &str, dyn_at: Option<usize>, cwd: Option<&Path>, ctx: &Con
     if stat.is_empty() {
         return dynamic();
     }
-    let home = ctx.home.clone().unwrap_or_else(|| PathBuf::from("/root"));
-    let joined: PathBuf = if stat == "~" {
-        home
+    let home = ctx.home.as_deref().unwrap_or(Path::new("/root"));
+    let joined: Cow<'_, Path> = if stat == "~" {
+        Cow::Borrowed(home)
     } else if let Some(rest) = stat.strip_prefix("~/") {
-        home.join(rest)
+        Cow::Owned(home.join(rest))
     } else if stat.starts_with('/') {
-        PathBuf::from(stat)
+        Cow::Borrowed(Path::new(stat))
     } else {
         match cwd {
-            Some(c) => c.join(stat),
+            Some(c) => Cow::Owned(c.join(stat)),
             None => return dynamic(),
         }
     };
@@ -515,37 +533,34 @@ pub fn classify(text: &str, dyn_at: Option<usize>, cwd: Option<&Path>, ctx: &Con
     PathInfo { display, classes, scope }
 }
 
-fn home_dirs(ctx: &Context) -> Vec<PathBuf> {
-    let mut v = vec![PathBuf::from("/root")];
-    if let Some(h) = &ctx.home {
-        v.push(normalize(h));
-    }
-    v
+fn home_dirs(ctx: &Context) -> [Option<Cow<'_, Path>>; 2] {
+    [Some(Cow::Borrowed(Path::new("/root"))), ctx.home.as_deref().map(normalized)]
 }
 
 /// Classes of an absolute, normalised path; `children` means "every entry below it".
 pub fn classify_abs(p: &Path, children: bool, ctx: &Context) -> ClassSet {
-    let ws = normalize(&ctx.workspace);
+    let ws = normalized(&ctx.workspace);
     let mut set = ClassSet::default();
     if p == ws {
         set.insert(if children { PathClass::Workspace } else { PathClass::WorkspaceRoot });
         return set;
     }
-    if p.starts_with(&ws) {
+    if p.starts_with(&*ws) {
         set.insert(PathClass::Workspace);
         return set;
     }
-    let comps: Vec<String> = p
+    let comps: Vec<Cow<'_, str>> = p
         .components()
         .filter_map(|c| match c {
-            Component::Normal(n) => Some(n.to_string_lossy().into_owned()),
+            Component::Normal(n) => Some(n.to_string_lossy()),
             _ => None,
         })
         .collect();
-    let first = comps.first().map(String::as_str);
+    let comp = |k: usize| comps.get(k).map(|c| c.as_ref());
+    let first = comp(0);
     let scratch = matches!(first, Some("tmp"))
-        || (first == Some("var") && comps.get(1).map(String::as_str) == Some("tmp"))
-        || (first == Some("dev") && comps.get(1).map(String::as_str) == Some("shm"));
+        || (first == Some("var") && comp(1) == Some("tmp"))
+        || (first == Some("dev") && comp(1) == Some("shm"));
     // An ancestor of the workspace is one whatever else it is: deleting /var/tmp/proj while
     // working in /var/tmp/proj/ws destroys the workspace itself.
     if ws.starts_with(p) {
@@ -576,20 +591,22 @@ pub fn classify_abs(p: &Path, children: bool, ctx: &Context) -> ClassSet {
     }
     // Home directories: the user's, /root, /home/<u>, /Users/<u>.
     let homes = home_dirs(ctx);
-    let in_home = homes.iter().find(|h| p.starts_with(h)).cloned().or_else(|| {
-        if matches!(first, Some("home") | Some("Users")) && comps.len() >= 2 {
-            Some(PathBuf::from(format!("/{}/{}", comps[0], comps[1])))
-        } else {
-            None
-        }
-    });
+    let homes = homes.iter().flatten();
+    let in_home: Option<Cow<'_, Path>> =
+        homes.clone().find(|h| p.starts_with(h)).map(|h| Cow::Borrowed(h.as_ref())).or_else(|| {
+            if matches!(first, Some("home") | Some("Users")) && comps.len() >= 2 {
+                Some(Cow::Owned(PathBuf::from(format!("/{}/{}", comps[0], comps[1]))))
+            } else {
+                None
+            }
+        });
     if matches!(first, Some("home") | Some("Users")) && comps.len() == 1 {
         set.insert(PathClass::Home);
         set.insert(PathClass::HomeDir);
     }
     if let Some(h) = &in_home {
         set.insert(PathClass::Home);
-        if p == h {
+        if p == h.as_ref() {
             set.insert(PathClass::HomeDir);
         }
         if let Ok(rel) = p.strip_prefix(h) {
@@ -607,12 +624,12 @@ pub fn classify_abs(p: &Path, children: bool, ctx: &Context) -> ClassSet {
         set.remove(PathClass::SystemDir);
     }
     // A process's environment holds its credentials.
-    if first == Some("proc") && comps.len() == 3 && comps[2] == "environ" {
+    if first == Some("proc") && comps.len() == 3 && comp(2) == Some("environ") {
         set.insert(PathClass::Secret);
     }
     // A secret, or a directory that holds one (`tar c /etc/ssh`, `tar c ~`).
     if SECRET_ABS.iter().any(|s| under(&pstr, s) || under(s, &pstr))
-        || homes.iter().any(|h| under(&h.to_string_lossy(), &pstr))
+        || homes.clone().any(|h| under(&h.to_string_lossy(), &pstr))
     {
         set.insert(PathClass::Secret);
     }
@@ -620,7 +637,7 @@ pub fn classify_abs(p: &Path, children: bool, ctx: &Context) -> ClassSet {
         set.insert(PathClass::Critical);
     }
     if first == Some("dev") {
-        match comps.get(1).map(String::as_str) {
+        match comp(1) {
             Some("tcp") | Some("udp") => set.insert(PathClass::Network),
             Some(d)
                 if BENIGN_DEV.contains(&d)
@@ -637,9 +654,7 @@ pub fn classify_abs(p: &Path, children: bool, ctx: &Context) -> ClassSet {
             }
         }
     }
-    if (first == Some("proc") && matches!(comps.get(1).map(String::as_str), Some("sys") | Some("sysrq-trigger")))
-        || first == Some("sys")
-    {
+    if (first == Some("proc") && matches!(comp(1), Some("sys") | Some("sysrq-trigger"))) || first == Some("sys") {
         set.insert(PathClass::Kernel);
     }
     if in_home
@@ -654,8 +669,8 @@ pub fn classify_abs(p: &Path, children: bool, ctx: &Context) -> ClassSet {
     let stream = set.contains(PathClass::Network)
         || (first == Some("dev") && comps.len() >= 2 && !set.contains(PathClass::Device))
         || (first == Some("proc")
-            && comps.get(2).map(String::as_str) == Some("fd")
-            && comps.get(1).is_some_and(|d| d == "self" || d.chars().all(|c| c.is_ascii_digit())));
+            && comp(2) == Some("fd")
+            && comp(1).is_some_and(|d| d == "self" || d.chars().all(|c| c.is_ascii_digit())));
     if !stream {
         set.insert(PathClass::Host);
     }

@@ -19,6 +19,9 @@ pub(crate) struct FileSpec {
     pub allow_hosts: Vec<String>,
     #[serde(default, rename = "rule")]
     pub rules: Vec<RuleSpec>,
+    /// Commit-time rules (`[[commit]]`, crate::commit).
+    #[serde(default, rename = "commit")]
+    pub commit: Vec<crate::commit::CommitRuleSpec>,
 }
 
 /// One rule as written.
@@ -114,7 +117,8 @@ pub(crate) struct MatchSpec {
     /// One of these programs feeds the command's stdin.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub stdin_from_any: Vec<String>,
-    /// Engine features (`fork-bomb`, `interactive`, `find-delete`, `find-action`, `wrapper`).
+    /// Engine features (`fork-bomb`, `interactive`, `find-delete`, `find-action`, `wrapper`,
+    /// `non-root-user`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub features_any: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -211,6 +215,11 @@ fn classes(v: &[String], field: &str) -> Result<ClassSet, String> {
 #[derive(Debug, Clone)]
 pub(crate) struct Matcher {
     pub program: Vec<Pat>,
+    /// `program`'s plain basenames, sorted: one binary search instead of a comparison per entry
+    /// (the read-only rule names a hundred programs, and most commands meet it).
+    program_names: Vec<String>,
+    /// `program`'s globs and paths, matched one by one.
+    program_other: Vec<Pat>,
     subcommand: Vec<Vec<Pat>>,
     flags_any: Vec<Pat>,
     flags_all: Vec<Pat>,
@@ -256,8 +265,20 @@ impl Matcher {
                 Scope::parse(s).ok_or_else(|| format!("`paths_scope`: unknown scope `{s}` (full, bulk, selective)"))?,
             );
         }
+        let program = pats(&s.program)?;
+        let mut program_names: Vec<String> = program
+            .iter()
+            .filter_map(|p| match p {
+                Pat::Lit(l) if !l.contains('/') => Some(l.clone()),
+                _ => None,
+            })
+            .collect();
+        program_names.sort_unstable();
+        let program_other = program.iter().filter(|p| p_has_slash(p) || matches!(p, Pat::Glob(..))).cloned().collect();
         Ok(Matcher {
-            program: pats(&s.program)?,
+            program,
+            program_names,
+            program_other,
             subcommand: s
                 .subcommand
                 .iter()
@@ -287,7 +308,8 @@ impl Matcher {
     pub fn matches(&self, c: &CmdView) -> Option<Option<String>> {
         let cmd = c.cmd;
         if !self.program.is_empty() {
-            let ok = self.program.iter().any(|p| p.matches_program(cmd));
+            let ok = self.program_names.binary_search_by(|n| n.as_str().cmp(cmd.program())).is_ok()
+                || self.program_other.iter().any(|p| p.matches_program(cmd));
             if !ok {
                 return None;
             }
@@ -386,12 +408,7 @@ impl Matcher {
             }
         }
         if let Some(r) = &self.regex {
-            let mut line = cmd.argv.join(" ");
-            if let Some(i) = &cmd.input {
-                line.push('\n');
-                line.push_str(i);
-            }
-            if !r.is_match(&line) {
+            if !r.is_match(c.line()) {
                 return None;
             }
         }
@@ -416,6 +433,7 @@ pub(crate) struct CmdView<'a> {
     paths: std::cell::OnceCell<Vec<PathInfo>>,
     redirects: std::cell::OnceCell<Vec<(bool, PathInfo)>>,
     writes: std::cell::OnceCell<Vec<PathInfo>>,
+    line: std::cell::OnceCell<String>,
 }
 
 impl<'a> CmdView<'a> {
@@ -428,7 +446,22 @@ impl<'a> CmdView<'a> {
             paths: std::cell::OnceCell::new(),
             redirects: std::cell::OnceCell::new(),
             writes: std::cell::OnceCell::new(),
+            line: std::cell::OnceCell::new(),
         }
+    }
+
+    /// What `regex` matches: the canonical argv joined by spaces, then any here-document or
+    /// here-string text after a newline. Built once per command, not once per rule (a
+    /// here-document can hold a whole file).
+    pub fn line(&self) -> &str {
+        self.line.get_or_init(|| {
+            let mut line = self.cmd.argv.join(" ");
+            if let Some(i) = &self.cmd.input {
+                line.push('\n');
+                line.push_str(i);
+            }
+            line
+        })
     }
 
     pub fn paths(&self) -> &[PathInfo] {

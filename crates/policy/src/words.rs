@@ -108,6 +108,11 @@ pub(crate) fn expand(raw: &str, vars: &Vars) -> Expansion {
 
 /// Expand a raw word, substituting the output of command substitutions `eval` can compute.
 pub(crate) fn expand_with(raw: &str, vars: &Vars, eval: Eval<'_>) -> Expansion {
+    // Most words have nothing to expand: no quote, escape, expansion or brace, so the loop
+    // below would copy them as they are (`ls`, `-la`, `/tmp/x.txt`, `~/src`).
+    if !raw.bytes().any(|b| matches!(b, b'\'' | b'"' | b'\\' | b'$' | b'`' | b'{' | b',' | b'}')) {
+        return Expansion { words: vec![EWord::lit(raw)], subs: Vec::new(), static_subs: Vec::new() };
+    }
     let mut out = Out { text: String::with_capacity(raw.len()), dyn_at: None, braces: Vec::new(), splits: Vec::new() };
     let mut subs = Vec::new();
     let mut static_subs = Vec::new();

@@ -245,6 +245,36 @@ proptest! {
         prop_assert_eq!(e.decision.action, Action::Deny, "{} => {:?}", wrapped, e.decision);
     }
 
+    /// su and sudo in every option spelling: the code they run is judged (a deny-worthy command
+    /// stays denied whoever runs it), and a shell as root, or as a user the engine cannot read,
+    /// is denied (issue #13: su -lc CODE and su --command=CODE once ran CODE unseen).
+    #[test]
+    fn su_and_sudo_spellings_keep_deny(
+        k in 0usize..DENY_CORE.len(),
+        opts in prop_oneof![Just(""), Just("-"), Just("-l"), Just("-m"), Just("-p"), Just("-s /bin/sh"), Just("--login"), Just("-f"), Just("--shell=/bin/bash")],
+        user in prop_oneof![Just(""), Just("root"), Just("bob"), Just("\"$U\""), Just("0")],
+        form in 0usize..6,
+    ) {
+        let p = Policy::builtin();
+        let c = DENY_CORE[k];
+        let code = match form {
+            0 => format!("su {opts} {user} -c '{c}'"),
+            1 => format!("su {opts} --command='{c}' {user}"),
+            2 => format!("su -lc '{c}' {user}"),
+            3 => format!("sudo su {opts} {user} -c '{c}'"),
+            4 => format!("su {opts} --session-command '{c}' {user}"),
+            _ => format!("sudo -u {} sh -c '{c}'", if user.is_empty() { "root" } else { user }),
+        };
+        let e = p.evaluate_str(&code, &ctx());
+        prop_assert_eq!(e.decision.action, Action::Deny, "{} => {:?}", code, e.decision);
+        let root = matches!(user, "" | "root" | "0" | "\"$U\"");
+        let shells = [format!("su {opts} {user}"), format!("sudo su {opts} {user}"), format!("sudo -u {} -i", if user.is_empty() { "root" } else { user })];
+        for s in shells {
+            let e = p.evaluate_str(&s, &ctx());
+            prop_assert_eq!(e.decision.action == Action::Deny, root, "{} => {:?}", s, e.decision);
+        }
+    }
+
     #[test]
     fn never_panics(s in "\\PC{0,60}") {
         let p = Policy::builtin();

@@ -9,8 +9,14 @@
 //! Best effort by ABI: the ruleset asks for every filesystem right known to the `landlock` crate
 //! ([`TARGET_ABI`]) and the crate drops what the running kernel does not know. [`apply`] reports
 //! how much was enforced so txbox can tell the user; it never fails merely because the kernel is
-//! old or lacks Landlock. Only filesystem rights are handled: the network is confined by the
-//! network namespace, and signals by the pid namespace.
+//! old or lacks Landlock. The network is confined by the network namespace, and signals by the
+//! pid namespace; two scopes (ABI 6) add to those: no abstract unix socket and no signal
+//! outside the command's own domain (the host's abstract sockets when the network is shared;
+//! the sandbox's init).
+//!
+//! Unix sockets by path (ABI 9, `ResolveUnix`): the right is handled and granted nowhere, so
+//! the command reaches only sockets created in its own domain, never one of the host's (see
+//! `crate::supervisor`, which stands in on older kernels).
 
 use std::fs::OpenOptions;
 use std::io;
@@ -19,7 +25,7 @@ use std::path::{Path, PathBuf};
 
 use ::landlock::{
     Access, AccessFs, CompatLevel, Compatible, PathBeneath, RestrictionStatus, Ruleset, RulesetAttr,
-    RulesetCreatedAttr, RulesetError, RulesetStatus, ABI,
+    RulesetCreatedAttr, RulesetError, RulesetStatus, Scope, ABI,
 };
 
 /// The newest Landlock ABI this code asks for. With ABI 9 this includes `RESOLVE_UNIX`, which
@@ -33,7 +39,8 @@ pub const TARGET_ABI: ABI = ABI::V9;
 pub struct LandlockPlan {
     /// Read, list and execute beneath these (usually just `/`).
     pub read_only: Vec<PathBuf>,
-    /// Every right beneath these: the workspace view, `/tmp`, `/dev`, configured extras.
+    /// Every right but reaching unix sockets by path beneath these: the workspace view,
+    /// `/tmp`, `/dev`, configured extras.
     pub writable: Vec<PathBuf>,
 }
 
@@ -111,16 +118,20 @@ pub enum LandlockError {
 pub fn apply(plan: &LandlockPlan) -> Result<LandlockStatus, LandlockError> {
     let all = AccessFs::from_all(TARGET_ABI);
     let read = AccessFs::from_read(TARGET_ABI);
+    // Granted nowhere: a socket is reachable by path only if created in this domain.
+    let write = all & !AccessFs::ResolveUnix;
 
     let mut ruleset = Ruleset::default()
         .set_compatibility(CompatLevel::BestEffort)
         .handle_access(all)
         .map_err(LandlockError::HandleAccess)?
+        .scope(Scope::AbstractUnixSocket | Scope::Signal)
+        .map_err(LandlockError::HandleAccess)?
         .create()
         .map_err(LandlockError::Create)?;
 
     let mut skipped = Vec::new();
-    for (paths, access) in [(&plan.read_only, read), (&plan.writable, all)] {
+    for (paths, access) in [(&plan.read_only, read & !AccessFs::ResolveUnix), (&plan.writable, write)] {
         for path in paths {
             let fd = match open_path(path) {
                 Ok(fd) => fd,

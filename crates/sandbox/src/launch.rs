@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 use rustix::event::{PollFd, PollFlags};
 
 use crate::net::NET_FD;
-use crate::stage2::{REPORT_FD, SYNC_FD};
+use crate::stage2::{PTY_FD, REPORT_FD, SYNC_FD};
+use crate::terminal::Relay;
+use crate::warm::wire::Report;
 use crate::warm::{Conn, NotWarm};
 
 /// How often limits that need watching are checked.
@@ -51,6 +53,9 @@ pub struct LaunchOptions {
     /// Network by allowlist: the socket on which stage 2 sends the proxy listener it makes in
     /// the sandbox ([`crate::net`]); the caller keeps it open while `launch` runs.
     pub net_handoff: Option<std::os::fd::RawFd>,
+    /// The command's whole environment (`KEY=VALUE` entries), cold and warm alike; `None`:
+    /// this process's. The caller decides what is in it (txbox withholds credentials).
+    pub env: Option<Vec<OsString>>,
 }
 
 /// Where the command ran.
@@ -160,6 +165,27 @@ pub(crate) unsafe fn install_fds(pairs: &[(i32, i32)]) -> bool {
     true
 }
 
+/// `KEY=VALUE` → (KEY, VALUE); an entry without `=` or with an empty key is skipped.
+fn split_entry(e: &OsString) -> Option<(OsString, OsString)> {
+    use std::os::unix::ffi::OsStrExt;
+    let b = e.as_bytes();
+    let eq = b.iter().position(|&c| c == b'=').filter(|&i| i > 0)?;
+    Some((
+        OsString::from(std::ffi::OsStr::from_bytes(&b[..eq])),
+        OsString::from(std::ffi::OsStr::from_bytes(&b[eq + 1..])),
+    ))
+}
+
+/// Make this process's environment exactly `env` (in a forked, single-threaded child only).
+fn replace_environment(env: &[OsString]) {
+    for (k, _) in std::env::vars_os() {
+        std::env::remove_var(k);
+    }
+    for (k, v) in env.iter().filter_map(split_entry) {
+        std::env::set_var(k, v);
+    }
+}
+
 /// Whether this process has a single thread, which makes `fork` without `exec` safe.
 fn single_threaded() -> bool {
     // Field 20 of /proc/self/stat, counted after the `(comm)` field that may hold spaces.
@@ -244,13 +270,10 @@ fn try_warm(
     spec: &SandboxSpec,
     opts: &LaunchOptions,
 ) -> Result<(Conn, Option<OwnedFd>, Option<OwnedFd>), NotWarm> {
-    use std::io::IsTerminal;
-    // A terminal needs the caller's session (job control, /dev/tty), which only a sandbox
-    // forked from the caller has; cgroup limits need stage 2 stopped before it starts.
-    let tty = (!opts.null_stdin && std::io::stdin().is_terminal())
-        || (opts.capture.is_none() && (std::io::stdout().is_terminal() || std::io::stderr().is_terminal()));
-    // A proxy's listener is made in a namespace of the run's own (`crate::net`).
-    if tty || spec.sync || spec.proxy_port.is_some() {
+    // A terminal of its own (crate::terminal) is made by a sandbox built for the run; cgroup
+    // limits need stage 2 stopped before it starts; a proxy's listener is made in a network
+    // namespace of the run's own (`crate::net`).
+    if spec.terminal || spec.sync || spec.proxy_port.is_some() {
         return Err(NotWarm::Unsuitable);
     }
     let pipe = || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|_| NotWarm::Unsuitable);
@@ -264,7 +287,7 @@ fn try_warm(
         out.as_ref().map_or(rustix::stdio::stdout(), |p| p.1.as_fd()),
         err.as_ref().map_or(rustix::stdio::stderr(), |p| p.1.as_fd()),
     ];
-    let conn = crate::warm::claim(socket, spec, stdio)?;
+    let conn = crate::warm::claim(socket, spec, stdio, opts.env.as_deref())?;
     // The write ends now belong to the command; ours would hold its output open.
     Ok((conn, out.map(|(r, _)| r), err.map(|(r, _)| r)))
 }
@@ -278,14 +301,23 @@ pub fn launch(
 ) -> Result<Finished, SandboxError> {
     let spawn_err = |source| SandboxError::Spawn { exe: exe.display().to_string(), source };
     let pipe = || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| spawn_err(e.into()));
-    // The command gets the terminal's SIGINT/SIGQUIT itself; txbox stays to roll back.
+    // The command's terminal interrupts reach it through its own terminal (crate::terminal);
+    // txbox stays to roll back.
     let _guard = IgnoreInterrupts::new();
+    let mut with_tty;
+    let spec = if crate::terminal::wanted(opts.null_stdin, opts.capture.is_some()) {
+        with_tty = spec.clone();
+        with_tty.terminal = true;
+        &with_tty
+    } else {
+        spec
+    };
     let why_cold = match opts.warm.as_deref().map(|socket| try_warm(socket, spec, opts)) {
         None => NotWarm::Off,
         Some(Err(why)) => why,
         Some(Ok((conn, out_r, err_r))) => {
             let report = conn.stream.try_clone().map_err(&spawn_err)?;
-            return supervise(Helper::Warm(conn), report, out_r, err_r, opts, watch, WarmUse::Served);
+            return supervise(Helper::Warm(conn), report, out_r, err_r, None, opts, watch, WarmUse::Served);
         }
     };
     let (report_r, report_w) = pipe()?;
@@ -293,6 +325,19 @@ pub fn launch(
     let sr = if spec.sync { sync_r.as_raw_fd() } else { -1 };
     let net = opts.net_handoff.unwrap_or(-1);
     let w = report_w.as_raw_fd();
+    let pty = match spec.terminal {
+        true => Some(
+            rustix::net::socketpair(
+                rustix::net::AddressFamily::UNIX,
+                rustix::net::SocketType::STREAM,
+                rustix::net::SocketFlags::CLOEXEC,
+                None,
+            )
+            .map_err(|e| spawn_err(e.into()))?,
+        ),
+        false => None,
+    };
+    let pt = pty.as_ref().map_or(-1, |(_, child)| child.as_raw_fd());
     let (mut child, out_r, err_r) = if single_threaded() && std::env::var_os("TXBOX_REEXEC").is_none() {
         let (out, err) = match opts.capture {
             Some(_) => (Some(pipe()?), Some(pipe()?)),
@@ -309,9 +354,23 @@ pub fn launch(
             return Err(spawn_err(std::io::Error::last_os_error()));
         }
         if pid == 0 {
+            // Stage 2 execs the command with its own environment: make it the one asked for.
+            // This child is single-threaded (a fork of a single-threaded process), so nothing
+            // reads the environment while it changes.
+            if let Some(env) = &opts.env {
+                replace_environment(env);
+            }
             // SAFETY: in the forked child, with fds inherited from the parent.
             if !unsafe {
-                install_fds(&[(in_r, 0), (out_w, 1), (err_w, 2), (w, REPORT_FD), (sr, SYNC_FD), (net, NET_FD)])
+                install_fds(&[
+                    (in_r, 0),
+                    (out_w, 1),
+                    (err_w, 2),
+                    (w, REPORT_FD),
+                    (sr, SYNC_FD),
+                    (pt, PTY_FD),
+                    (net, NET_FD),
+                ])
             } {
                 // SAFETY: leaving the forked child without touching the parent's state.
                 unsafe { libc::_exit(125) };
@@ -322,6 +381,9 @@ pub fn launch(
     } else {
         let mut cmd = Command::new(exe);
         cmd.arg0("txbox-sandbox").arg("__stage2").args(spec.to_args());
+        if let Some(env) = &opts.env {
+            cmd.env_clear().envs(env.iter().filter_map(split_entry));
+        }
         if opts.capture.is_some() {
             cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
         }
@@ -332,7 +394,9 @@ pub fn launch(
         // syscalls (fcntl, dup2) on fds that exist in the child.
         unsafe {
             cmd.pre_exec(move || {
-                if install_fds(&[(w, REPORT_FD), (sr, SYNC_FD), (net, NET_FD)]) {
+                // Nothing this process's caller left open goes on (crate::fds).
+                crate::fds::cloexec_from(3);
+                if install_fds(&[(w, REPORT_FD), (sr, SYNC_FD), (pt, PTY_FD), (net, NET_FD)]) {
                     Ok(())
                 } else {
                     Err(std::io::Error::last_os_error())
@@ -345,6 +409,7 @@ pub fn launch(
     };
     drop(report_w);
     drop(sync_r);
+    let pty = pty.map(|(ours, _)| ours);
     if spec.sync {
         if let Err(e) = watch.started(child.id()) {
             child.kill();
@@ -354,16 +419,29 @@ pub fn launch(
         let _ = rustix::io::write(&sync_w, b"g");
     }
     drop(sync_w);
-    supervise(child, report_r, out_r, err_r, opts, watch, WarmUse::Cold(why_cold))
+    let relay = match pty.as_ref().and_then(crate::terminal::receive_master) {
+        None => None,
+        Some(master) => match Relay::start(master, opts.null_stdin, opts.capture.is_some()) {
+            Ok(r) => Some(r),
+            Err(e) => {
+                child.kill();
+                let _ = child.wait();
+                return Err(SandboxError::Setup(format!("relaying the terminal: {e}")));
+            }
+        },
+    };
+    supervise(child, report_r, out_r, err_r, relay, opts, watch, WarmUse::Cold(why_cold))
 }
 
-/// Stream or capture the command's output, enforce the timeout and the watched limits, and
-/// read its fate from `report`.
+/// Stream or capture the command's output, relay its terminal, enforce the timeout and the
+/// watched limits, and read its fate from `report`.
+#[allow(clippy::too_many_arguments)]
 fn supervise(
     mut child: Helper,
     report_r: OwnedFd,
     out_r: Option<OwnedFd>,
     err_r: Option<OwnedFd>,
+    mut relay: Option<Relay>,
     opts: &LaunchOptions,
     watch: &mut dyn Watch,
     warm: WarmUse,
@@ -381,8 +459,10 @@ fn supervise(
         // pid namespace.
         child.kill();
     };
-    while out.fd.is_some() || err.fd.is_some() || report.fd.is_some() {
-        let stopping = timed_out || limit.is_some();
+    let mut stopped = false;
+    let relaying = |r: &Option<Relay>| r.as_ref().is_some_and(|r| r.master.is_some());
+    while out.fd.is_some() || err.fd.is_some() || report.fd.is_some() || relaying(&relay) {
+        let stopping = timed_out || limit.is_some() || stopped;
         if !stopping {
             if opts.output_limit_kills && (out.truncated || err.truncated) {
                 limit = Some("output");
@@ -410,13 +490,18 @@ fn supervise(
         }
         let timeout = wait
             .map(|w| rustix::event::Timespec::try_from(w).unwrap_or(rustix::event::Timespec { tv_sec: 1, tv_nsec: 0 }));
-        let mut fds = Vec::with_capacity(3);
-        let mut which = Vec::with_capacity(3);
+        let mut fds = Vec::with_capacity(6);
+        let mut which = Vec::with_capacity(6);
         for (i, s) in [&out, &err, &report].into_iter().enumerate() {
             if let Some(fd) = &s.fd {
                 fds.push(PollFd::new(fd, PollFlags::IN));
                 which.push(i);
             }
+        }
+        let relay_fds = relay.as_ref().map(|r| r.poll_fds()).unwrap_or_default();
+        for (fd, flags, tag) in &relay_fds {
+            fds.push(PollFd::from_borrowed_fd(*fd, *flags));
+            which.push(3 + usize::from(*tag));
         }
         match rustix::event::poll(&mut fds, timeout.as_ref()) {
             Ok(_) => {}
@@ -426,32 +511,40 @@ fn supervise(
         let ready: Vec<usize> =
             fds.iter().zip(&which).filter(|(p, _)| !p.revents().is_empty()).map(|(_, i)| *i).collect();
         drop(fds);
+        drop(relay_fds);
         for i in ready {
             match i {
-                0 => out.pump(),
-                1 => err.pump(),
-                _ => report.pump(),
-            };
+                0 => {
+                    out.pump();
+                }
+                1 => {
+                    err.pump();
+                }
+                2 => {
+                    report.pump();
+                }
+                tag => {
+                    let asked = relay.as_mut().map(|r| r.ready((tag - 3) as u8));
+                    if asked == Some(crate::terminal::Request::Stop) && !stopped {
+                        // The caller was told to stop: so is the command (and rolled back).
+                        stopped = true;
+                        killed(&mut child);
+                    }
+                }
+            }
         }
     }
+    // The caller's terminal mode is back before anything is printed.
+    drop(relay);
     let status = child.wait()?;
-    let text = String::from_utf8_lossy(&report.buf).into_owned();
-    let mut exit = None;
-    let mut net_attempts = 0;
-    for line in text.lines() {
-        if let Some(n) = crate::net::parse_report_line(line) {
-            net_attempts += n;
-        }
-        if let Some(msg) = line.strip_prefix("error ") {
-            return Err(SandboxError::Setup(msg.to_string()));
-        }
-        let num = |s: &str| s.trim().parse::<i32>().ok();
-        if let Some(c) = line.strip_prefix("exit ").and_then(num) {
-            exit = Some(Exit::Code(c));
-        } else if let Some(s) = line.strip_prefix("signal ").and_then(num) {
-            exit = Some(Exit::Signal(s));
-        }
-    }
+    let text = String::from_utf8_lossy(&report.buf);
+    let net_attempts = text.lines().filter_map(crate::net::parse_report_line).sum();
+    let exit = match Report::of_stream(&text) {
+        Some(Report::Error(why)) => return Err(SandboxError::Setup(why)),
+        Some(Report::Exit(c)) => Some(Exit::Code(c)),
+        Some(Report::Signal(s)) => Some(Exit::Signal(s)),
+        None => None,
+    };
     let exit = match (exit, timed_out || limit.is_some()) {
         (Some(e), _) => e,
         (None, true) => Exit::Signal(libc::SIGKILL),

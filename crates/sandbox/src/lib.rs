@@ -5,15 +5,22 @@
 //! - [`stage2`]: the re-exec'd helper that builds the sandbox in one ordered function;
 //! - [`launch`]: the host side that starts it, captures output and enforces the timeout;
 //! - [`net`]: the proxy's listener inside the sandbox, and counting attempts to reach the network;
-//! - [`warm`]: sandboxes built ahead of time by a server and reused, one transaction at a time.
+//! - [`warm`]: sandboxes built ahead of time by a server and reused, one transaction at a time;
+//! - [`supervisor`]: no host unix socket is reachable from inside (Landlock, or a seccomp
+//!   supervisor that performs `connect` and sends by address after a check);
+//! - [`terminal`]: the command's own terminal, relayed; [`fds`]: nothing inherited goes on.
 
 pub mod cgroup;
+pub mod fds;
 pub mod landlock;
 pub mod launch;
 pub mod net;
 pub mod seccomp;
+pub mod secrets;
 pub mod spec;
 pub mod stage2;
+pub mod supervisor;
+pub mod terminal;
 pub mod warm;
 
 pub use launch::{launch, shell_argv, Exit, Finished, LaunchOptions, SandboxError, WarmUse, Watch};

@@ -29,13 +29,15 @@ use seccompiler::{
 /// Syscall numbers from 424 on are the same on every architecture.
 const SYS_OPEN_TREE_ATTR: i64 = 467;
 
-/// Refuse the syscall only when every bit of `mask` is set in argument `arg` (0-based).
+/// When a rule refuses its syscall, by one argument (0-based index).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FlagsSet {
-    /// Index of the syscall argument (0..=5).
-    pub arg: u8,
-    /// The bits that must all be set for the rule to match.
-    pub mask: u64,
+pub enum Cond {
+    /// Every bit of `mask` is set in argument `arg` (all 64 bits compared).
+    FlagsSet { arg: u8, mask: u64 },
+    /// The low 32 bits of argument `arg` equal `value`. For arguments the kernel reads as a
+    /// 32-bit `int` (an `ioctl` request): the high half is whatever the caller left in the
+    /// register, so comparing all 64 bits would let `value | 1 << 32` through.
+    Equals32 { arg: u8, value: u32 },
 }
 
 /// One refused syscall: what, when, with which errno, and why.
@@ -46,7 +48,7 @@ pub struct Rule {
     /// Its number on the architecture this crate is built for.
     pub nr: i64,
     /// `None`: always refused; `Some`: refused only when the argument condition holds.
-    pub when: Option<FlagsSet>,
+    pub when: Option<Cond>,
     /// The errno the caller sees.
     pub errno: i32,
     /// One line saying why it is refused.
@@ -58,7 +60,19 @@ const fn deny(syscall: &'static str, nr: i64, reason: &'static str) -> Rule {
 }
 
 /// `clone`'s and `unshare`'s flags are argument 0 on every supported architecture.
-const NEWUSER_IN_ARG0: FlagsSet = FlagsSet { arg: 0, mask: libc::CLONE_NEWUSER as u64 };
+const NEWUSER_IN_ARG0: Cond = Cond::FlagsSet { arg: 0, mask: libc::CLONE_NEWUSER as u64 };
+
+/// An `ioctl` refused by its request number (argument 1).
+const fn deny_ioctl(request: u64, reason: &'static str) -> Rule {
+    // Request numbers are 32-bit (`unsigned int` in the kernel).
+    Rule {
+        syscall: "ioctl",
+        nr: libc::SYS_ioctl,
+        when: Some(Cond::Equals32 { arg: 1, value: request as u32 }),
+        errno: libc::EPERM,
+        reason,
+    }
+}
 
 #[rustfmt::skip]
 const RULES: &[Rule] = &[
@@ -122,6 +136,11 @@ const RULES: &[Rule] = &[
     deny("quotactl_fd", libc::SYS_quotactl_fd, "host disk quotas"),
     deny("lookup_dcookie", libc::SYS_lookup_dcookie, "kernel profiling interface, exposes host paths"),
     deny("vhangup", libc::SYS_vhangup, "hangs up the controlling terminal, which is the user's"),
+    // Terminals: the command has a terminal of its own (a pseudo-terminal txbox relays), but a
+    // descriptor of the caller's may still reach it; pushing input into a terminal is how a
+    // command gets the caller's shell to run something after txbox returns.
+    deny_ioctl(libc::TIOCSTI, "TIOCSTI pushes input into a terminal, which a shell outside then runs"),
+    deny_ioctl(libc::TIOCLINUX, "TIOCLINUX pastes the console selection as input, among other console controls"),
     deny("syslog", libc::SYS_syslog, "the kernel log belongs to the host"),
     // Host-wide state.
     deny("reboot", libc::SYS_reboot, "reboots or halts the host"),
@@ -220,14 +239,21 @@ fn compile_group(arch: TargetArch, errno: i32) -> Result<BpfProgram, SeccompErro
         map.insert(r.nr, Vec::new());
     }
     for r in &group {
-        let Some(FlagsSet { arg, mask }) = r.when else {
+        let Some(when) = r.when else {
             continue;
         };
         if map.get(&r.nr).is_some_and(Vec::is_empty) {
             continue;
         }
-        let cond =
-            SeccompCondition::new(arg, SeccompCmpArgLen::Qword, SeccompCmpOp::MaskedEq(mask), mask).map_err(compile)?;
+        let cond = match when {
+            Cond::FlagsSet { arg, mask } => {
+                SeccompCondition::new(arg, SeccompCmpArgLen::Qword, SeccompCmpOp::MaskedEq(mask), mask)
+            }
+            Cond::Equals32 { arg, value } => {
+                SeccompCondition::new(arg, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, u64::from(value))
+            }
+        }
+        .map_err(compile)?;
         map.entry(r.nr).or_default().push(SeccompRule::new(vec![cond]).map_err(compile)?);
     }
     // errno is a small positive constant from libc.
@@ -330,6 +356,7 @@ mod tests {
         "lookup_dcookie",
         "vhangup",
         "syslog",
+        "ioctl",
     ];
 
     fn rule(name: &str) -> Rule {
@@ -348,11 +375,19 @@ mod tests {
         for name in ["unshare", "clone"] {
             let r = rule(name);
             assert_eq!(r.errno, libc::EPERM);
-            assert_eq!(r.when, Some(FlagsSet { arg: 0, mask: libc::CLONE_NEWUSER as u64 }), "{name}");
+            assert_eq!(r.when, Some(Cond::FlagsSet { arg: 0, mask: libc::CLONE_NEWUSER as u64 }), "{name}");
         }
         assert_eq!(rule("clone3").errno, libc::ENOSYS);
         assert_eq!(rule("mount").nr, libc::SYS_mount);
-        for r in rules().iter().filter(|r| !["unshare", "clone"].contains(&r.syscall)) {
+        let ioctls: Vec<Option<Cond>> = rules().iter().filter(|r| r.syscall == "ioctl").map(|r| r.when).collect();
+        assert_eq!(
+            ioctls,
+            [
+                Some(Cond::Equals32 { arg: 1, value: libc::TIOCSTI as u32 }),
+                Some(Cond::Equals32 { arg: 1, value: libc::TIOCLINUX as u32 })
+            ]
+        );
+        for r in rules().iter().filter(|r| !["unshare", "clone", "ioctl"].contains(&r.syscall)) {
             assert_eq!(r.when, None, "{} should be unconditional", r.syscall);
             if r.syscall != "clone3" {
                 assert_eq!(r.errno, libc::EPERM, "{}", r.syscall);
@@ -365,7 +400,8 @@ mod tests {
 
     #[test]
     fn table_has_no_duplicates() {
-        let mut nrs: Vec<i64> = rules().iter().map(|r| r.nr).collect();
+        // A syscall refused under several conditions (ioctl) has one rule per condition.
+        let mut nrs: Vec<i64> = rules().iter().filter(|r| r.syscall != "ioctl").map(|r| r.nr).collect();
         nrs.sort_unstable();
         let n = nrs.len();
         nrs.dedup();
@@ -399,8 +435,11 @@ mod tests {
         unshare_newns: i64,
         clone_newuser: i64,
         unshare_newuser: i64,
+        tiocsti: i64,
+        tiocsti_high_bits: i64,
+        tiocgwinsz: i64,
     }
-    const N: usize = 9;
+    const N: usize = 12;
     const INSTALL_FAILED: i64 = i64::MIN;
 
     /// Forks a child that (optionally) installs `filter` and runs the probes, reporting them
@@ -448,6 +487,9 @@ mod tests {
             unshare_newns: v[6],
             clone_newuser: v[7],
             unshare_newuser: v[8],
+            tiocsti: v[9],
+            tiocsti_high_bits: v[10],
+            tiocgwinsz: v[11],
         }
     }
 
@@ -500,6 +542,17 @@ mod tests {
                     libc::waitpid(rc as libc::pid_t, std::ptr::null_mut(), 0);
                 }
                 r[7] = result(rc);
+                // On fd -1: without the filter EBADF. The request number with garbage in the
+                // high half of the register is the same request to the kernel.
+                let sti = libc::TIOCSTI as libc::c_ulong;
+                r[9] = result(libc::syscall(libc::SYS_ioctl, -1 as libc::c_int, sti, 0usize));
+                r[10] = result(libc::syscall(libc::SYS_ioctl, -1 as libc::c_int, sti | (1 << 32), 0usize));
+                r[11] = result(libc::syscall(
+                    libc::SYS_ioctl,
+                    -1 as libc::c_int,
+                    libc::TIOCGWINSZ as libc::c_ulong,
+                    0usize,
+                ));
                 // Last: success would move this child into a new user namespace.
                 r[8] = result(libc::c_long::from(libc::unshare(libc::CLONE_NEWUSER)));
             }
@@ -534,5 +587,9 @@ mod tests {
         if cfg!(target_arch = "x86_64") {
             assert_eq!(got.x32_getpid, -i64::from(libc::ENOSYS));
         }
+        let ebadf = -i64::from(libc::EBADF);
+        assert_eq!((base.tiocsti, base.tiocsti_high_bits), (ebadf, ebadf));
+        assert_eq!((got.tiocsti, got.tiocsti_high_bits), (eperm, eperm), "TIOCSTI is refused however it is encoded");
+        assert_eq!(got.tiocgwinsz, ebadf, "other terminal requests are not the filter's business");
     }
 }

@@ -32,6 +32,10 @@ pub struct SandboxSpec {
     pub cpu_seconds: Option<u64>,
     /// RLIMIT_FSIZE in bytes: no single file may grow past the write limit.
     pub max_file_size: Option<u64>,
+    /// RLIMIT_NPROC: the most processes (threads included) of the command's user. In the user
+    /// namespace of an unprivileged run it counts the sandbox's own processes only; the kernel
+    /// does not apply it to root.
+    pub max_procs: Option<u64>,
     /// Wait for one byte on fd 4 before starting the command (the launcher first puts stage 2
     /// into its cgroups, so no child escapes the limits).
     pub sync: bool,
@@ -40,6 +44,9 @@ pub struct SandboxSpec {
     pub proxy_port: Option<u16>,
     /// `KEY=VALUE` entries set in the command's environment (the proxy variables).
     pub env: Vec<OsString>,
+    /// Give the command a terminal of its own and send its master to the launcher on fd 5
+    /// (the caller has a terminal: `crate::terminal`).
+    pub terminal: bool,
     pub argv: Vec<OsString>,
 }
 
@@ -64,9 +71,11 @@ impl SandboxSpec {
             host_network: false,
             cpu_seconds: None,
             max_file_size: None,
+            max_procs: None,
             sync: false,
             proxy_port: None,
             env: Vec::new(),
+            terminal: false,
             argv,
         }
     }
@@ -95,11 +104,13 @@ impl SandboxSpec {
         kv(
             "--limits",
             OsStr::new(&format!(
-                "{}:{}:{}:{}",
+                "{}:{}:{}:{}:{}:{}",
                 u8::from(self.host_network),
                 opt(self.cpu_seconds),
                 opt(self.max_file_size),
-                u8::from(self.sync)
+                u8::from(self.sync),
+                opt(self.max_procs),
+                u8::from(self.terminal)
             )),
         );
         if let Some(port) = self.proxy_port {
@@ -146,11 +157,13 @@ impl SandboxSpec {
                     _ => return Err(bad()),
                 },
                 b"--limits" => match parts.as_slice() {
-                    [net, cpu, fsize, sync] => {
+                    [net, cpu, fsize, sync, procs, terminal] => {
                         spec.host_network = *net == "1";
                         spec.cpu_seconds = opt(cpu)?;
                         spec.max_file_size = opt(fsize)?;
                         spec.sync = *sync == "1";
+                        spec.max_procs = opt(procs)?;
+                        spec.terminal = *terminal == "1";
                     }
                     _ => return Err(bad()),
                 },
@@ -445,39 +458,6 @@ pub fn overlay_options(lowers: &[PathBuf], upper: &OsStr, work: &OsStr) -> OsStr
     OsString::from_vec(o)
 }
 
-/// The default list of secrets hidden from every sandbox (DESIGN §5), for a user whose home
-/// directory is `home`.
-pub fn default_secrets(home: Option<&Path>) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> =
-        ["/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-", "/etc/sudoers", "/etc/sudoers.d", "/etc/ssh"]
-            .iter()
-            .map(PathBuf::from)
-            .collect();
-    if let Some(h) = home {
-        for rel in [
-            ".ssh",
-            ".aws",
-            ".gnupg",
-            ".config/gh",
-            ".netrc",
-            ".docker/config.json",
-            ".kube",
-            ".git-credentials",
-            ".config/gcloud",
-            ".azure",
-            ".pypirc",
-            ".npmrc",
-            ".cargo/credentials.toml",
-            ".cargo/credentials",
-            ".password-store",
-            ".local/share/keyrings",
-        ] {
-            v.push(h.join(rel));
-        }
-    }
-    v
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -496,8 +476,10 @@ mod tests {
         s.uid = 1000;
         s.gid = 100;
         s.cpu_seconds = Some(5);
+        s.max_procs = Some(4096);
         s.sync = true;
         s.env = vec![OsString::from("HTTPS_PROXY=http://127.0.0.1:3128"), OsString::from_vec(b"ODD=\xff=".to_vec())];
+        s.terminal = true;
         s
     }
 
@@ -532,7 +514,11 @@ mod tests {
         let only = a.sandbox_only();
         assert!(a.same_sandbox(&only));
         assert!(
-            only.layers.is_empty() && only.argv == [OsString::from("-")] && only.cpu_seconds.is_none() && !only.sync
+            only.layers.is_empty()
+                && only.argv == [OsString::from("-")]
+                && only.cpu_seconds.is_none()
+                && !only.sync
+                && !only.terminal
         );
         assert!(!only.to_args().iter().any(|x| x.as_bytes().windows(4).any(|w| w == b"echo")));
         let changes: [fn(&mut SandboxSpec); 7] = [
@@ -561,7 +547,7 @@ mod tests {
     fn malformed_arguments_are_refused() {
         assert!(SandboxSpec::from_args(&[OsString::from("--workspace")]).is_err());
         assert!(SandboxSpec::from_args(&[OsString::from("--bogus"), OsString::from("x")]).is_err());
-        assert!(SandboxSpec::from_args(&[OsString::from("--limits"), OsString::from("1:x:-:0")]).is_err());
+        assert!(SandboxSpec::from_args(&[OsString::from("--limits"), OsString::from("1:x:-:0:0")]).is_err());
         let mut s = spec();
         s.argv.clear();
         assert!(SandboxSpec::from_args(&s.to_args()).is_err());
@@ -632,15 +618,5 @@ mod tests {
     fn overlay_options_escape_separators() {
         let o = overlay_options(&["/l1".into(), "/a,b:c\\d".into()], OsStr::new("/u"), OsStr::new("/w"));
         assert_eq!(o, OsString::from("lowerdir=/l1:/a\\,b\\:c\\\\d,upperdir=/u,workdir=/w,userxattr"));
-    }
-
-    #[test]
-    fn secrets_cover_the_usual_credentials() {
-        let s = default_secrets(Some(Path::new("/home/dev")));
-        for want in
-            ["/home/dev/.ssh", "/home/dev/.aws", "/etc/shadow", "/home/dev/.docker/config.json", "/home/dev/.kube"]
-        {
-            assert!(s.contains(&PathBuf::from(want)), "{want} missing");
-        }
     }
 }

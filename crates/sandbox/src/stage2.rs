@@ -4,10 +4,12 @@
 //! Process tree:
 //! ```text
 //! txbox (host)  ── stage-2 S: unshare, maps, mounts ── init I (pid 1): /proc, reaps
-//!                                                       └─ command C (pid 2): exec
+//!                  then supervises sockets              └─ command C (pid 2): exec
 //! ```
 //! I reports C's wait status on the report pipe and exits; the kernel then kills whatever C
-//! left behind in the pid namespace, so no process of the command survives it.
+//! left behind in the pid namespace, so no process of the command survives it. I installs
+//! the socket filter that every process of the sandbox inherits; S, outside the sandbox's pid
+//! namespace, performs the calls it notifies (`crate::supervisor`) until I exits.
 
 use std::ffi::{CStr, CString, OsString};
 use std::io::Write;
@@ -18,11 +20,16 @@ use rustix::mount::{MountFlags, MountPropagationFlags, UnmountFlags};
 use rustix::thread::UnshareFlags;
 
 use crate::spec::{overlay_options, MountOp, MountPlan, SandboxSpec, EMPTY_FILE};
+use crate::supervisor::{Guard, Handoff, Sandbox};
+use crate::warm::wire::Report;
 
 /// The fd on which stage 2 reports to its parent (set up by the launcher).
 pub const REPORT_FD: i32 = 3;
 /// The fd on which stage 2 waits for the launcher's go (when `spec.sync`).
 pub const SYNC_FD: i32 = 4;
+/// The fd on which stage 2 sends the launcher the master of the command's terminal (when
+/// `spec.terminal`).
+pub const PTY_FD: i32 = 5;
 
 /// A step of building the sandbox failed: which step, and the errno it got.
 #[derive(Debug)]
@@ -48,7 +55,7 @@ pub fn main(args: &[OsString]) -> ! {
     match SandboxSpec::from_args(args) {
         Ok(spec) => run_spec(&spec),
         Err(e) => {
-            report(&format!("error {e}\n"));
+            report(&Report::Error(e.to_string()).line());
             exit(125)
         }
     }
@@ -57,6 +64,19 @@ pub fn main(args: &[OsString]) -> ! {
 /// Build the sandbox for `spec` and run its command; the process exits with stage 2's code.
 /// Reached either through `main` (re-exec) or straight after the launcher's fork.
 pub fn run_spec(spec: &SandboxSpec) -> ! {
+    // Nothing the caller left open stays here (and so reaches init or the command): only the
+    // descriptors the launcher installed.
+    let mut keep = vec![REPORT_FD as u32];
+    if spec.sync {
+        keep.push(SYNC_FD as u32);
+    }
+    if spec.terminal {
+        keep.push(PTY_FD as u32);
+    }
+    if spec.proxy_port.is_some() {
+        keep.push(crate::net::NET_FD as u32);
+    }
+    crate::fds::close_from_except(3, &keep);
     // The report fd must not leak into the command.
     let _ = rustix::io::fcntl_setfd(
         // SAFETY: REPORT_FD was installed by the launcher; borrowed only for this call.
@@ -68,7 +88,7 @@ pub fn run_spec(spec: &SandboxSpec) -> ! {
     match run(spec) {
         Ok(code) => exit(code),
         Err(e) => {
-            report(&format!("error {}\n", setup_failed(&e)));
+            report(&Report::Error(setup_failed(&e)).line());
             exit(125)
         }
     }
@@ -118,6 +138,16 @@ fn run(spec: &SandboxSpec) -> Result<i32, StepError> {
         // SAFETY: closing our own copy of the sync fd; nothing else refers to it.
         unsafe { libc::close(SYNC_FD) };
     }
+    // 1. What keeps host unix sockets out of reach (crate::supervisor): with the supervisor,
+    //    its process, started before the namespaces so that it stays in the host's.
+    let supervisor = match Guard::for_kernel() {
+        Guard::Supervisor => Some(crate::supervisor::Process::start(Sandbox {
+            workspace: spec.workspace.clone(),
+            host_network: spec.host_network,
+            userns: spec.userns,
+        })?),
+        Guard::Landlock => None,
+    };
     // 1-2. New namespaces, the caller's ids mapped to themselves, loopback up; the proxy's
     //      listener handed out, the proxy variables set (network by allowlist, `crate::net`).
     enter_namespaces(spec)?;
@@ -134,26 +164,38 @@ fn run(spec: &SandboxSpec) -> Result<i32, StepError> {
         mount(op, &pins)?;
     }
     drop(pins);
+    // 3b. The command's own terminal, in the sandbox's devpts, its master for the launcher to
+    //     relay (when the caller has a terminal: the command never gets the caller's).
+    let terminal = if spec.terminal { Some(crate::terminal::open_for_launcher(PTY_FD)?) } else { None };
     // 4. The pid namespace's init.
-    // SAFETY: this process is single-threaded (a fresh exec that started no threads), so the
-    // child may run arbitrary code after fork.
+    // SAFETY: this process is single-threaded (a fresh exec, or a fork of a single-threaded
+    // launcher, that started no threads), so the child may run arbitrary code after fork.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
         return Err(StepError { step: "fork init".into(), errno: rustix::io::Errno::from_raw_os_error(errno()) });
     }
+    let (supervisor, handoff) = supervisor.map_or((None, None), |(p, h)| (Some(p), Some(h)));
     if pid == 0 {
-        let code = match init(spec, &plan) {
+        let code = match init(spec, &plan, terminal.as_ref(), handoff) {
             Ok(c) => c,
             Err(e) => {
-                report(&format!("error {}\n", setup_failed(&e)));
+                report(&Report::Error(setup_failed(&e)).line());
                 125
             }
         };
         exit(code);
     }
-    // 5. Wait for init; its exit means the whole pid namespace is gone. Then say whether the
-    //    command tried to reach the network it does not have.
+    drop((terminal, handoff));
+    // 5. Wait for init; its exit means the whole pid namespace is gone. The supervisor serves
+    //    init's filter meanwhile, and leaves with it. Then say whether the command tried to
+    //    reach the network it does not have.
+    if let Some(s) = &supervisor {
+        s.watch(pid);
+    }
     let status = wait_for(pid);
+    if let Some(s) = supervisor {
+        s.wait();
+    }
     if let Some(a) = attempts.as_mut() {
         report(&a.since_last());
     }
@@ -368,7 +410,8 @@ pub(crate) fn mount(op: &MountOp, pins: &Pins) -> Result<(), StepError> {
             }),
         },
         MountOp::Hide { target } => {
-            let Ok(md) = std::fs::symlink_metadata(target) else { return Ok(()) };
+            // Where a symlink points: the mount lands there, and must be of its kind.
+            let Ok(md) = std::fs::metadata(target) else { return Ok(()) };
             if md.is_dir() {
                 mnt(
                     "tmpfs",
@@ -441,12 +484,27 @@ pub(crate) fn wait_for(pid: i32) -> Status {
     }
 }
 
-/// pid 1 of the sandbox: mount /proc, start the command, reap everything, report.
-fn init(spec: &SandboxSpec, plan: &MountPlan) -> Result<i32, StepError> {
+/// pid 1 of the sandbox: mount /proc, install the socket filter, start the command, reap
+/// everything, report.
+fn init(
+    spec: &SandboxSpec,
+    plan: &MountPlan,
+    terminal: Option<&rustix::fd::OwnedFd>,
+    handoff: Option<Handoff>,
+) -> Result<i32, StepError> {
     let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
     for op in &plan.init {
         mount(op, &Pins::default())?;
     }
+    if let Some(handoff) = handoff {
+        guard_sockets(handoff)?;
+    }
+    // Not dumpable: no process of the command may read or write this one's memory, or use
+    // its descriptors through /proc/1/fd (ptrace is allowed inside, for debuggers). Only
+    // now: the supervisor took the listener from us with the rights of a debugger.
+    // SAFETY: prctl with integer arguments only.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    let slave = terminal.map(std::os::fd::AsRawFd::as_raw_fd);
     let argv: Vec<CString> = spec
         .argv
         .iter()
@@ -463,12 +521,18 @@ fn init(spec: &SandboxSpec, plan: &MountPlan) -> Result<i32, StepError> {
         return Err(StepError { step: "fork command".into(), errno: rustix::io::Errno::from_raw_os_error(errno()) });
     }
     if child == 0 {
-        if let Err(e) = confine(spec, None) {
-            report(&format!("error {}\n", setup_failed(&e)));
+        if let Err(e) = crate::terminal::take(slave).and_then(|()| confine(spec, None)) {
+            report(&Report::Error(setup_failed(&e)).line());
             // SAFETY: leaving the forked child without running the parent's destructors.
             unsafe { libc::_exit(125) };
         }
         exec_command(&argv, &cwd, None);
+    }
+    // The terminal is the command's now; ours would keep it open after the command exits.
+    if let Some(fd) = slave {
+        // SAFETY: closing init's copy of the slave (the caller's OwnedFd in stage 2 is another
+        // process's descriptor table entry; this one is init's own, inherited by fork).
+        unsafe { libc::close(fd) };
     }
     // Reap every process until the command itself is gone; orphans reparent to us.
     let status = loop {
@@ -482,12 +546,16 @@ fn init(spec: &SandboxSpec, plan: &MountPlan) -> Result<i32, StepError> {
             break 0;
         }
     };
-    if libc::WIFSIGNALED(status) {
-        report(&format!("signal {}\n", libc::WTERMSIG(status)));
-    } else {
-        report(&format!("exit {}\n", libc::WEXITSTATUS(status)));
-    }
+    report(&Report::of_wait_status(status).line());
     Ok(0)
+}
+
+/// In the sandbox's init (cold or warm), before any command: install the filter that hands
+/// every `connect` and send by address to the supervisor, and give it the listener. The
+/// listener does not stay here (nor reach the command).
+pub(crate) fn guard_sockets(handoff: Handoff) -> Result<(), StepError> {
+    let listener = crate::supervisor::filter::install().map_err(at("install the socket filter"))?;
+    handoff.give(&listener)
 }
 
 /// Capabilities root loses in the sandbox: LINUX_IMMUTABLE, NET_ADMIN, IPC_LOCK, IPC_OWNER,
@@ -511,6 +579,25 @@ pub(crate) fn confine(spec: &SandboxSpec, seccomp: Option<&seccompiler::BpfProgr
     set(rustix::process::Resource::Cpu, spec.cpu_seconds)?;
     set(rustix::process::Resource::Fsize, spec.max_file_size)?;
     set(rustix::process::Resource::Core, Some(0))?;
+    // A default process limit is only ever lowered here: one the caller already set lower stays.
+    if let Some(n) = spec.max_procs {
+        let cur = rustix::process::getrlimit(rustix::process::Resource::Nproc);
+        if cur.maximum.is_none_or(|m| m > n) {
+            set(rustix::process::Resource::Nproc, Some(n))?;
+        }
+    }
+    // When the host runs out of memory, the command is the first thing the kernel kills, not
+    // the host's processes (txbox's default memory protection; a hard cap is `--memory`).
+    // Best effort: a run is never refused for it. The command cannot lower it again: as root
+    // it loses CAP_SYS_RESOURCE at exec (and the minimum is set with it now), and Landlock
+    // refuses writes under /proc.
+    if let Ok(fd) = rustix::fs::open(
+        "/proc/self/oom_score_adj",
+        rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    ) {
+        let _ = rustix::io::write(&fd, b"1000");
+    }
     // Root without a user namespace keeps only the everyday capabilities (file ownership,
     // setuid to drop privileges, binding low ports): nothing that reaches the kernel, devices,
     // time, modules or other processes. The bounding set is what root gets back after exec.
@@ -567,6 +654,9 @@ pub(crate) fn exec_prepared(argp: &[*const libc::c_char], cwd: &CStr, envp: Opti
         if libc::chdir(cwd.as_ptr()) != 0 {
             libc::chdir(c"/".as_ptr());
         }
+        // Only stdin, stdout and stderr go on: whatever else is open (txbox's own descriptors,
+        // anything its caller left open) closes at exec.
+        crate::fds::cloexec_from(3);
         if let Some(&first) = argp.first().filter(|p| !p.is_null()) {
             match envp {
                 Some(envp) => libc::execvpe(first, argp.as_ptr(), envp.as_ptr()),

@@ -3,11 +3,13 @@
 use std::ffi::OsString;
 use std::io::Write;
 use std::path::PathBuf;
-use std::time::Duration;
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::{Context as _, Result};
 use clap::{Args, Parser, Subcommand};
+use txbox::api::{ApiError, Ceiling, ErrorKind};
+use txbox::config::{Config, Source, Untrusted};
 use txbox::engine::{self, Command, Io, RunRequest};
+use txbox::options::{Isolation, LimitArgs, Seconds};
 use txbox::render;
 use txbox::session;
 use txbox_policy::Policy;
@@ -46,10 +48,16 @@ enum Sub {
         /// Hosts every step may reach through txbox's proxy (as `run --allow-host`).
         #[arg(long = "allow-host", value_name = "SPEC")]
         allow_host: Vec<String>,
+        /// `strict`: the commit is refused (conflict, exit 3) if any other transaction committed
+        /// to the workspace after begin. Default `read-committed` (see README, Isolation).
+        #[arg(long, value_enum)]
+        isolation: Option<Isolation>,
     },
     /// Run one step inside an open transaction (each step is a savepoint).
     Exec {
         tx: String,
+        #[command(flatten)]
+        ws: WorkspaceArg,
         #[command(flatten)]
         opts: ExecOpts,
         /// Keep a failed step's changes instead of undoing the step.
@@ -63,15 +71,35 @@ enum Sub {
     /// Show what an open transaction would change.
     Diff {
         tx: String,
+        #[command(flatten)]
+        ws: WorkspaceArg,
         /// Only a summary per file.
         #[arg(long)]
         stat: bool,
     },
-    /// Commit an open transaction into the workspace.
-    Commit { tx: String },
+    /// Commit an open transaction into the workspace (or hold it for a person, exit 4, if the
+    /// commit-time policy says so).
+    Commit {
+        tx: String,
+        #[command(flatten)]
+        ws: WorkspaceArg,
+        #[command(flatten)]
+        policy: PolicyArg,
+    },
+    /// Commit a transaction held for a person (outcome `held`), after reviewing it with
+    /// `txbox diff TX`. For people only: never offered to an agent over MCP or HTTP.
+    Approve {
+        tx: String,
+        #[command(flatten)]
+        ws: WorkspaceArg,
+        #[command(flatten)]
+        policy: PolicyArg,
+    },
     /// Roll back a whole transaction, or back to the state right after step STEP.
     Rollback {
         tx: String,
+        #[command(flatten)]
+        ws: WorkspaceArg,
         #[arg(long, value_name = "STEP")]
         to: Option<u32>,
     },
@@ -95,33 +123,82 @@ enum Sub {
     #[command(subcommand)]
     Policy(PolicyCmd),
     /// HTTP API (DESIGN §7) and MCP over streamable HTTP (/mcp) for the workspaces named here; bearer-token auth.
+    /// Limits given here are ceilings: the most a request may ask for, and what it gets by default.
     Serve {
         /// Address to listen on, e.g. 127.0.0.1:8731.
         #[arg(long, value_name = "ADDR")]
         listen: String,
-        /// A workspace requests may use (repeatable; default: the current directory).
-        #[arg(short = 'C', long = "workspace", value_name = "DIR")]
-        workspaces: Vec<PathBuf>,
         /// File whose first line is the bearer token (else env TXBOX_TOKEN).
         #[arg(long, value_name = "FILE")]
         token_file: Option<PathBuf>,
+        /// Most connections open at once; further ones are closed at once.
+        #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65536))]
+        max_connections: u32,
+        /// Seconds a client has to send a request's headers (and its body), and the longest a
+        /// kept-alive connection may sit idle.
+        #[arg(long, value_name = "SECS", default_value = "10")]
+        header_timeout: Seconds,
         #[command(flatten)]
-        policy: PolicyArg,
-        /// Hosts commands may reach through txbox's proxy, at most (requests may only narrow it).
-        #[arg(long = "allow-host", value_name = "SPEC")]
-        allow_host: Vec<String>,
+        server: ServerArgs,
     },
-    /// Model Context Protocol server on stdio (tools run, begin, exec, diff, commit, rollback, log).
+    /// Model Context Protocol server on stdio (tools run, begin, exec, diff, commit, rollback, list, log).
+    /// Limits given here are ceilings: the most a tool call may ask for, and what it gets by default.
     Mcp {
-        /// A workspace the tools may use (repeatable; default: the current directory).
-        #[arg(short = 'C', long = "workspace", value_name = "DIR")]
-        workspaces: Vec<PathBuf>,
         #[command(flatten)]
-        policy: PolicyArg,
-        /// Hosts commands may reach through txbox's proxy, at most (requests may only narrow it).
-        #[arg(long = "allow-host", value_name = "SPEC")]
-        allow_host: Vec<String>,
+        server: ServerArgs,
     },
+}
+
+/// What the operator sets for a server (`serve`, `mcp`): the workspaces, the policy and the
+/// ceilings of every request. Flags win over the configuration file.
+#[derive(Args, Debug, Clone)]
+struct ServerArgs {
+    /// A workspace requests may use (repeatable; default: the configuration's, else the current directory).
+    #[arg(short = 'C', long = "workspace", value_name = "DIR")]
+    workspaces: Vec<PathBuf>,
+    #[command(flatten)]
+    policy: PolicyArg,
+    #[command(
+        flatten,
+        next_help_heading = "Ceilings (a request may only narrow them; `--network host` lets requests ask for it)"
+    )]
+    limits: LimitArgs,
+    /// The weakest isolation a request may ask for (`strict`: every transaction is strict).
+    #[arg(long, value_enum)]
+    isolation: Option<Isolation>,
+    /// Pass this variable to commands although its name or value marks a credential (repeatable).
+    #[arg(long = "pass-env", value_name = "NAME")]
+    pass_env: Vec<String>,
+}
+
+impl ServerArgs {
+    /// Resolve flags over the configuration file into what `serve`/`mcp` need.
+    fn resolve(self, state_dir: Option<PathBuf>) -> Result<crate::serve::Served> {
+        let cwd = std::env::current_dir().context("reading the current directory")?;
+        let untrusted = Untrusted {
+            workspaces: self.workspaces.clone(),
+            state_dir: state_dir.clone(),
+            fallback: self.workspaces.is_empty().then(|| cwd.clone()),
+        };
+        let config = Config::load(Source::default_location().as_ref(), &untrusted)?;
+        let workspaces = match (self.workspaces.is_empty(), &config.workspace) {
+            (true, Some(w)) => vec![w.clone()],
+            (true, None) => vec![cwd],
+            (false, _) => self.workspaces,
+        };
+        let ceiling = Ceiling {
+            limits: self.limits.or(&config.limits),
+            isolation: self.isolation.or(config.isolation).unwrap_or_default(),
+            pass_env: if self.pass_env.is_empty() { config.pass_env } else { self.pass_env },
+            liftable: Vec::new(),
+        };
+        Ok(crate::serve::Served {
+            workspaces,
+            state_dir: state_dir.or(config.state_dir),
+            policy_file: self.policy.file.or(config.policy),
+            ceiling,
+        })
+    }
 }
 
 #[derive(Args, Debug)]
@@ -135,37 +212,12 @@ struct WorkspaceArg {
 struct ExecOpts {
     #[command(flatten)]
     policy: PolicyArg,
-    /// Wall-clock limit in seconds; the whole process tree is killed and rolled back (exit 124).
-    #[arg(long, value_name = "SECS")]
-    timeout: Option<f64>,
-    /// Output limit per stream (suffixes: K, M, G): exceeding it kills and rolls back.
-    #[arg(long, value_name = "BYTES", value_parser = txbox::size::parse_size)]
-    max_output: Option<u64>,
-    /// Memory limit of the whole process tree (cgroup).
-    #[arg(long, value_name = "BYTES", value_parser = txbox::size::parse_size)]
-    memory: Option<u64>,
-    /// Most processes the command may have at once (cgroup).
-    #[arg(long, value_name = "N")]
-    pids: Option<u64>,
-    /// CPU time limit in seconds per process (RLIMIT_CPU).
-    #[arg(long, value_name = "SECS")]
-    cpu: Option<u64>,
-    /// Most bytes the command may write into the workspace view.
-    #[arg(long, value_name = "BYTES", value_parser = txbox::size::parse_size)]
-    max_write: Option<u64>,
-    /// `none` (default): a private network namespace with loopback only; `host`: the host's.
-    #[arg(long, value_enum, default_value = "none")]
-    network: Network,
-    /// Let the command reach these hosts through txbox's proxy (repeatable, comma lists): HOST,
-    /// *.DOMAIN, HOST:PORT, an address, or a preset: @pypi @npm @crates @go @github.
-    #[arg(long = "allow-host", value_name = "SPEC")]
-    allow_host: Vec<String>,
-}
-
-#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
-enum Network {
-    None,
-    Host,
+    #[command(flatten)]
+    limits: LimitArgs,
+    /// Pass this variable to the command although its name or value marks a credential
+    /// (repeatable); without it such variables are withheld.
+    #[arg(long = "pass-env", value_name = "NAME")]
+    pass_env: Vec<String>,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -189,6 +241,10 @@ struct RunArgs {
     /// Leave the transaction pending for review (prints its id) instead of committing.
     #[arg(long)]
     no_commit: bool,
+    /// `strict`: refused as a conflict (exit 3, nothing applied) if any other transaction
+    /// committed to the workspace while it ran. Default `read-committed` (see README, Isolation).
+    #[arg(long, value_enum)]
+    isolation: Option<Isolation>,
     /// The command as a shell string, run with `bash -c` semantics.
     #[arg(short = 'c', value_name = "STRING", conflicts_with = "argv")]
     command: Option<String>,
@@ -249,21 +305,102 @@ impl PolicyArg {
     }
 }
 
-pub fn main(args: Vec<OsString>) -> Result<i32> {
-    let cli = match Cli::try_parse_from(args) {
+/// Whether `--json` is among the options (before `--`), for errors raised before parsing ends.
+fn wants_json(args: &[OsString]) -> bool {
+    args.iter().skip(1).take_while(|a| *a != "--").any(|a| a == "--json")
+}
+
+/// Parse, run, and report a failure: as `{"error": {"kind", "message"}}` on stdout with
+/// `--json` (exactly one object, whatever failed), else as a line on stderr. Returns the exit
+/// status: 2 for usage errors, 125 when txbox failed.
+pub fn main(args: Vec<OsString>) -> i32 {
+    let json = wants_json(&args);
+    let cli = match Cli::try_parse_from(&args) {
         Ok(c) => c,
-        Err(e) => {
-            let code = if e.use_stderr() { 2 } else { 0 };
+        Err(e) if !e.use_stderr() => {
+            // --help, --version: not errors.
             let _ = e.print();
-            return Ok(code);
+            return 0;
+        }
+        Err(e) => {
+            if json {
+                println!("{}", ApiError::usage(first_line(&e.to_string())).to_json());
+            } else {
+                let _ = e.print();
+            }
+            return 2;
         }
     };
+    // A shell drop-in's statuses are the command's own: any failure of txbox itself is 125.
+    let shell = matches!(cli.command, Sub::Sh { .. });
+    match dispatch(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            let e = classify(&e);
+            // With --json the object on stdout is for programs; the line on stderr for people.
+            if json {
+                println!("{}", e.to_json());
+            }
+            eprintln!("txbox: error: {}", e.message);
+            if shell {
+                125
+            } else {
+                e.kind.exit_code()
+            }
+        }
+    }
+}
+
+fn first_line(s: &str) -> String {
+    s.lines().next().unwrap_or("").trim_start_matches("error: ").to_string()
+}
+
+/// The kind of a failure that ended a command before it had a result.
+fn classify(e: &anyhow::Error) -> ApiError {
+    // The chain of causes, each said once (a typed error often repeats its source's text).
+    let mut message = String::new();
+    for cause in e.chain() {
+        let t = cause.to_string();
+        if !message.contains(&t) {
+            if !message.is_empty() {
+                message.push_str(": ");
+            }
+            message.push_str(&t);
+        }
+    }
+    let kind = if let Some(a) = e.downcast_ref::<ApiError>() {
+        a.kind
+    } else if let Some(x) = e.downcast_ref::<engine::EngineError>() {
+        txbox::api::engine_kind(x)
+    } else if e.downcast_ref::<txbox::options::RangeError>().is_some()
+        || e.downcast_ref::<txbox_policy::PolicyError>().is_some()
+        || e.downcast_ref::<Usage>().is_some()
+    {
+        ErrorKind::Usage
+    } else {
+        ErrorKind::Internal
+    };
+    ApiError::new(kind, message)
+}
+
+/// A mistake in how txbox was called, found after parsing.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Usage(String);
+
+fn dispatch(cli: Cli) -> Result<i32> {
     let json = cli.json;
     let state_dir = cli.state_dir;
     match cli.command {
         Sub::Run(a) => cmd_run(state_dir, json, a),
-        Sub::Begin { ws, name, allow_host } => {
-            let id = session::begin_with(&workspace_of(&ws)?, state_dir.as_deref(), name.as_deref(), &allow_host)?;
+        Sub::Begin { ws, name, isolation, allow_host } => {
+            let id = session::begin(
+                &workspace_of(&ws)?,
+                state_dir.as_deref(),
+                name.as_deref(),
+                isolation.unwrap_or_default(),
+                &allow_host,
+            )?;
             if json {
                 println!("{}", serde_json::json!({ "tx": id }));
             } else {
@@ -271,10 +408,9 @@ pub fn main(args: Vec<OsString>) -> Result<i32> {
             }
             Ok(0)
         }
-        Sub::Exec { tx, opts, on_failure, command, argv } => {
+        Sub::Exec { tx, ws, opts, on_failure, command, argv } => {
             let command = command_of(command, argv)?;
-            let cwd = std::env::current_dir().unwrap_or_default();
-            let state = session::locate_state(state_dir.as_deref(), &cwd, &tx)?;
+            let (state, cwd) = locate_tx(state_dir.as_deref(), &ws, &tx)?;
             let req = session::ExecRequest {
                 tx,
                 cwd,
@@ -282,24 +418,32 @@ pub fn main(args: Vec<OsString>) -> Result<i32> {
                 policy: opts.policy.load()?,
                 policy_file: opts.policy.file.clone(),
                 io: if json { Io::Capture } else { Io::Inherit },
-                limits: limits(&opts)?,
+                limits: limits_of(&opts.limits)?,
                 keep_on_failure: on_failure == OnFailure::Keep,
+                pass_env: opts.pass_env.clone(),
             };
             let r = session::exec(&state, &req)?;
             Ok(show(json, &r))
         }
-        Sub::Diff { tx, stat } => {
-            let cwd = std::env::current_dir().unwrap_or_default();
-            let state = session::locate_state(state_dir.as_deref(), &cwd, &tx)?;
+        Sub::Diff { tx, ws, stat } => {
+            let (state, _) = locate_tx(state_dir.as_deref(), &ws, &tx)?;
+            let held = session::held(&state, &tx)?;
             let text = session::with_diff(&state, &tx, |env, cs, upper| {
                 Ok(if json {
                     let c = txbox::engine::Changes::of(cs);
-                    serde_json::json!({"tx": tx, "added": c.added, "modified": c.modified, "deleted": c.deleted})
-                        .to_string()
-                } else if stat {
-                    txbox::diff::stat(cs, &env.workspace, upper)
+                    let dropped = txbox::engine::DroppedXattr::of(cs);
+                    serde_json::json!({"tx": tx, "added": c.added, "modified": c.modified, "deleted": c.deleted,
+                        "dropped_xattrs": dropped, "held": held})
+                    .to_string()
                 } else {
-                    txbox::diff::unified(cs, &env.workspace, upper)
+                    // What a person is asked to approve comes first.
+                    let mut text: String = held.iter().map(|h| format!("held: {} [{}]\n", h.reason, h.rule)).collect();
+                    text.push_str(&if stat {
+                        txbox::diff::stat(cs, &env.workspace, upper)
+                    } else {
+                        txbox::diff::unified(cs, &env.workspace, upper)
+                    });
+                    text
                 })
             })?;
             print!("{text}");
@@ -308,15 +452,18 @@ pub fn main(args: Vec<OsString>) -> Result<i32> {
             }
             Ok(0)
         }
-        Sub::Commit { tx } => {
-            let cwd = std::env::current_dir().unwrap_or_default();
-            let state = session::locate_state(state_dir.as_deref(), &cwd, &tx)?;
-            let r = session::commit(&state, &tx)?;
+        Sub::Commit { tx, ws, policy } => {
+            let (state, _) = locate_tx(state_dir.as_deref(), &ws, &tx)?;
+            let r = session::commit(&state, &tx, &policy.load()?)?;
             Ok(show(json, &r))
         }
-        Sub::Rollback { tx, to } => {
-            let cwd = std::env::current_dir().unwrap_or_default();
-            let state = session::locate_state(state_dir.as_deref(), &cwd, &tx)?;
+        Sub::Approve { tx, ws, policy } => {
+            let (state, _) = locate_tx(state_dir.as_deref(), &ws, &tx)?;
+            let r = session::approve(&state, &tx, &policy.load()?)?;
+            Ok(show(json, &r))
+        }
+        Sub::Rollback { tx, ws, to } => {
+            let (state, _) = locate_tx(state_dir.as_deref(), &ws, &tx)?;
             let r = session::rollback(&state, &tx, to)?;
             Ok(show(json, &r))
         }
@@ -337,6 +484,9 @@ pub fn main(args: Vec<OsString>) -> Result<i32> {
                         t.workspace,
                         t.name.as_deref().map(|n| format!("  ({n})")).unwrap_or_default()
                     );
+                    for h in &t.held {
+                        println!("    held: {} [{}]", h.reason, h.rule);
+                    }
                 }
             }
             Ok(0)
@@ -370,17 +520,40 @@ pub fn main(args: Vec<OsString>) -> Result<i32> {
                 Ok(1)
             }
         },
-        Sub::Serve { listen, workspaces, token_file, policy, allow_host } => {
-            crate::serve::main(&listen, &workspaces, state_dir, token_file.as_deref(), policy.file, &allow_host)
+        Sub::Serve { listen, token_file, max_connections, header_timeout, server } => {
+            let limits =
+                crate::serve::ConnLimits { max: max_connections as usize, header_timeout: header_timeout.duration() };
+            crate::serve::main(&listen, server.resolve(state_dir)?, token_file.as_deref(), limits)
         }
-        Sub::Mcp { workspaces, policy, allow_host } => {
-            crate::mcp::main(&workspaces, state_dir, policy.file, &allow_host)
-        }
+        Sub::Mcp { server } => crate::mcp::main(server.resolve(state_dir)?),
         Sub::Policy(PolicyCmd::Show { policy }) => {
             print!("{}", policy.load()?.to_toml());
             Ok(0)
         }
     }
+}
+
+/// The state directory of transaction `tx`, found from any directory, and the working directory
+/// for a step: the current one, or with `-C DIR` the workspace, which must be the transaction's
+/// (the current directory is kept when it lies inside it, as for `run`).
+fn locate_tx(state_dir: Option<&std::path::Path>, ws: &WorkspaceArg, tx: &str) -> Result<(StateDir, PathBuf)> {
+    let cwd = std::env::current_dir().unwrap_or_default();
+    let state = session::locate_state(state_dir, &cwd, tx)?;
+    if ws.workspace.is_none() {
+        return Ok((state, cwd));
+    }
+    let named = workspace_of(ws)?;
+    let meta = state.read_meta(tx)?;
+    if meta.workspace != named {
+        return Err(Usage(format!(
+            "transaction {tx} belongs to the workspace {}, not {}",
+            meta.workspace.display(),
+            named.display()
+        ))
+        .into());
+    }
+    let cwd = if cwd.starts_with(&named) { cwd } else { named };
+    Ok((state, cwd))
 }
 
 fn workspace_of(ws: &WorkspaceArg) -> Result<PathBuf> {
@@ -395,44 +568,36 @@ fn command_of(command: Option<String>, argv: Vec<OsString>) -> Result<Command> {
     Ok(match (command, argv.is_empty()) {
         (Some(s), true) => Command::Shell(s),
         (None, false) => Command::Argv(argv),
-        (Some(_), false) => bail!("give either -c STRING or -- PROGRAM ARGS, not both"),
-        (None, true) => bail!("nothing to run: give -c STRING or -- PROGRAM ARGS"),
+        (Some(_), false) => return Err(Usage("give either -c STRING or -- PROGRAM ARGS, not both".into()).into()),
+        (None, true) => return Err(Usage("nothing to run: give -c STRING or -- PROGRAM ARGS".into()).into()),
     })
 }
 
-fn limits(o: &ExecOpts) -> Result<engine::Limits> {
-    let timeout = match o.timeout {
-        Some(t) if !(t.is_finite() && t > 0.0) => bail!("--timeout must be a positive number of seconds"),
-        Some(t) => Some(Duration::from_secs_f64(t)),
-        None => None,
-    };
-    Ok(engine::Limits {
-        timeout,
-        memory: o.memory,
-        pids: o.pids,
-        cpu_seconds: o.cpu,
-        max_output: o.max_output,
-        max_write: o.max_write,
-        host_network: o.network == Network::Host,
-        allow_hosts: allow_hosts(&o.allow_host, o.network == Network::Host)?,
-    })
-}
-
-/// `--allow-host` values, parsed (presets are expanded when the command runs).
-fn allow_hosts(values: &[String], host_network: bool) -> Result<Vec<txbox_netproxy::Spec>> {
-    if host_network && !values.is_empty() {
-        bail!("--allow-host limits a command's network; with --network host it has the host's whole network");
+/// What `run` and `exec` enforce: the flags' limits; `--allow-host` with `--network host` is a
+/// usage error (the host's whole network leaves nothing to allow).
+fn limits_of(l: &LimitArgs) -> Result<engine::Limits> {
+    if l.network == Some(txbox::options::Network::Host) && l.allow_hosts.as_ref().is_some_and(|a| !a.is_empty()) {
+        return Err(Usage(
+            "--allow-host limits a command's network; with --network host it has the host's whole network".into(),
+        )
+        .into());
     }
-    Ok(txbox_netproxy::allow::parse_all(values)?)
+    Ok(l.to_limits())
 }
 
 /// Print a result (JSON on stdout, or the summary on stderr, after what the network saw) and
 /// return its exit status.
 fn show(json: bool, r: &engine::RunResult) -> i32 {
+    // The network's hint (it was off, or hosts were refused) is said on stderr either way.
+    let hint = r.network.as_ref().and_then(|n| n.hint.as_deref());
     if json {
         println!("{}", render::json(r));
+        // What an agent reading only the status must not miss is said on stderr too.
+        for warning in render::warnings(r).into_iter().chain(hint.map(str::to_string)) {
+            eprintln!("{warning}");
+        }
     } else {
-        if let Some(hint) = r.network.as_ref().and_then(|n| n.hint.as_deref()) {
+        if let Some(hint) = hint {
             eprintln!("{hint}");
         }
         eprintln!("{}", render::summary(r));
@@ -449,10 +614,12 @@ fn cmd_run(state_dir: Option<PathBuf>, json: bool, a: RunArgs) -> Result<i32> {
         policy: a.opts.policy.load()?,
         policy_file: a.opts.policy.file.clone(),
         io: if json { Io::Capture } else { Io::Inherit },
-        limits: limits(&a.opts)?,
+        limits: limits_of(&a.opts.limits)?,
         validate: a.validate,
         no_commit: a.no_commit,
         keep_on_failure: a.on_failure == OnFailure::Keep,
+        isolation: a.isolation.unwrap_or_default(),
+        pass_env: a.opts.pass_env,
     };
     let r = engine::run(&req)?;
     Ok(show(json, &r))
@@ -481,24 +648,7 @@ fn cmd_log(state_dir: Option<PathBuf>, json: bool, a: LogArgs) -> Result<i32> {
     };
     let path = state.audit_path();
     if a.verify {
-        return match audit::verify(&path) {
-            Ok(n) => {
-                if json {
-                    println!("{}", serde_json::json!({"ok": true, "entries": n}));
-                } else {
-                    println!("audit log {}: {n} entries, hash chain intact", path.display());
-                }
-                Ok(0)
-            }
-            Err(e) => {
-                if json {
-                    println!("{}", serde_json::json!({"ok": false, "error": e.to_string()}));
-                } else {
-                    eprintln!("txbox: audit log does not verify: {e}");
-                }
-                Ok(1)
-            }
-        };
+        return Ok(show_verify(json, &path, state.verify_audit()));
     }
     let mut entries = audit::read_all(&path)?;
     // One state directory serves many workspaces: show this one's entries (`-C`, else the
@@ -536,6 +686,55 @@ fn cmd_log(state_dir: Option<PathBuf>, json: bool, a: LogArgs) -> Result<i32> {
     Ok(0)
 }
 
+/// Print what `log --verify` found; exit 0 when nothing was changed, removed or lost (torn
+/// lines, appends a crash cut short, are reported but are no loss of a finished entry).
+fn show_verify(json: bool, path: &std::path::Path, report: Result<audit::Report, audit::AuditError>) -> i32 {
+    let report = match report {
+        Ok(r) => r,
+        Err(e) => {
+            if json {
+                println!("{}", serde_json::json!({"ok": false, "error": e.to_string()}));
+            } else {
+                eprintln!("txbox: audit log does not verify: {e}");
+            }
+            return 1;
+        }
+    };
+    let damage: Vec<String> = report.damage.iter().map(|(line, what)| format!("line {line}: {what}")).collect();
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "ok": report.ok(),
+                "entries": report.entries,
+                "torn": report.torn,
+                "damage": damage,
+                "head": report.head,
+                "error": (!report.problems.is_empty()).then(|| report.problems.join("; ")),
+            })
+        );
+    } else {
+        for p in &report.problems {
+            eprintln!("txbox: audit log does not verify: {p}");
+        }
+        for d in &damage {
+            eprintln!("txbox: audit log recorded a loss at {d}");
+        }
+        for t in &report.torn {
+            eprintln!("txbox: audit log line {t} is torn (an append cut short by a crash or a full disk)");
+        }
+        if report.ok() {
+            let head = if report.head { "" } else { " (no head record yet: the newest entries are not vouched for)" };
+            println!("audit log {}: {} entries, hash chain intact{head}", path.display(), report.entries);
+        }
+    }
+    if report.ok() {
+        0
+    } else {
+        1
+    }
+}
+
 fn cmd_recover(state_dir: Option<PathBuf>, json: bool, a: WorkspaceArg) -> Result<i32> {
     let Some(state) = state_for(state_dir, &a)? else {
         if json {
@@ -545,29 +744,30 @@ fn cmd_recover(state_dir: Option<PathBuf>, json: bool, a: WorkspaceArg) -> Resul
         }
         return Ok(0);
     };
-    let done = txbox_txn::recover(&state, None, &mut CrashHook::default())?;
+    let done = txbox_txn::recover(&state, None, &mut CrashHook::from_env())?;
+    // What was recovered stays recovered: a log that cannot take it is reported, not an error.
+    let audit_error = engine::audit_recovered(&state, &done).err().map(|e| e.to_string());
+    if let Some(e) = &audit_error {
+        eprintln!("txbox: what recovery did could not be audited: {e}");
+    }
     let mut items = Vec::new();
     for r in &done {
-        let (tx, what, ws) = match r {
-            Recovered::RolledForward { tx, workspace } => (tx.clone(), "rolled_forward", Some(workspace.clone())),
-            Recovered::Discarded { tx } => (tx.clone(), "discarded", None),
+        let (tx, what) = match r {
+            Recovered::RolledForward { tx, .. } => (tx.clone(), "rolled_forward"),
+            Recovered::Landed { tx, .. } => (tx.clone(), "landed"),
+            Recovered::Discarded { tx } => (tx.clone(), "discarded"),
         };
-        let entry = audit::Entry {
-            tx: tx.clone(),
-            workspace: ws.as_deref().map(|w| w.to_string_lossy().into_owned()).unwrap_or_default(),
-            command: "recover".into(),
-            action: "recover".into(),
-            outcome: what.into(),
-            ..audit::Entry::default()
-        };
-        audit::append(&state.audit_path(), entry, true)?;
         if !json {
             eprintln!("txbox: {what} tx {}", render::short(&tx));
         }
         items.push(serde_json::json!({"tx": tx, "action": what}));
     }
     if json {
-        println!("{}", serde_json::json!({ "recovered": items }));
+        let mut out = serde_json::json!({ "recovered": items });
+        if let Some(e) = audit_error {
+            out["audit_error"] = serde_json::Value::String(e);
+        }
+        println!("{out}");
     } else if done.is_empty() {
         eprintln!("txbox: nothing to recover");
     }
@@ -583,7 +783,8 @@ fn cmd_policy_check(json: bool, ws: WorkspaceArg, policy: &PolicyArg, allow: &[S
     let policy = policy.load()?;
     let mut ev = policy.evaluate_str(command, &engine::policy_context(&workspace, &cwd));
     if ev.decision.action != txbox_policy::Action::Deny {
-        let limits = engine::Limits { allow_hosts: allow_hosts(allow, false)?, ..engine::Limits::default() };
+        let allow_hosts = txbox_netproxy::allow::parse_all(allow).map_err(|e| Usage(e.to_string()))?;
+        let limits = engine::Limits { allow_hosts, ..engine::Limits::default() };
         let limits = txbox::network::with_policy_hosts(&limits, &policy, &[]).map_err(anyhow::Error::msg)?;
         if let Some(d) = txbox::network::visible_denial(&ev.commands, false, &limits.allow_hosts, None) {
             ev.decision = d;
@@ -604,5 +805,6 @@ fn cmd_policy_check(json: bool, ws: WorkspaceArg, policy: &PolicyArg, allow: &[S
             d.rule.as_deref().map(|r| format!(" [{r}]")).unwrap_or_default()
         );
     }
-    Ok(0)
+    // As `run` would: 126 when the command would be refused.
+    Ok(if ev.decision.action == txbox_policy::Action::Deny { 126 } else { 0 })
 }

@@ -29,6 +29,8 @@ fn step(ws: &Path, title: &str, script: &str) -> Result<engine::RunResult> {
         validate: None,
         no_commit: false,
         keep_on_failure: false,
+        isolation: Default::default(),
+        pass_env: Vec::new(),
     };
     let r = engine::run(&req)?;
     println!("{}", render::summary(&r));

@@ -95,6 +95,7 @@ fn checks() -> Vec<Check> {
         detail: read("/proc/sys/kernel/seccomp/actions_avail").unwrap_or_else(|| "not available".into()),
         fix: (!seccomp).then(|| "a kernel with CONFIG_SECCOMP_FILTER=y".into()),
     });
+    v.extend(edge_checks());
     let cg = txbox_sandbox::cgroup::probe();
     v.push(Check {
         name: "cgroups",
@@ -103,6 +104,100 @@ fn checks() -> Vec<Check> {
         detail: cg.to_string(),
         fix: cg.hint.clone().map(|h| format!("{h} — without it --memory and --pids are refused")),
     });
+    v.push(default_limits(root));
+    v
+}
+
+/// The default limits of a run without options (`txbox::limits`), and the one this host cannot
+/// enforce: the kernel does not apply RLIMIT_NPROC to root.
+fn default_limits(root: bool) -> Check {
+    let limits = engine::Limits::default();
+    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+    let d = txbox::limits::with_defaults(&limits, &cwd);
+    let write = d.max_write.map_or("none (the filesystem does not say)".into(), |w| format!("{} MiB here", w >> 20));
+    let procs = txbox::limits::default_procs(&limits).unwrap_or(0);
+    Check {
+        name: "default limits",
+        ok: !root,
+        essential: false,
+        detail: format!(
+            "timeout {} s, write {write}, {procs} processes (RLIMIT_NPROC), memory: first OOM victim",
+            txbox::limits::DEFAULT_TIMEOUT.as_secs()
+        ),
+        fix: root.then(|| {
+            "runs as root get no default process limit (the kernel does not apply RLIMIT_NPROC to root); the pid \
+             namespace still ends every process with the command; give --pids (cgroup) to cap it"
+                .into()
+        }),
+    }
+}
+
+/// The sandbox's edge (docs/SECURITY.md): which mechanism keeps host unix sockets out of
+/// reach, and what stands in where this kernel lacks one.
+fn edge_checks() -> Vec<Check> {
+    use txbox_sandbox::supervisor::{Guard, Support, LANDLOCK_UNIX_ABI};
+    let s = Support::probe();
+    let mut v = Vec::new();
+    let (ok, essential, detail, fix) = match (s.guard, s.user_notif) {
+        (Guard::Landlock, _) => {
+            (true, false, format!("Landlock ABI {} scopes them to the command", s.landlock_abi), None)
+        }
+        (Guard::Supervisor, true) => (
+            false,
+            false,
+            format!(
+                "Landlock ABI {} cannot scope pathname sockets (needs {LANDLOCK_UNIX_ABI}); the seccomp supervisor \
+                 stands in: connect and sends by address are checked and performed for the command",
+                s.landlock_abi
+            ),
+            Some(format!("a kernel with Landlock ABI {LANDLOCK_UNIX_ABI} makes the supervisor unnecessary")),
+        ),
+        (Guard::Supervisor, false) => (
+            false,
+            true,
+            "neither Landlock ABI 9 nor seccomp user notification: host sockets cannot be kept out".into(),
+            Some("a kernel with seccomp user notification (Linux ≥ 5.9)".into()),
+        ),
+    };
+    v.push(Check { name: "unix sockets", ok, essential, detail, fix });
+    v.push(Check {
+        name: "warm clients",
+        ok: s.peer_pidfd,
+        essential: false,
+        detail: if s.peer_pidfd {
+            "only launchers outside every sandbox are served (SO_PEERPIDFD)".into()
+        } else {
+            "SO_PEERPIDFD missing: warm servers check the client's uid only (no sandbox reaches their socket)".into()
+        },
+        fix: (!s.peer_pidfd).then(|| "Linux ≥ 6.5".into()),
+    });
+    let scopes = s.landlock_abi >= 6;
+    v.push(Check {
+        name: "landlock scopes",
+        ok: scopes,
+        essential: false,
+        detail: if scopes {
+            "abstract sockets and signals scoped to the command".into()
+        } else {
+            "no abstract-socket or signal scoping; the network and pid namespaces and the supervisor stand in".into()
+        },
+        fix: (!scopes).then(|| "Linux ≥ 6.12 (Landlock ABI 6)".into()),
+    });
+    if let Some(on) = s.legacy_tiocsti {
+        v.push(Check {
+            name: "terminal",
+            ok: !on,
+            essential: false,
+            detail: if on {
+                "TIOCSTI works on this kernel (legacy_tiocsti=1); the seccomp filter refuses it and the command has a \
+                 session and terminal of its own"
+                    .into()
+            } else {
+                "TIOCSTI off for everyone (legacy_tiocsti=0)".into()
+            },
+            fix: on.then(|| "sysctl -w dev.tty.legacy_tiocsti=0".into()),
+        });
+    }
     v
 }
 
@@ -121,6 +216,8 @@ fn live_probe() -> Check {
         validate: None,
         no_commit: false,
         keep_on_failure: false,
+        isolation: Default::default(),
+        pass_env: Vec::new(),
     };
     let r = engine::run(&req);
     let ok = matches!(&r, Ok(r) if r.outcome == Outcome::Committed) && dir.join("probe.txt").exists();

@@ -6,16 +6,15 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use serde::Serialize;
-use txbox_policy::{Action, Context, Decision, Policy};
+use txbox_policy::{Action, CommitAction, Context, Decision, Policy};
 use txbox_sandbox::warm::NotWarm;
-use txbox_sandbox::{Exit, Finished, LaunchOptions, SandboxSpec, WarmUse};
+use txbox_sandbox::{Finished, LaunchOptions, SandboxSpec, WarmUse};
 use txbox_txn::audit::{self, Counts};
 use txbox_txn::commit::{CommitError, CommitTarget};
 use txbox_txn::layout::TxKind;
 use txbox_txn::meta::display_rel;
 use txbox_txn::session::Fingerprints;
-use txbox_txn::{ChangeSet, CrashHook, StateDir, TxDir};
+use txbox_txn::{ChangeSet, CrashHook, RecoverStats, Recovered, StateDir, TxDir};
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -56,134 +55,16 @@ pub struct RunRequest {
     pub no_commit: bool,
     /// On failure, keep the transaction pending instead of rolling it back.
     pub keep_on_failure: bool,
+    /// `strict`: refused as a conflict if any other transaction committed meanwhile.
+    pub isolation: Isolation,
+    /// Variables passed to the command although their name or value marks a credential.
+    pub pass_env: Vec<String>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Outcome {
-    Committed,
-    RolledBack,
-    Denied,
-    Pending,
-    Conflict,
-    Error,
-}
-
-impl Outcome {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Outcome::Committed => "committed",
-            Outcome::RolledBack => "rolled_back",
-            Outcome::Denied => "denied",
-            Outcome::Pending => "pending",
-            Outcome::Conflict => "conflict",
-            Outcome::Error => "error",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RollbackReason {
-    ExitStatus,
-    Validation,
-    Timeout,
-    Limit,
-    Policy,
-    Requested,
-}
-
-impl RollbackReason {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RollbackReason::ExitStatus => "exit_status",
-            RollbackReason::Validation => "validation",
-            RollbackReason::Timeout => "timeout",
-            RollbackReason::Limit => "limit",
-            RollbackReason::Policy => "policy",
-            RollbackReason::Requested => "requested",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Default, Serialize)]
-pub struct Changes {
-    pub added: Vec<String>,
-    pub modified: Vec<String>,
-    pub deleted: Vec<String>,
-}
-
-impl Changes {
-    pub fn of(cs: &ChangeSet) -> Changes {
-        let f = |v: &Vec<PathBuf>| v.iter().map(|p| display_rel(p)).collect();
-        Changes { added: f(&cs.added), modified: f(&cs.modified), deleted: f(&cs.deleted) }
-    }
-
-    pub fn counts(&self) -> Counts {
-        Counts { added: self.added.len(), modified: self.modified.len(), deleted: self.deleted.len() }
-    }
-}
-
-/// The result of one `run`, exactly the JSON object of DESIGN §3.
-#[derive(Debug, Clone, Serialize)]
-pub struct RunResult {
-    pub tx: String,
-    pub decision: Decision,
-    pub outcome: Outcome,
-    pub rollback_reason: Option<RollbackReason>,
-    pub exit_code: i32,
-    pub signal: Option<i32>,
-    pub timed_out: bool,
-    pub limit_exceeded: Option<String>,
-    pub changes: Changes,
-    pub stdout: String,
-    pub stderr: String,
-    pub stdout_truncated: bool,
-    pub stderr_truncated: bool,
-    pub duration_ms: f64,
-    /// Why txbox itself failed or refused to commit (not part of the success path).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-    /// Paths in conflict, for `outcome: conflict`.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub conflicts: Vec<String>,
-    /// Special files (devices, FIFOs, sockets) the command made; never committed.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub skipped: Vec<String>,
-    /// For `exec`: the step number this command ran as.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub step: Option<u32>,
-    /// What the command did with the network (`crate::network`): present with an allowlist, or
-    /// when the command tried to reach a network it did not have.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub network: Option<crate::network::Summary>,
-}
-
-impl RunResult {
-    pub(crate) fn new(tx: String, decision: Decision) -> RunResult {
-        RunResult {
-            tx,
-            decision,
-            outcome: Outcome::Error,
-            rollback_reason: None,
-            exit_code: 125,
-            signal: None,
-            timed_out: false,
-            limit_exceeded: None,
-            changes: Changes::default(),
-            stdout: String::new(),
-            stderr: String::new(),
-            stdout_truncated: false,
-            stderr_truncated: false,
-            duration_ms: 0.0,
-            error: None,
-            conflicts: Vec::new(),
-            skipped: Vec::new(),
-            step: None,
-            network: None,
-        }
-    }
-}
+use crate::options::Isolation;
+pub(crate) use crate::result::{deny, record, setup_failed};
+pub use crate::result::{Changes, DroppedXattr, HeldChange, Outcome, RollbackReason, RunResult, EXIT_HELD};
+use crate::timing::Timeline;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -207,7 +88,47 @@ pub fn resolve_workspace(dir: &Path) -> Result<PathBuf, EngineError> {
     if !p.is_dir() {
         return Err(EngineError::Workspace { path: p, source: std::io::ErrorKind::NotADirectory.into() });
     }
+    if let Some(why) = unreasonable_workspace(&p) {
+        return Err(EngineError::Usage(format!(
+            "refusing {} as a workspace: {why}; name a project directory",
+            p.display()
+        )));
+    }
     Ok(p)
+}
+
+/// Directories no transaction should cover: the root (the whole host), the system's own
+/// top-level directories, and kernel filesystems.
+fn unreasonable_workspace(p: &Path) -> Option<&'static str> {
+    const SYSTEM: &[&str] = &[
+        "/bin",
+        "/boot",
+        "/etc",
+        "/lib",
+        "/lib32",
+        "/lib64",
+        "/libx32",
+        "/run",
+        "/sbin",
+        "/usr",
+        "/var",
+        "/home",
+        "/tmp",
+        "/var/tmp",
+        "/usr/local",
+        "/usr/lib",
+        "/usr/bin",
+    ];
+    const KERNEL: &[&str] = &["/proc", "/sys", "/dev"];
+    if p == Path::new("/") {
+        Some("it is the root of the filesystem")
+    } else if SYSTEM.iter().any(|s| p == Path::new(s)) {
+        Some("it is a system directory")
+    } else if KERNEL.iter().any(|k| p.starts_with(k)) {
+        Some("it is a kernel filesystem")
+    } else {
+        None
+    }
 }
 
 pub fn policy_context(workspace: &Path, cwd: &Path) -> Context {
@@ -215,48 +136,6 @@ pub fn policy_context(workspace: &Path, cwd: &Path) -> Context {
         workspace: workspace.to_path_buf(),
         cwd: cwd.to_path_buf(),
         home: std::env::var_os("HOME").map(PathBuf::from),
-    }
-}
-
-/// Phase timings of one run, printed to stderr when `TXBOX_TIMING` is set: the documented
-/// way to see where a transaction's time goes (docs/BENCHMARKS.md).
-struct Timeline {
-    enabled: bool,
-    last: Instant,
-    marks: Vec<(&'static str, Duration)>,
-    /// Where the command ran: `warm`, or `cold (why no warm server took it)`.
-    sandbox: Option<String>,
-}
-
-impl Timeline {
-    fn new(started: Instant) -> Timeline {
-        Timeline {
-            enabled: std::env::var_os("TXBOX_TIMING").is_some(),
-            last: started,
-            marks: Vec::new(),
-            sandbox: None,
-        }
-    }
-
-    fn mark(&mut self, phase: &'static str) {
-        if self.enabled {
-            let now = Instant::now();
-            self.marks.push((phase, now - self.last));
-            self.last = now;
-        }
-    }
-}
-
-impl Drop for Timeline {
-    fn drop(&mut self) {
-        if self.enabled {
-            let parts: Vec<String> =
-                self.marks.iter().map(|(p, d)| format!("{p} {:.3}", d.as_secs_f64() * 1e3)).collect();
-            eprintln!("txbox timing (ms): {}", parts.join(", "));
-            if let Some(s) = &self.sandbox {
-                eprintln!("txbox sandbox: {s}");
-            }
-        }
     }
 }
 
@@ -292,9 +171,19 @@ impl Env {
     /// Finish whatever a crash left behind in this workspace, before looking at it. Returns
     /// the workspace's commit generation: the base of a transaction that starts now.
     pub fn recover(&self) -> Result<u64, EngineError> {
+        self.recover_counting(&mut RecoverStats::default())
+    }
+
+    /// [`recover`](Self::recover), counting what recovery looked at. What it did is audited.
+    pub fn recover_counting(&self, stats: &mut RecoverStats) -> Result<u64, EngineError> {
         self.state.check_same_fs(&self.workspace)?;
         let _lock = self.state.lock_workspace(&self.workspace)?;
-        txbox_txn::recover(&self.state, Some(&self.workspace), &mut CrashHook::default())?;
+        let done = txbox_txn::recover_counting(&self.state, Some(&self.workspace), &mut CrashHook::from_env(), stats)?;
+        if !done.is_empty() {
+            if let Err(e) = audit_recovered(&self.state, &done) {
+                eprintln!("txbox: what recovery did could not be audited: {e}");
+            }
+        }
         Ok(self.state.generation(&self.workspace)?)
     }
 
@@ -370,7 +259,8 @@ fn warm_socket(state: &StateDir, spec: &SandboxSpec) -> Option<PathBuf> {
     if std::env::var_os("TXBOX_WARM").is_some_and(|v| v == "0") {
         return None;
     }
-    let p = state.warm_dir().join(format!("{}.sock", spec.sandbox_key()));
+    // Named by this binary too: another one's server is never asked.
+    let p = state.warm_dir().join(txbox_sandbox::warm::socket_name(spec, &txbox_sandbox::warm::binary_id()));
     txbox_sandbox::warm::fits(&p).then_some(p)
 }
 
@@ -387,6 +277,23 @@ impl std::ops::Deref for Executed {
     }
 }
 
+/// Other users' state directories at the root of the workspace's filesystem
+/// (`.txbox-state-<uid>`). Only root can read another user's (they are 0700), so only root's
+/// runs look (this user's own is hidden with the state directory).
+fn other_states(workspace: &Path) -> Vec<PathBuf> {
+    if !rustix::process::geteuid().is_root() {
+        return Vec::new();
+    }
+    let Some(root) = txbox_txn::layout::mount_root(workspace) else { return Vec::new() };
+    let Ok(dir) = std::fs::read_dir(&root) else { return Vec::new() };
+    dir.flatten()
+        .filter(|e| e.file_name().as_encoded_bytes().starts_with(txbox_txn::layout::AT_MOUNT_PREFIX.as_bytes()))
+        .map(|e| e.path())
+        .collect()
+}
+
+// Each argument is one independent input of the sandbox; grouping them would only rename them.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn execute(
     env: &Env,
     cwd: &Path,
@@ -395,6 +302,7 @@ pub(crate) fn execute(
     io: Io,
     limits: &Limits,
     policy_file: Option<&Path>,
+    pass_env: &[String],
 ) -> Result<Executed, txbox_sandbox::SandboxError> {
     let argv = match command {
         Command::Argv(a) | Command::Script { argv: a, .. } => a.clone(),
@@ -406,17 +314,20 @@ pub(crate) fn execute(
     spec.hide = env.state.hidden().to_vec();
     // The policy in force is neither readable for tricks nor writable for the command.
     spec.hide.extend(policy_file.and_then(|p| std::fs::canonicalize(p).ok()));
-    let home = std::env::var_os("HOME").map(PathBuf::from);
-    spec.hide.extend(
-        txbox_sandbox::spec::default_secrets(home.as_deref()).into_iter().filter(|p| !env.workspace.starts_with(p)),
-    );
+    // Everything else by rule: other homes, host keys, credentials, sockets' places, other
+    // state directories (txbox_sandbox::secrets).
+    let host = txbox_sandbox::secrets::Host::gather(other_states(&env.workspace));
+    spec.hide.extend(txbox_sandbox::secrets::hidden(&host, &env.workspace, &spec.writable));
     spec.cwd = env.cwd_for(cwd);
     spec.userns = !rustix::process::geteuid().is_root();
     spec.uid = rustix::process::getuid().as_raw();
     spec.gid = rustix::process::getgid().as_raw();
     spec.host_network = limits.host_network;
     spec.cpu_seconds = limits.cpu_seconds;
-    spec.max_file_size = limits.max_write;
+    // The write limit counts allocated blocks, so it is not RLIMIT_FSIZE (a file's length: a
+    // sparse file's may exceed what it allocates, and an fallocate past it would just fail
+    // while the command goes on to exit 0): the watcher and the change-set check hold it.
+    spec.max_procs = crate::limits::default_procs(limits);
     let exe = Path::new("/proc/self/exe");
     let (plan, expansion) = crate::network::plan(limits.host_network, &limits.allow_hosts, Some(env.state.base()));
     let net = crate::network::Session::start(plan, exe, &mut spec).map_err(txbox_sandbox::SandboxError::Setup)?;
@@ -431,6 +342,7 @@ pub(crate) fn execute(
         // A proxied run makes its own network namespace (and its listener in it).
         warm: if spec.proxy_port.is_some() { None } else { warm_socket(&env.state, &spec) },
         net_handoff: net.handoff(),
+        env: Some(crate::environ::for_command(pass_env)),
     };
     let mut finished = txbox_sandbox::launch(exe, &spec, &opts, &mut watch)?;
     if let (WarmUse::Cold(NotWarm::Absent), Some(socket)) = (&finished.warm, &opts.warm) {
@@ -445,49 +357,6 @@ pub(crate) fn execute(
     drop(watch);
     let network = net.finish(finished.net_attempts, expansion);
     Ok(Executed { finished, network })
-}
-
-/// Copy a finished command's fate into the result; true when it succeeded (status 0).
-pub(crate) fn record(r: &mut RunResult, executed: Executed) -> bool {
-    r.network = executed.network;
-    let finished = executed.finished;
-    r.stdout = String::from_utf8_lossy(&finished.stdout).into_owned();
-    r.stderr = String::from_utf8_lossy(&finished.stderr).into_owned();
-    r.stdout_truncated = finished.stdout_truncated;
-    r.stderr_truncated = finished.stderr_truncated;
-    r.timed_out = finished.timed_out;
-    match finished.exit {
-        Exit::Code(c) => r.exit_code = c,
-        Exit::Signal(s) => {
-            r.signal = Some(s);
-            r.exit_code = 128 + s;
-        }
-    }
-    if finished.timed_out {
-        r.exit_code = 124;
-    }
-    r.limit_exceeded = finished.limit.map(str::to_string);
-    let ok = !finished.timed_out && finished.limit.is_none() && finished.exit == Exit::Code(0);
-    if !ok {
-        r.rollback_reason = Some(if finished.limit.is_some() {
-            RollbackReason::Limit
-        } else if finished.timed_out {
-            RollbackReason::Timeout
-        } else {
-            RollbackReason::ExitStatus
-        });
-        if finished.limit.is_some() && r.exit_code == 0 {
-            // A command stopped by a limit did not complete, whatever it returned.
-            r.exit_code = 128 + libc::SIGKILL;
-        }
-    }
-    ok
-}
-
-pub(crate) fn setup_failed(r: &mut RunResult, e: impl std::fmt::Display) {
-    r.error = Some(e.to_string());
-    r.outcome = Outcome::Error;
-    r.exit_code = 125;
 }
 
 /// Run one command as one transaction.
@@ -516,28 +385,34 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
     if evaluation.decision.action == Action::Deny {
         let mut r = RunResult::new(txbox_txn::state::new_tx_id(), evaluation.decision);
         deny(&mut r);
-        audit(&env, &req.command, &mut r, started, false)?;
+        audit(&env, &req.command, &mut r, started, false);
         return Ok(r);
     }
 
-    // 2. Recover, 3. begin: the transaction's layers on the workspace's filesystem.
-    let base_generation = env.recover()?;
+    // 2. Recover, 3. begin: the transaction's layers on the workspace's filesystem (space
+    //    held back given up first if the filesystem is all but full).
+    let mut stats = RecoverStats::default();
+    let base_generation = env.recover_counting(&mut stats)?;
+    timeline.recovery_looked_at = Some(stats.looked_at);
     timeline.mark("recover");
+    env.state.tend_reserve();
     let tx = TxDir::create(&env.state, &env.workspace, TxKind::Run)?;
     timeline.mark("begin");
     let mut r = RunResult::new(tx.id.clone(), evaluation.decision);
 
-    // 4. Execute in the sandbox.
+    // 4. Execute in the sandbox, with default limits where the request gives none.
+    let limits = crate::limits::with_defaults(&limits, &env.workspace);
     let layers = Layers { lower: Vec::new(), upper: &tx.upper, work: &tx.work };
-    let finished = match execute(&env, &cwd, &req.command, layers, req.io, &limits, req.policy_file.as_deref()) {
-        Ok(f) => f,
-        Err(e) => {
-            setup_failed(&mut r, e);
-            drop_tx(&env.state, tx, false);
-            audit(&env, &req.command, &mut r, started, false)?;
-            return Ok(r);
-        }
-    };
+    let finished =
+        match execute(&env, &cwd, &req.command, layers, req.io, &limits, req.policy_file.as_deref(), &req.pass_env) {
+            Ok(f) => f,
+            Err(e) => {
+                setup_failed(&mut r, e);
+                drop_tx(&env.state, tx, false);
+                audit(&env, &req.command, &mut r, started, false);
+                return Ok(r);
+            }
+        };
     let served_warm = finished.warm == WarmUse::Served;
     timeline.mark("sandbox");
     if timeline.enabled {
@@ -552,37 +427,67 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
         r.outcome = Outcome::RolledBack;
         drop_tx(&env.state, tx, served_warm);
         timeline.mark("rollback");
-        audit(&env, &req.command, &mut r, started, false)?;
+        audit(&env, &req.command, &mut r, started, false);
         timeline.mark("audit");
         return Ok(r);
     }
 
-    // 6. Classify and commit under the workspace lock.
-    let target = Target { id: &tx.id, upper: &tx.upper, trash: &tx.trash };
-    let committed = commit_upper(&env, &target, Base::Generation(base_generation));
+    // 6. Classify and commit under the workspace lock (the write limit is checked on the change
+    // set, whatever the command's status: a fast writer can exit 0 before the watcher looks).
+    let target = Target {
+        id: &tx.id,
+        upper: &tx.upper,
+        trash: &tx.trash,
+        max_write: limits.max_write,
+        policy: &req.policy,
+        approved: None,
+    };
+    // The audit entry of a commit is appended at its commit point. 7. Audit what else
+    // happened, 8. clean up (in this order: a crash in between leaves a directory recovery
+    // knows to have landed, never an unaudited one).
+    let strict = (req.isolation == Isolation::Strict).then_some(base_generation);
+    let mut hook = CrashHook::from_env();
+    let mut auditor = CommitAudit::new(&env, &req.command, &r, started);
+    let committed = commit_upper(&env, &target, Base::Generation(base_generation), strict, &mut auditor, &mut hook);
     timeline.mark("commit");
-    settle(&mut r, committed);
-    drop_tx(&env.state, tx, served_warm);
-    timeline.mark("cleanup");
-    let durable = r.outcome == Outcome::Committed && r.changes.counts() != Counts::default();
-    audit(&env, &req.command, &mut r, started, durable)?;
+    let held = settle(&mut r, committed);
+    auditor.finish(&mut r);
     timeline.mark("audit");
+    let _ = hook.tick();
+    match held {
+        // Held for a person: the run becomes a session of one step, under the same id.
+        Some(fps) => keep_held(&env, tx, &fps, &mut r, served_warm),
+        // Committed but not applied in full: the layers are what recovery applies (#14.1).
+        None if r.pending_recovery.is_some() => drop(tx),
+        None => drop_tx(&env.state, tx, served_warm),
+    }
+    timeline.mark("cleanup");
     Ok(r)
 }
 
-pub(crate) fn deny(r: &mut RunResult) {
-    r.outcome = Outcome::Denied;
-    r.exit_code = 126;
-    r.rollback_reason = Some(RollbackReason::Policy);
+/// Keep a held run for a person; if that fails, it is rolled back and the run is an error.
+fn keep_held(env: &Env, tx: TxDir, fps: &Fingerprints, r: &mut RunResult, served_warm: bool) {
+    let kept = serde_json::to_string(&r.held)
+        .map_err(|e| e.to_string())
+        .and_then(|text| env.state.hold_run(&tx, &env.workspace, fps, &text).map_err(|e| e.to_string()));
+    match kept {
+        Ok(()) => drop(tx),
+        Err(e) => {
+            setup_failed(r, format!("keeping the held transaction: {e}"));
+            drop_tx(&env.state, tx, served_warm);
+        }
+    }
 }
 
-/// Turn a commit attempt into the result's outcome.
-pub(crate) fn settle(r: &mut RunResult, committed: Result<ChangeSet, TxError>) {
+/// Turn a commit attempt into the result's outcome. For a held change, returns the base
+/// fingerprints a run's transaction keeps (a session has its own: the default set).
+pub(crate) fn settle(r: &mut RunResult, committed: Result<ChangeSet, TxError>) -> Option<Fingerprints> {
     match committed {
         Ok(cs) => {
             r.outcome = Outcome::Committed;
             r.changes = Changes::of(&cs);
             r.skipped = cs.skipped.iter().map(|p| display_rel(p)).collect();
+            r.dropped_xattrs = DroppedXattr::of(&cs);
         }
         Err(TxError::Conflict(paths, msg)) => {
             r.outcome = Outcome::Conflict;
@@ -590,16 +495,76 @@ pub(crate) fn settle(r: &mut RunResult, committed: Result<ChangeSet, TxError>) {
             r.conflicts = paths;
             r.error = Some(msg);
         }
+        Err(TxError::Unfinished(cs, msg)) => {
+            // Committed: the command's exit status stands (125 would say nothing changed).
+            r.outcome = Outcome::Committed;
+            r.changes = Changes::of(&cs);
+            r.skipped = cs.skipped.iter().map(|p| display_rel(p)).collect();
+            r.dropped_xattrs = DroppedXattr::of(&cs);
+            r.pending_recovery = Some(msg);
+        }
         Err(TxError::Other(msg)) => {
             r.outcome = Outcome::Error;
             r.exit_code = 125;
             r.error = Some(msg);
         }
+        Err(TxError::Held(h)) => {
+            let Held { cs, findings, fps } = *h;
+            r.outcome = Outcome::Held;
+            r.exit_code = EXIT_HELD;
+            r.changes = Changes::of(&cs);
+            r.skipped = cs.skipped.iter().map(|p| display_rel(p)).collect();
+            r.dropped_xattrs = DroppedXattr::of(&cs);
+            r.held = findings;
+            return Some(fps.unwrap_or_default());
+        }
+        Err(TxError::Denied { rule, reason }) => {
+            r.outcome = Outcome::Denied;
+            r.exit_code = 126;
+            r.rollback_reason = Some(RollbackReason::Policy);
+            r.error = Some(format!("commit refused by rule {rule}: {reason}"));
+            r.decision = Decision { action: Action::Deny, rule: Some(rule), reason };
+        }
+        Err(TxError::Limit { name, msg }) => {
+            r.outcome = Outcome::RolledBack;
+            r.rollback_reason = Some(RollbackReason::Limit);
+            r.limit_exceeded = Some(name.to_string());
+            r.error = Some(msg);
+            if r.exit_code == 0 {
+                // The command completed, but what it wrote is over the limit: the status a
+                // shell shows for a process stopped by a file size limit (SIGXFSZ).
+                r.exit_code = 128 + libc::SIGXFSZ;
+            }
+        }
     }
+    None
+}
+
+/// A change held by the commit-time policy (what `settle` reports).
+pub(crate) struct Held {
+    cs: ChangeSet,
+    findings: Vec<HeldChange>,
+    /// A run's base fingerprints, taken under the workspace lock when it was held.
+    fps: Option<Fingerprints>,
 }
 
 pub(crate) enum TxError {
     Conflict(Vec<String>, String),
+    /// The change set is over a limit (`write`); nothing was applied.
+    Limit {
+        name: &'static str,
+        msg: String,
+    },
+    /// The commit-time policy holds the change for a person; nothing was applied.
+    Held(Box<Held>),
+    /// A commit-time rule denies the change; nothing was applied.
+    Denied {
+        rule: String,
+        reason: String,
+    },
+    /// Past its commit point: committed, applying stopped; recovery applies the rest.
+    Unfinished(Box<ChangeSet>, String),
+    /// Refused or failed before the commit point: nothing changed.
     Other(String),
 }
 
@@ -608,6 +573,13 @@ pub(crate) struct Target<'a> {
     pub id: &'a str,
     pub upper: &'a Path,
     pub trash: &'a Path,
+    /// The write limit the change set must fit in (a session's steps were each checked).
+    pub max_write: Option<u64>,
+    /// Whose commit-time rules judge the change set.
+    pub policy: &'a Policy,
+    /// A person's approval (`txbox approve`): these held changes may commit; any other hold
+    /// (something changed since) holds the transaction again.
+    pub approved: Option<&'a [HeldChange]>,
 }
 
 /// Commits with at least this many steps show progress on a terminal.
@@ -628,11 +600,31 @@ fn overlapping(ours: &[PathBuf], theirs: &[PathBuf]) -> Vec<PathBuf> {
 }
 
 /// Classify `upper` and commit it, under the workspace lock, unless a path it changes was
-/// changed since the transaction's base (first committer wins).
-pub(crate) fn commit_upper(env: &Env, t: &Target<'_>, base: Base<'_>) -> Result<ChangeSet, TxError> {
+/// changed since the transaction's base (first committer wins), or, with `strict_since` (strict
+/// isolation: the workspace's commit generation when the transaction began), unless any
+/// transaction committed to the workspace since then. `audit` is made ready before the commit
+/// point (a log that cannot be written refuses the commit) and told at it.
+pub(crate) fn commit_upper(
+    env: &Env,
+    t: &Target<'_>,
+    base: Base<'_>,
+    strict_since: Option<u64>,
+    audit: &mut CommitAudit<'_>,
+    hook: &mut CrashHook,
+) -> Result<ChangeSet, TxError> {
     let other = |e: &dyn std::fmt::Display| TxError::Other(e.to_string());
     let _lock = env.state.lock_workspace(&env.workspace).map_err(|e| other(&e))?;
+    if let Some(since) = strict_since {
+        strict_check(env, since).map_err(|e| other(&e))??;
+    }
     let cs = txbox_txn::classify(t.upper, &env.workspace, &env.exclude).map_err(|e| other(&e))?;
+    let run_base = matches!(base, Base::Generation(_));
+    if let Some(max) = t.max_write.filter(|max| cs.bytes > *max) {
+        return Err(TxError::Limit {
+            name: "write",
+            msg: format!("the change set allocates {} bytes, over the write limit of {max}", cs.bytes),
+        });
+    }
     let ours: Vec<PathBuf> = cs
         .changes
         .iter()
@@ -652,10 +644,38 @@ pub(crate) fn commit_upper(env: &Env, t: &Target<'_>, base: Base<'_>) -> Result<
         let msg = format!("changed in the workspace since this transaction began: {}", shown.join(", "));
         return Err(TxError::Conflict(shown, msg));
     }
+    // The commit-time policy: files the host runs later by itself wait for a person.
+    let findings = crate::judge::judge(t.policy, &cs, t.upper, &env.workspace);
+    if let Some(d) = findings.iter().find(|f| f.action == CommitAction::Deny) {
+        return Err(TxError::Denied { rule: d.rule.clone(), reason: d.reason.clone() });
+    }
+    let holds: Vec<HeldChange> = findings
+        .into_iter()
+        .filter(|f| f.action == CommitAction::Hold)
+        .map(|f| HeldChange { path: f.path, rule: f.rule, reason: f.reason })
+        .collect();
+    let approved = |h: &HeldChange| t.approved.is_some_and(|a| a.iter().any(|x| x.path == h.path && x.rule == h.rule));
+    if !holds.iter().all(approved) {
+        // A run keeps its base from now on as a session does: what each path holds now.
+        let fps = if run_base {
+            let mut fps = Fingerprints::default();
+            fps.record_layer(1, t.upper, &env.workspace).map_err(|e| other(&e))?;
+            Some(fps)
+        } else {
+            None
+        };
+        return Err(TxError::Held(Box::new(Held { cs, findings: holds, fps })));
+    }
+    if cs.changes.is_empty() {
+        return Ok(cs);
+    }
+    audit.prepare().map_err(TxError::Other)?;
+    env.state.release_reserve_if_low();
     if !ours.is_empty() {
         env.state.log_commit(&env.workspace, &ours).map_err(|e| other(&e))?;
     }
     let record = env.state.record_path(t.id);
+    let relief = || env.state.release_reserve();
     let target = CommitTarget {
         tx: t.id,
         workspace: &env.workspace,
@@ -663,12 +683,12 @@ pub(crate) fn commit_upper(env: &Env, t: &Target<'_>, base: Base<'_>) -> Result<
         trash: t.trash,
         record: &record,
         seal: env.state.seal(),
+        relief: Some(&relief),
     };
-    let mut hook = CrashHook::from_env();
     if std::io::IsTerminal::is_terminal(&std::io::stderr()) && cs.changes.len() >= PROGRESS_FROM {
         hook.progress = Some(crate::progress::commit_step);
     }
-    let result = txbox_txn::commit::commit(&target, &cs, &mut hook);
+    let result = txbox_txn::commit::commit(&target, &cs, hook, &mut || audit.committed(&cs));
     crate::progress::finish();
     match result {
         Ok(()) => Ok(cs),
@@ -679,8 +699,26 @@ pub(crate) fn commit_upper(env: &Env, t: &Target<'_>, base: Base<'_>) -> Result<
                 format!("{p} changed in the workspace during the transaction ({what})"),
             ))
         }
+        Err(e) if e.committed() => Err(TxError::Unfinished(Box::new(cs), e.to_string())),
         Err(e) => Err(TxError::Other(format!("commit failed: {e}"))),
     }
+}
+
+/// Strict isolation: refused if the workspace's commit generation moved since `since`. What
+/// the transaction read may mix states from before and after those commits, so even one that
+/// changes nothing is refused (its output would describe a workspace that never existed).
+fn strict_check(env: &Env, since: u64) -> Result<Result<(), TxError>, EngineError> {
+    let now = env.state.generation(&env.workspace)?;
+    if now <= since {
+        return Ok(Ok(()));
+    }
+    let n = now - since;
+    let msg = format!(
+        "strict isolation: {n} other transaction{} committed to the workspace since this one began; \
+         nothing applied, run it again",
+        if n == 1 { "" } else { "s" }
+    );
+    Ok(Err(TxError::Conflict(Vec::new(), msg)))
 }
 
 /// Discard a transaction's directory. Failure to clean up leaves garbage for `recover`, never
@@ -696,21 +734,26 @@ pub(crate) fn drop_tx(state: &StateDir, tx: TxDir, collected: bool) {
     if !wrote_something && state.recycle_tx(&id) {
         return;
     }
+    // The owner lock is let go only once the directory has left `tx`: a finished run's
+    // directory without its lock is what another run's recovery takes for abandoned (and
+    // audits as discarded).
     if collected && state.retire_tx(&id).is_ok() {
         drop(tx);
         start_collector(state, false);
         return;
     }
-    drop(tx);
     if !wrote_something {
         // An empty layer is gone in a few syscalls.
         let _ = state.remove_tx(&id);
+        drop(tx);
         return;
     }
     // A rollback returns as soon as the layer is retired; a detached collector deletes it
     // (DESIGN §8: rollback ≤ 50 ms, cleanup may continue in the background). Should it die,
     // the next collector finishes the job.
-    if state.retire_tx(&id).is_err() {
+    let retired = state.retire_tx(&id);
+    drop(tx);
+    if retired.is_err() {
         let _ = state.remove_tx(&id);
         return;
     }
@@ -732,22 +775,13 @@ fn start_collector(state: &StateDir, cold: bool) {
         .spawn();
 }
 
-pub(crate) fn audit(
-    env: &Env,
-    command: &Command,
-    r: &mut RunResult,
-    started: Instant,
-    durable: bool,
-) -> Result<(), EngineError> {
-    r.duration_ms = (started.elapsed().as_secs_f64() * 1e3 * 10.0).round() / 10.0;
-    let entry = audit::Entry {
-        time_ms: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_millis() as u64)
-            .unwrap_or(0),
+/// The audit entry of `r` (its outcome and changes as they are now).
+fn entry_of(env: &Env, command: &Command, r: &RunResult) -> audit::Entry {
+    audit::Entry {
+        time_ms: audit::now_ms(),
         tx: r.tx.clone(),
         workspace: env.workspace.to_string_lossy().into_owned(),
-        command: command.display(),
+        command: crate::redact::redact(&command.display()).into_owned(),
         action: r.decision.action.as_str().to_string(),
         rule: r.decision.rule.clone(),
         reason: r.decision.reason.clone(),
@@ -759,7 +793,136 @@ pub(crate) fn audit(
         duration_ms: r.duration_ms,
         network: r.network.as_ref().and_then(|n| serde_json::to_value(n).ok()),
         ..audit::Entry::default()
-    };
-    audit::append(&env.state.audit_path(), entry, durable)?;
+    }
+}
+
+fn rounded_ms(started: Instant) -> f64 {
+    (started.elapsed().as_secs_f64() * 1e3 * 10.0).round() / 10.0
+}
+
+/// Append `r`'s outcome to the audit log. A failure does not change the outcome: it is
+/// reported with it (`audit_error`), never as "nothing changed" (#14.3).
+pub(crate) fn audit(env: &Env, command: &Command, r: &mut RunResult, started: Instant, durable: bool) {
+    r.duration_ms = rounded_ms(started);
+    let entry = entry_of(env, command, r);
+    if let Err(e) = env.state.audit_log().and_then(|mut log| log.append(entry, durable)) {
+        r.audit_error = Some(e.to_string());
+    }
+}
+
+/// The audit of a transaction that may commit: the log is opened before the commit point (a
+/// log that cannot be written refuses the commit: nothing changed), and the entry is appended
+/// at the commit point, where the commit's final flush makes it durable with the change.
+pub(crate) struct CommitAudit<'a> {
+    env: &'a Env,
+    command: &'a Command,
+    started: Instant,
+    template: audit::Entry,
+    log: Option<audit::Log>,
+    /// Set once the commit's entry was appended (Ok) or could not be (why).
+    written: Option<Result<(), String>>,
+}
+
+impl<'a> CommitAudit<'a> {
+    pub(crate) fn new(env: &'a Env, command: &'a Command, r: &RunResult, started: Instant) -> CommitAudit<'a> {
+        CommitAudit { env, command, started, template: entry_of(env, command, r), log: None, written: None }
+    }
+
+    /// Before the commit point: open the log, or say why the commit cannot be audited.
+    fn prepare(&mut self) -> Result<(), String> {
+        match self.env.state.audit_log() {
+            Ok(log) => {
+                self.log = Some(log);
+                Ok(())
+            }
+            Err(e) => Err(format!("the commit cannot be audited ({e}); nothing changed")),
+        }
+    }
+
+    /// At the commit point: the entry, outcome `committed`.
+    fn committed(&mut self, cs: &ChangeSet) {
+        let mut entry = self.template.clone();
+        entry.outcome = Outcome::Committed.as_str().to_string();
+        entry.rollback_reason = None;
+        entry.changes = Changes::of(cs).counts();
+        entry.duration_ms = rounded_ms(self.started);
+        entry.time_ms = audit::now_ms();
+        self.written = Some(match self.log.as_mut() {
+            Some(log) => log.append(entry, false).map(drop).map_err(|e| e.to_string()),
+            None => Err("the audit log was not opened".to_string()),
+        });
+    }
+
+    /// After the commit: append the outcome if the commit point was not reached (rolled back,
+    /// conflict, error, nothing to commit), and report what could not be appended.
+    pub(crate) fn finish(mut self, r: &mut RunResult) {
+        r.duration_ms = rounded_ms(self.started);
+        match self.written.take() {
+            Some(Ok(())) => {}
+            Some(Err(e)) => r.audit_error = Some(e),
+            None => {
+                let durable = r.outcome == Outcome::Committed && r.changes.counts() != Counts::default();
+                let entry = entry_of(self.env, self.command, r);
+                let appended = match self.log.as_mut() {
+                    Some(log) => log.append(entry, durable),
+                    None => self.env.state.audit_log().and_then(|mut log| log.append(entry, durable)),
+                };
+                if let Err(e) = appended {
+                    r.audit_error = Some(e.to_string());
+                }
+            }
+        }
+    }
+}
+
+/// Append what recovery did: a transaction rolled forward or found landed is `committed` (and
+/// `rolled_forward` when its own entry already says committed: recovery only finished
+/// applying it); one whose own entry is there and that recovery only cleaned up is not
+/// repeated; a discarded one is `discarded`.
+pub fn audit_recovered(state: &StateDir, done: &[Recovered]) -> Result<(), audit::AuditError> {
+    let mut log = state.audit_log()?;
+    for r in done {
+        let logged = |tx: &str, at: u64| audit::has_committed(&state.audit_path(), tx, at).unwrap_or(false);
+        let (tx, workspace, outcome, reason, changes) = match r {
+            Recovered::RolledForward { tx, workspace, changes, committed_ms } => {
+                let (outcome, reason) = if logged(tx, *committed_ms) {
+                    ("rolled_forward", "recovery finished applying a commit cut short")
+                } else {
+                    (
+                        "committed",
+                        "rolled forward by recovery: the transaction passed its commit point before it was cut short",
+                    )
+                };
+                (tx, Some(workspace), outcome, reason, changes.clone())
+            }
+            Recovered::Landed { tx, workspace, changes, committed_ms } => {
+                if logged(tx, *committed_ms) {
+                    continue;
+                }
+                (
+                    tx,
+                    Some(workspace),
+                    "committed",
+                    "applied before its process ended, which left no audit entry",
+                    changes.clone(),
+                )
+            }
+            Recovered::Discarded { tx } => {
+                (tx, None, "discarded", "its process ended before its commit point", Counts::default())
+            }
+        };
+        let entry = audit::Entry {
+            time_ms: audit::now_ms(),
+            tx: tx.clone(),
+            workspace: workspace.map(|w| w.to_string_lossy().into_owned()).unwrap_or_default(),
+            command: "recover".into(),
+            action: "recover".into(),
+            reason: reason.into(),
+            outcome: outcome.into(),
+            changes,
+            ..audit::Entry::default()
+        };
+        log.append(entry, true)?;
+    }
     Ok(())
 }

@@ -1,15 +1,29 @@
 //! txbox as a library: the orchestration every front end shares, and how results are rendered.
 //!
 //! - [`engine`]: one command → one transaction (policy, sandbox, classify, commit/rollback, audit);
+//! - [`result`]: what one transaction did (the JSON object of DESIGN §3);
+//! - [`judge`]: the commit-time policy on a change set (what is held for a person);
+//! - [`options`]: limits and other run options, defined once for the CLI, HTTP, MCP and the
+//!   configuration file, validated when parsed;
+//! - [`api`]: what the agent-facing servers (`serve`, `mcp`) share: the workspaces and ceilings
+//!   an operator set, requests, and errors in one shape;
 //! - [`render`]: the human summary line and the JSON of DESIGN §3.
 
+pub mod api;
+pub mod config;
 pub mod diff;
 pub mod engine;
+pub mod environ;
+pub mod judge;
 pub mod limits;
 pub mod network;
+pub mod options;
 pub mod progress;
+pub mod redact;
 pub mod render;
+pub mod result;
 pub mod session;
 pub mod size;
+mod timing;
 
 pub use engine::{run, Command, Outcome, RunRequest, RunResult};

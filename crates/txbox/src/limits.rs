@@ -1,6 +1,12 @@
 //! What runs beside a command: limits that need watching (bytes written to the upper layer, which
 //! no kernel knob counts, and, through cgroups, memory and process count), and early writeback
 //! of the upper layer for commands that run long. Implements the sandbox's `Watch` hooks.
+//!
+//! Also the default limits of a run that gives none ([`with_defaults`], [`default_procs`]),
+//! enforced without cgroups so that every run can have them (and warm sandboxes serve them):
+//! a wall-clock timeout, a write limit (watched here, and checked on the change set before
+//! commit), RLIMIT_NPROC, and the command as the OOM killer's first choice.
+//! A default the host cannot enforce is skipped, never a reason to refuse a run.
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -16,6 +22,9 @@ use crate::engine::Limits;
 pub struct Watcher {
     upper: PathBuf,
     max_write: Option<u64>,
+    /// Bytes in use on the upper layer's filesystem when the command started: the layer is
+    /// walked only once the filesystem grew by more than the write limit.
+    fs_used_start: Option<u64>,
     cpu_seconds: Option<u64>,
     /// Present when --memory or --pids asked for one; removed (after killing what is left) on drop.
     cgroup: Option<Cgroup>,
@@ -53,6 +62,7 @@ impl Watcher {
         Ok(Watcher {
             upper: upper.to_path_buf(),
             max_write: limits.max_write,
+            fs_used_start: limits.max_write.and_then(|_| fs_used(upper)),
             cpu_seconds: limits.cpu_seconds,
             cgroup,
             writeback_due: Some(Instant::now() + WRITEBACK_AFTER),
@@ -78,9 +88,9 @@ impl Watcher {
             return Some("cpu");
         }
         if let Some(max) = self.max_write {
-            // RLIMIT_FSIZE stops a single file at the limit (SIGXFSZ, or EFBIG for programs
-            // that ignore it, like Python): the upper layer then holds at least the limit.
-            if sig == Some(libc::SIGXFSZ) || (f.exit != Exit::Code(0) && upper_bytes(&self.upper) >= max) {
+            // A command that failed over the limit is reported as stopped by it (one that
+            // exited 0 is checked on its change set, before commit).
+            if f.exit != Exit::Code(0) && self.may_exceed(max) && upper_bytes(&self.upper) > max {
                 return Some("write");
             }
         }
@@ -107,15 +117,103 @@ impl Watch for Watcher {
             return Some(l);
         }
         match self.max_write {
-            Some(max) if upper_bytes(&self.upper) > max => Some("write"),
+            Some(max) if self.may_exceed(max) && upper_bytes(&self.upper) > max => Some("write"),
             _ => None,
         }
     }
 }
 
-/// Bytes a layer occupies on disk (allocated blocks: a sparse file counts only its data).
+impl Watcher {
+    /// Whether the layer may hold more than `max` bytes: its filesystem grew by more than that
+    /// since the start (one `statvfs`; walking the layer ten times a second cost a busy
+    /// command's layer a full scan each time). Unknown growth: yes.
+    fn may_exceed(&self, max: u64) -> bool {
+        match (self.fs_used_start, fs_used(&self.upper)) {
+            (Some(start), Some(now)) => now.saturating_sub(start) > max,
+            _ => true,
+        }
+    }
+}
+
+/// Bytes in use on the filesystem holding `dir`.
+fn fs_used(dir: &Path) -> Option<u64> {
+    let st = rustix::fs::statvfs(dir).ok()?;
+    st.f_blocks.checked_sub(st.f_bfree)?.checked_mul(st.f_frsize)
+}
+
+/// The wall-clock limit of a run that gives none: long enough for any build an agent waits
+/// for, short enough that a command that never ends (a server in the foreground, a hung
+/// test, a miner) does not hold a sandbox, a warm server and the caller forever.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3600);
+/// The default write limit is never below this, so that a nearly full filesystem still runs
+/// commands that write little (their writes fail with ENOSPC, as natively).
+const MIN_DEFAULT_WRITE: u64 = 1 << 30;
+/// The default process limit: at least this many processes and threads, ...
+const MIN_DEFAULT_PROCS: u64 = 4096;
+/// ... or this many per CPU, for builds that scale with the machine.
+const PROCS_PER_CPU: u64 = 64;
+
+/// `given` with the defaults filled in where it says nothing: [`DEFAULT_TIMEOUT`], and a write
+/// limit of half the space available on the workspace's filesystem now (at least 1 GiB), so
+/// that a command cannot fill the disk the host lives on. Output needs no default here: what
+/// is captured is truncated at `engine::DEFAULT_CAPTURE` per stream, what streams through
+/// costs nothing. Memory and processes: see [`default_procs`] and the sandbox's
+/// `oom_score_adj`.
+pub fn with_defaults(given: &Limits, workspace: &Path) -> Limits {
+    let mut l = given.clone();
+    l.timeout = l.timeout.or(Some(DEFAULT_TIMEOUT));
+    if l.max_write.is_none() {
+        l.max_write = default_write(workspace);
+    }
+    l
+}
+
+/// The defaults as a ceiling, for judging a configuration file a command could have written
+/// (`config::Config::widening`): a limit above one of these widens what a run gets by default.
+/// The write limit's default depends on the disk, so its smallest value stands for it.
+pub fn defaults_ceiling() -> crate::options::LimitArgs {
+    use crate::options::{LimitArgs, MaxWrite, Pids, Seconds};
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+    LimitArgs {
+        timeout: Seconds::new(DEFAULT_TIMEOUT.as_secs_f64()).ok(),
+        pids: Pids::new(MIN_DEFAULT_PROCS.max(cpus.saturating_mul(PROCS_PER_CPU))).ok(),
+        max_write: MaxWrite::new(MIN_DEFAULT_WRITE).ok(),
+        ..LimitArgs::default()
+    }
+}
+
+/// Half the space available to this user on `workspace`'s filesystem, at least
+/// [`MIN_DEFAULT_WRITE`]; None (no default) when the filesystem does not say.
+pub fn default_write(workspace: &Path) -> Option<u64> {
+    let st = rustix::fs::statvfs(workspace).ok()?;
+    let avail = st.f_bavail.checked_mul(st.f_frsize)?;
+    Some((avail / 2).max(MIN_DEFAULT_WRITE))
+}
+
+/// RLIMIT_NPROC for a run that does not limit processes with a cgroup (`--pids`):
+/// max(4096, 64 per CPU). An unprivileged run's user namespace makes it count the sandbox's
+/// own processes; for root the kernel does not apply it (`txbox doctor` says so), and the pid
+/// namespace still ends every process with the command.
+pub fn default_procs(limits: &Limits) -> Option<u64> {
+    if limits.pids.is_some() {
+        return None;
+    }
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+    Some(MIN_DEFAULT_PROCS.max(cpus.saturating_mul(PROCS_PER_CPU)))
+}
+
+/// Whether a finished step's layer holds more than the write limit (walked: the precise
+/// check for a step that exited 0 before the watcher looked).
+pub fn over_write_limit(upper: &Path, limits: &Limits) -> bool {
+    limits.max_write.is_some_and(|max| upper_bytes(upper) > max)
+}
+
+/// Bytes a layer occupies on disk: allocated blocks of everything in it, directories
+/// included, a hard-linked inode once (a sparse file counts only its data, `fallocate`d space
+/// in full), as `ChangeSet::bytes` counts what a commit moves in.
 pub fn upper_bytes(dir: &Path) -> u64 {
     let mut total = 0u64;
+    let mut linked = std::collections::HashSet::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
         let Ok(rd) = std::fs::read_dir(&d) else { continue };
@@ -123,10 +221,45 @@ pub fn upper_bytes(dir: &Path) -> u64 {
             let Ok(md) = e.metadata() else { continue };
             if md.is_dir() {
                 stack.push(e.path());
-            } else {
-                total = total.saturating_add(md.blocks() * 512);
+            } else if md.nlink() > 1 && !linked.insert(md.ino()) {
+                continue;
             }
+            total = total.saturating_add(md.blocks().saturating_mul(512));
         }
     }
     total
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_fill_only_what_is_not_given() {
+        let dir = std::env::temp_dir();
+        let d = with_defaults(&Limits::default(), &dir);
+        assert_eq!(d.timeout, Some(DEFAULT_TIMEOUT));
+        assert!(d.max_write.is_some_and(|w| w >= MIN_DEFAULT_WRITE));
+        let given = Limits { timeout: Some(Duration::from_secs(5)), max_write: Some(7), ..Limits::default() };
+        let d = with_defaults(&given, &dir);
+        assert_eq!((d.timeout, d.max_write), (Some(Duration::from_secs(5)), Some(7)));
+        // A filesystem that does not say gets no default write limit (never a refusal).
+        assert_eq!(default_write(Path::new("/nonexistent/txbox")), None);
+        assert!(default_procs(&Limits::default()).is_some_and(|n| n >= MIN_DEFAULT_PROCS));
+        assert_eq!(default_procs(&Limits { pids: Some(10), ..Limits::default() }), None);
+    }
+
+    #[test]
+    fn layer_bytes_count_blocks_once_per_inode() -> std::io::Result<()> {
+        let d = std::env::temp_dir().join(format!("txbox-upper-bytes-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("sub"))?;
+        std::fs::write(d.join("sub/a"), vec![1u8; 100_000])?;
+        std::fs::hard_link(d.join("sub/a"), d.join("b"))?;
+        std::fs::File::create(d.join("sparse"))?.set_len(1 << 30)?;
+        let blocks = |p: &Path| std::fs::symlink_metadata(p).map(|m| m.blocks() * 512);
+        let want = blocks(&d.join("sub"))? + blocks(&d.join("sub/a"))? + blocks(&d.join("sparse"))?;
+        assert_eq!(upper_bytes(&d), want);
+        std::fs::remove_dir_all(&d)
+    }
 }

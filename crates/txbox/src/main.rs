@@ -14,10 +14,20 @@ fn main() {
         txbox_sandbox::stage2::main(&args[2..]);
     }
     // A warm sandbox server (see txbox_sandbox::warm), started by a run for the next ones. It
-    // deletes retired transaction directories when idle: those in the state directory's
-    // `txbox_txn::layout::RETIRED`.
+    // deletes retired transaction directories when idle (those in the state directory's
+    // `txbox_txn::layout::RETIRED`), and lays overlays only on transactions' layers.
     if args.get(1).is_some_and(|a| a == "__warm") {
-        txbox_sandbox::warm::server::main(&args[2..], std::path::Path::new(txbox_txn::layout::RETIRED));
+        let layout = txbox_sandbox::warm::StateLayout {
+            retired: std::path::Path::new(txbox_txn::layout::RETIRED),
+            layer: |rel| {
+                txbox_txn::layout::layer_name(rel).map(|l| txbox_sandbox::warm::LayerName {
+                    tx: l.id,
+                    step: l.step,
+                    upper: l.upper,
+                })
+            },
+        };
+        txbox_sandbox::warm::server::main(&args[2..], layout);
     }
     // The network proxy of one command (txbox_netproxy::process): a broker and, forked from it,
     // the confined proxy. Started by the engine for a command with an allowlist.
@@ -27,6 +37,8 @@ fn main() {
     // Background deletion of retired layers (see engine::drop_tx), in a state directory txbox
     // made (anything else is refused by opening it).
     if args.get(1).is_some_and(|a| a == "__gc") {
+        // Nothing the caller left open lives on here (a pipe would never see its end).
+        txbox_sandbox::fds::close_from_except(3, &[]);
         if let Some(root) = args.get(2) {
             // Detach from the caller's session so its terminal signals do not stop us.
             let _ = rustix::process::setsid();
@@ -36,12 +48,5 @@ fn main() {
         }
         std::process::exit(0);
     }
-    let code = match cli::main(args) {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("txbox: error: {e:#}");
-            125
-        }
-    };
-    std::process::exit(code);
+    std::process::exit(cli::main(args));
 }

@@ -1,11 +1,11 @@
 //! `txbox mcp`: a Model Context Protocol server built on the official Rust SDK (`rmcp`, pinned),
 //! on stdio, and over streamable HTTP at `/mcp` of `txbox serve` ([`http_service`]); and the
-//! small adapter between its tool calls and [`crate::serve::Api`]. The tool list and results are
+//! small adapter between its tool calls and [`txbox::api::Api`]. Tool schemas are generated from
+//! the request types that parse the arguments (`txbox::api::schema_of`). The tool list and results are
 //! plain JSON here and converted to rmcp's model types at the edge, so an SDK upgrade touches
 //! only [`Server`] and [`http_service`]. Engine calls run on blocking threads; the process is
 //! multi-threaded, so the sandbox launcher re-executes `/proc/self/exe __stage2`.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context as _, Result};
@@ -18,103 +18,34 @@ use rmcp::transport::streamable_http_server::session::never::NeverSessionManager
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ServerHandler, ServiceExt};
 use serde_json::{json, Value};
+use txbox::api::{self, Api, ApiError, BeginBody, ExecArgs, ListArgs, LogArgs, RollbackArgs, RunBody, TxArgs};
 use txbox::engine::RunResult;
 use txbox::render;
 
-use crate::serve::{Api, ApiError, RunBody};
-
-const LIMIT_PROPS: &str = r#"{
-  "timeout": {"type": "number", "description": "Wall-clock limit in seconds. On expiry the whole process tree is killed and every change is rolled back (outcome rolled_back, rollback_reason timeout, exit_code 124)."},
-  "memory": {"type": ["integer", "string"], "description": "Memory limit of the process tree, bytes or with a suffix (\"512M\", \"2G\"). Exceeding it kills and rolls back."},
-  "pids": {"type": "integer", "description": "Most processes at once."},
-  "cpu": {"type": "integer", "description": "CPU seconds per process."},
-  "max_output": {"type": ["integer", "string"], "description": "Output limit per stream; exceeding it kills and rolls back."},
-  "max_write": {"type": ["integer", "string"], "description": "Most bytes the command may write into the workspace."},
-  "network": {"type": "string", "enum": ["none", "host"], "description": "none (default): no network but loopback, and the hosts of allow_hosts through txbox's proxy. host: the host's network."},
-  "allow_hosts": {"type": "array", "items": {"type": "string"}, "description": "Hosts the command may reach (HTTP and HTTPS through the proxy txbox sets in HTTPS_PROXY/HTTP_PROXY): \"host\", \"*.domain\", \"host:port\", or presets \"@pypi\", \"@npm\", \"@crates\", \"@go\", \"@github\". Default: everything the server allows; a request may only narrow that. The result's `network` lists every connection, allowed or refused."},
-  "keep_on_failure": {"type": "boolean", "description": "Keep a failed command's changes pending for review instead of rolling them back."}
-}"#;
-
-fn limit_props() -> serde_json::Map<String, Value> {
-    match serde_json::from_str::<Value>(LIMIT_PROPS) {
-        Ok(Value::Object(m)) => m,
-        _ => serde_json::Map::new(),
-    }
-}
-
-fn schema(props: Value, required: &[&str], with_limits: bool) -> Value {
-    let mut p = match props {
-        Value::Object(m) => m,
-        _ => serde_json::Map::new(),
-    };
-    if with_limits {
-        p.extend(limit_props());
-    }
-    json!({"type": "object", "properties": p, "required": required, "additionalProperties": false})
+/// A tool: its name, its description written for the model that calls it, and its input
+/// schema generated from the request type that parses its arguments.
+fn tool<T: schemars::JsonSchema>(name: &str, description: &str) -> Value {
+    json!({"name": name, "description": description, "inputSchema": api::schema_of::<T>()})
 }
 
 /// The tools, with descriptions written for the model that calls them.
 pub fn tools() -> Value {
-    let ws = json!({"type": "string", "description": "Workspace directory; may be omitted when the server serves only one."});
-    let tx = json!({"type": "string", "description": "Transaction id (16 hex digits) returned by begin or by run with no_commit."});
     json!([
-        {
-            "name": "run",
-            "description": "Run one shell command (bash -c semantics) in the workspace as ONE transaction, in a sandbox. \
+        tool::<RunBody>("run", "Run one shell command (bash -c semantics) in the workspace as ONE transaction, in a sandbox. \
     If it exits 0 (and `validate`, if given, also exits 0) its file changes are committed atomically; \
     if it fails (non-zero exit, signal, timeout, limit) EVERY change it made is rolled back and the workspace is exactly as before. \
     Commands that would do irreversible harm (e.g. deleting outside the workspace, pushing, network exfiltration) are denied by policy: nothing runs, outcome is `denied` and `decision.reason` says why — do not retry the same command. \
-    Result: a one-line summary, then JSON with outcome (committed|rolled_back|denied|pending|conflict|error), exit_code, stdout, stderr, changes {added, modified, deleted}. \
-    With no_commit=true the changes are kept pending: review with `diff`, then `commit` or `rollback`.",
-            "inputSchema": schema(json!({
-                "command": {"type": "string", "description": "The shell command, e.g. \"make test\" or \"sed -i s/a/b/ f.txt\"."},
-                "workspace": ws,
-                "validate": {"type": "string", "description": "A check run after the command in the same transaction (e.g. \"cargo test\"); the changes are committed only if it also exits 0."},
-                "no_commit": {"type": "boolean", "description": "Leave the transaction pending for review instead of committing; the result's `tx` is its id."}
-            }), &["command"], true)
-        },
-        {
-            "name": "begin",
-            "description": "Open a multi-step transaction and return its id. Then call `exec` for each step, `diff` to review the pending changes, and finally `commit` (apply them to the workspace) or `rollback` (discard them). Nothing reaches the workspace until `commit`.",
-            "inputSchema": schema(json!({
-                "workspace": ws,
-                "name": {"type": "string", "description": "A label for the transaction."}
-            }), &[], false)
-        },
-        {
-            "name": "exec",
-            "description": "Run one shell command as the next step of an open transaction (from `begin`). A step that succeeds becomes a savepoint; a step that fails is undone alone (earlier steps stay) unless keep_on_failure. Changes stay pending until `commit`. Denied commands do not run.",
-            "inputSchema": schema(json!({
-                "tx": tx,
-                "command": {"type": "string", "description": "The shell command for this step."}
-            }), &["tx", "command"], true)
-        },
-        {
-            "name": "diff",
-            "description": "Show which workspace paths an open transaction would add, modify and delete if committed. Use it to review before `commit` or `rollback`.",
-            "inputSchema": schema(json!({"tx": tx}), &["tx"], false)
-        },
-        {
-            "name": "commit",
-            "description": "Apply an open transaction's changes to the workspace atomically. If files it touches were changed outside the transaction meanwhile, the commit is refused (outcome `conflict`, nothing changed); the transaction is then gone, so redo the work.",
-            "inputSchema": schema(json!({"tx": tx}), &["tx"], false)
-        },
-        {
-            "name": "rollback",
-            "description": "Discard an open transaction entirely (the workspace was never touched), or with `to` undo only the steps after step number `to` and keep the transaction open.",
-            "inputSchema": schema(json!({
-                "tx": tx,
-                "to": {"type": "integer", "minimum": 0, "description": "Keep steps 1..=to, undo the later ones."}
-            }), &["tx"], false)
-        },
-        {
-            "name": "log",
-            "description": "The audit log of a workspace: every command txbox ran, denied, committed or rolled back, newest last.",
-            "inputSchema": schema(json!({
-                "workspace": ws,
-                "n": {"type": "integer", "minimum": 1, "description": "Only the last n entries."}
-            }), &[], false)
-        }
+    Limits and network may only be narrowed below what the operator allows; asking for more is an error that says the ceiling. \
+    Result: a one-line summary, then JSON with outcome (committed|rolled_back|denied|pending|conflict|error|held), exit_code, stdout, stderr (each at most 64 KiB: head and tail), changes {added, modified, deleted}. \
+    Outcome `held` (exit_code 4): the changes include files the host would run by itself later (git hooks, git settings that run programs, .envrc, editor tasks, agent settings); nothing was applied, `held` says why, and only a person can approve it — you cannot; do not retry; continue without it or roll it back. \
+    With no_commit=true the changes are kept pending: review with `diff`, then `commit` or `rollback`."),
+        tool::<BeginBody>("begin", "Open a multi-step transaction and return its id. Then call `exec` for each step, `diff` to review the pending changes, and finally `commit` (apply them to the workspace) or `rollback` (discard them). Nothing reaches the workspace until `commit`."),
+        tool::<ExecArgs>("exec", "Run one shell command as the next step of an open transaction (from `begin`). A step that succeeds becomes a savepoint; a step that fails is undone alone (earlier steps stay, the transaction stays open) unless keep_on_failure. Changes stay pending until `commit`. Denied commands do not run."),
+        tool::<TxArgs>("diff", "Show what an open transaction would change if committed: the paths it adds, modifies and deletes, and the unified diff (at most 64 KiB). Use it to review before `commit` or `rollback`."),
+        tool::<TxArgs>("commit", "Apply an open transaction's changes to the workspace atomically. If files it touches were changed outside the transaction meanwhile, the commit is refused (outcome `conflict`, nothing changed); the transaction is then gone, so redo the work. If the changes include files the host runs by itself later (git hooks, ...), the transaction is held for a person (outcome `held`): it stays open, and only a person can approve it."),
+        tool::<RollbackArgs>("rollback", "Discard an open transaction entirely (the workspace was never touched), or with `to` undo only the steps after step number `to` and keep the transaction open."),
+        tool::<ListArgs>("list", "List the open transactions (id, name, workspace, status, steps)."),
+        tool::<LogArgs>("log", "The audit log of a workspace: every command txbox ran, denied, committed or rolled back, newest last.")
     ])
 }
 
@@ -126,67 +57,46 @@ fn result_content(r: &RunResult) -> Value {
     json!({"content": [text(render::summary(r)), text(render::json(r))], "isError": false})
 }
 
+/// A tool error: a line for the model, and the error object every front end uses.
 fn tool_error(e: &ApiError) -> Value {
-    json!({"content": [text(format!("txbox: error: {}", e.message))], "isError": true})
+    json!({"content": [text(format!("txbox: error: {}", e.message)), text(e.to_json().to_string())], "isError": true})
 }
 
-fn str_arg<'a>(args: &'a Value, k: &str) -> Option<&'a str> {
-    args.get(k).and_then(Value::as_str)
-}
-
-fn required<'a>(args: &'a Value, k: &str) -> Result<&'a str, ApiError> {
-    str_arg(args, k).ok_or_else(|| ApiError::new(400, format!("missing string argument `{k}`")))
-}
-
-fn run_body(args: &Value, drop: &[&str]) -> Result<RunBody, ApiError> {
-    let mut a = match args {
-        Value::Object(m) => m.clone(),
-        Value::Null => serde_json::Map::new(),
-        _ => return Err(ApiError::new(400, "arguments must be an object")),
-    };
-    for k in drop {
-        a.remove(*k);
-    }
-    serde_json::from_value(Value::Object(a)).map_err(|e| ApiError::new(400, format!("bad arguments: {e}")))
+fn ok(summary: String, payload: Value) -> Value {
+    json!({"content": [text(summary), text(payload.to_string())], "isError": false})
 }
 
 /// One `tools/call`: the tool's result, or `Err` for an unknown tool (a protocol error).
 pub fn call(api: &Api, name: &str, args: &Value) -> Result<Value, String> {
+    let args = args.clone();
     let r: Result<Value, ApiError> = match name {
-        "run" => run_body(args, &[]).and_then(|b| api.run(&b)).map(|r| result_content(&r)),
-        "exec" => required(args, "tx")
-            .and_then(|tx| Ok((tx, run_body(args, &["tx"])?)))
-            .and_then(|(tx, b)| api.exec(tx, &b))
-            .map(|r| result_content(&r)),
-        "begin" => api.begin(str_arg(args, "workspace"), str_arg(args, "name")).map(|tx| {
-            json!({"content": [text(format!("txbox: began tx {tx}")), text(json!({"tx": tx}).to_string())], "isError": false})
-        }),
-        "diff" => required(args, "tx").and_then(|tx| api.diff(tx)).map(|v| {
+        "run" => api::parse::<RunBody>(args).and_then(|b| api.run(&b)).map(|r| result_content(&r)),
+        "exec" => api::parse::<ExecArgs>(args).and_then(|a| api.exec(&a.tx, &a.step)).map(|r| result_content(&r)),
+        "begin" => api::parse::<BeginBody>(args)
+            .and_then(|b| api.begin(&b))
+            .map(|tx| ok(format!("txbox: began tx {tx}"), json!({"tx": tx}))),
+        "diff" => api::parse::<TxArgs>(args).and_then(|a| api.diff(&a.tx, true)).map(|v| {
             let n = |k: &str| v.get(k).and_then(Value::as_array).map_or(0, Vec::len);
             let line = format!("txbox: pending changes +{} ~{} -{}", n("added"), n("modified"), n("deleted"));
-            json!({"content": [text(line), text(v.to_string())], "isError": false})
+            let unified = v.get("diff").and_then(Value::as_str).unwrap_or("").to_string();
+            let mut listing = v.clone();
+            if let Value::Object(m) = &mut listing {
+                m.remove("diff");
+            }
+            json!({"content": [text(line), text(listing.to_string()), text(unified)], "isError": false})
         }),
-        "commit" => required(args, "tx").and_then(|tx| api.commit(tx)).map(|r| result_content(&r)),
-        "rollback" => required(args, "tx")
-            .and_then(|tx| {
-                let to = match args.get("to") {
-                    None | Some(Value::Null) => None,
-                    Some(v) => Some(
-                        v.as_u64()
-                            .and_then(|n| u32::try_from(n).ok())
-                            .ok_or_else(|| ApiError::new(400, "`to` must be a step number"))?,
-                    ),
-                };
-                api.rollback(tx, to)
-            })
-            .map(|r| result_content(&r)),
-        "log" => {
-            let n = args.get("n").and_then(Value::as_u64).and_then(|n| usize::try_from(n).ok());
-            api.log(str_arg(args, "workspace"), n).map(|v| {
-                let count = v.as_array().map_or(0, Vec::len);
-                json!({"content": [text(format!("txbox: {count} audit entries")), text(v.to_string())], "isError": false})
-            })
+        "commit" => api::parse::<TxArgs>(args).and_then(|a| api.commit(&a.tx)).map(|r| result_content(&r)),
+        "rollback" => {
+            api::parse::<RollbackArgs>(args).and_then(|a| api.rollback(&a.tx, a.to)).map(|r| result_content(&r))
         }
+        "list" => api::parse::<ListArgs>(args).and_then(|a| api.list(a.workspace.as_deref())).and_then(|txs| {
+            let v = serde_json::to_value(&txs).map_err(|e| ApiError::internal(e.to_string()))?;
+            Ok(ok(format!("txbox: {} open transactions", txs.len()), v))
+        }),
+        "log" => api::parse::<LogArgs>(args).and_then(|a| api.log(a.workspace.as_deref(), a.n)).map(|v| {
+            let count = v.as_array().map_or(0, Vec::len);
+            ok(format!("txbox: {count} audit entries"), v)
+        }),
         other => return Err(format!("unknown tool `{other}`")),
     };
     Ok(r.unwrap_or_else(|e| tool_error(&e)))
@@ -258,22 +168,187 @@ pub(crate) fn http_service(api: Arc<Api>) -> StreamableHttpService<Server, Never
     )
 }
 
+/// The longest line taken from stdin; a longer one is answered with a parse error and skipped.
+const MAX_LINE: usize = 16 << 20;
+
+/// A JSON-RPC 2.0 error reply.
+fn rpc_error(id: Value, code: i64, message: &str, data: String) -> Value {
+    json!({"jsonrpc": "2.0", "id": id, "error": {"code": code, "message": message, "data": data}})
+}
+
+/// What to do with one line from the client: `None` passes it to the MCP service; `Some`
+/// answers it with a JSON-RPC error per the specification: -32700 (parse error, id null) for
+/// what is not JSON, -32600 (invalid request, with the request's id when it has a usable one)
+/// for JSON that is not a JSON-RPC 2.0 message. Blank lines are dropped (`Some(Null)`).
+pub fn screen(line: &[u8]) -> Option<Value> {
+    let trimmed = line.trim_ascii();
+    if trimmed.is_empty() {
+        return Some(Value::Null);
+    }
+    let v: Value = match serde_json::from_slice(trimmed) {
+        Ok(v) => v,
+        Err(e) => return Some(rpc_error(Value::Null, -32700, "Parse error", e.to_string())),
+    };
+    let Some(obj) = v.as_object() else {
+        let why = "a message must be one JSON object (batches are not supported)".to_string();
+        return Some(rpc_error(Value::Null, -32600, "Invalid Request", why));
+    };
+    let id = match obj.get("id") {
+        None => None,
+        Some(i @ (Value::String(_) | Value::Number(_))) => Some(i.clone()),
+        Some(_) => {
+            let why = "`id` must be a string or a number".to_string();
+            return Some(rpc_error(Value::Null, -32600, "Invalid Request", why));
+        }
+    };
+    let invalid = |why: &str| Some(rpc_error(id.clone().unwrap_or(Value::Null), -32600, "Invalid Request", why.into()));
+    if obj.get("jsonrpc").and_then(Value::as_str) != Some("2.0") {
+        return invalid("`jsonrpc` must be \"2.0\"");
+    }
+    match (obj.get("method"), obj.contains_key("result") || obj.contains_key("error")) {
+        (Some(Value::String(_)), false) => {
+            if obj.get("params").is_some_and(|p| !(p.is_object() || p.is_array())) {
+                return invalid("`params` must be an object or an array");
+            }
+            None
+        }
+        (None, true) if id.is_some() => None,
+        (Some(_), _) => invalid("`method` must be a string, in a request without `result` or `error`"),
+        (None, _) => invalid("neither a request (`method`) nor a response (`id` with `result` or `error`)"),
+    }
+}
+
+/// Read one line of at most [`MAX_LINE`] bytes (without its newline); `Ok(None)` at end of
+/// input; `Err(())` for a line that was longer (the rest of it is skipped).
+async fn read_line<R: tokio::io::AsyncBufRead + Unpin>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+) -> std::io::Result<Option<Result<(), ()>>> {
+    use tokio::io::AsyncBufReadExt;
+    buf.clear();
+    let mut too_long = false;
+    loop {
+        let chunk = r.fill_buf().await?;
+        if chunk.is_empty() {
+            return Ok(if buf.is_empty() && !too_long { None } else { Some(if too_long { Err(()) } else { Ok(()) }) });
+        }
+        let (take, done) = match chunk.iter().position(|&b| b == b'\n') {
+            Some(i) => (i, true),
+            None => (chunk.len(), false),
+        };
+        if !too_long {
+            if buf.len() + take > MAX_LINE {
+                too_long = true;
+                buf.clear();
+            } else {
+                buf.extend_from_slice(&chunk[..take]);
+            }
+        }
+        r.consume(if done { take + 1 } else { take });
+        if done {
+            return Ok(Some(if too_long { Err(()) } else { Ok(()) }));
+        }
+    }
+}
+
+/// stdio for the MCP service behind [`screen`]: lines that are not JSON-RPC messages are
+/// answered here, the rest pass through. Replies from both reach stdout a whole line at a
+/// time. Returns the service's ends and the task that writes stdout (done when both
+/// writers are).
+fn screened_stdio() -> (tokio::io::DuplexStream, tokio::io::DuplexStream, tokio::task::JoinHandle<()>) {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+    let (mut to_service, service_in) = tokio::io::duplex(1 << 16);
+    let (service_out, from_service) = tokio::io::duplex(1 << 16);
+    let (lines, mut queue) = tokio::sync::mpsc::channel::<Vec<u8>>(64);
+    let errors = lines.clone();
+    tokio::spawn(async move {
+        let mut stdin = tokio::io::BufReader::new(tokio::io::stdin());
+        let mut buf = Vec::new();
+        while let Ok(Some(line)) = read_line(&mut stdin, &mut buf).await {
+            let reply = match line {
+                Err(()) => {
+                    Some(rpc_error(Value::Null, -32700, "Parse error", format!("line longer than {MAX_LINE} bytes")))
+                }
+                Ok(()) => screen(&buf),
+            };
+            match reply {
+                Some(Value::Null) => {}
+                Some(err) => {
+                    if errors.send(format!("{err}\n").into_bytes()).await.is_err() {
+                        break;
+                    }
+                }
+                None => {
+                    buf.push(b'\n');
+                    if to_service.write_all(&buf).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        // End of input: the service sees it and ends.
+        let _ = to_service.shutdown().await;
+    });
+    tokio::spawn(async move {
+        let mut out = tokio::io::BufReader::new(from_service);
+        let mut line = Vec::new();
+        while matches!(out.read_until(b'\n', &mut line).await, Ok(n) if n > 0) {
+            if lines.send(std::mem::take(&mut line)).await.is_err() {
+                break;
+            }
+        }
+    });
+    let writer = tokio::spawn(async move {
+        let mut stdout = tokio::io::stdout();
+        while let Some(line) = queue.recv().await {
+            if stdout.write_all(&line).await.is_err() || stdout.flush().await.is_err() {
+                break;
+            }
+        }
+    });
+    (service_in, service_out, writer)
+}
+
 /// Serve MCP on stdin/stdout until the client closes stdin.
-pub fn main(
-    workspaces: &[PathBuf],
-    state_dir: Option<PathBuf>,
-    policy_file: Option<PathBuf>,
-    allow_hosts: &[String],
-) -> Result<i32> {
-    let api = Arc::new(Api::new(workspaces, state_dir, policy_file)?.with_allow_hosts(allow_hosts)?);
+pub fn main(served: crate::serve::Served) -> Result<i32> {
+    let api = Arc::new(served.api()?);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all() // rmcp uses timers (request timeouts)
         .build()
         .context("starting the async runtime")?;
     rt.block_on(async move {
-        let running = Server { api }.serve(rmcp::transport::stdio()).await.context("MCP initialization")?;
+        let (input, output, writer) = screened_stdio();
+        let running = Server { api }.serve((input, output)).await.context("MCP initialization")?;
         running.waiting().await.context("MCP service")?;
+        let _ = writer.await;
         Ok::<i32, anyhow::Error>(0)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_that_are_not_json_rpc_get_spec_errors() {
+        let code = |l: &str| screen(l.as_bytes()).map(|v| (v["error"]["code"].as_i64(), v["id"].clone()));
+        assert_eq!(code("not json"), Some((Some(-32700), Value::Null)));
+        assert_eq!(code("{\"jsonrpc\": \"2.0\", \"id\": 1, "), Some((Some(-32700), Value::Null)));
+        assert_eq!(code("[]"), Some((Some(-32600), Value::Null)));
+        assert_eq!(code("[{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"ping\"}]"), Some((Some(-32600), Value::Null)));
+        assert_eq!(code("42"), Some((Some(-32600), Value::Null)));
+        assert_eq!(code("{\"id\": 7, \"method\": \"ping\"}"), Some((Some(-32600), json!(7))));
+        assert_eq!(code("{\"jsonrpc\": \"2.0\", \"id\": \"a\", \"method\": 5}"), Some((Some(-32600), json!("a"))));
+        assert_eq!(code("{\"jsonrpc\": \"2.0\", \"id\": {}, \"method\": \"ping\"}"), Some((Some(-32600), Value::Null)));
+        assert_eq!(code("{\"jsonrpc\": \"2.0\", \"id\": 3}"), Some((Some(-32600), json!(3))));
+        assert_eq!(
+            code("{\"jsonrpc\": \"2.0\", \"id\": 3, \"method\": \"x\", \"params\": 1}"),
+            Some((Some(-32600), json!(3)))
+        );
+        assert_eq!(screen(b"   "), Some(Value::Null));
+        assert_eq!(screen(br#"{"jsonrpc": "2.0", "id": 1, "method": "ping"}"#), None);
+        assert_eq!(screen(br#"{"jsonrpc": "2.0", "method": "notifications/initialized"}"#), None);
+        assert_eq!(screen(br#"{"jsonrpc": "2.0", "id": 1, "result": {}}"#), None);
+    }
 }

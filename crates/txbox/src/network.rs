@@ -57,39 +57,10 @@ pub fn with_policy_hosts(
     Ok(l)
 }
 
-/// What an API request may reach: the operator's `ceiling` (`serve`/`mcp --allow-host`) when
-/// it asks for nothing, else what it asks for, if the ceiling covers every item (a preset the
-/// ceiling names, or hosts within its items). `base`: where presets are cached.
-pub fn narrow(ceiling: &[Spec], requested: Option<&[String]>, base: Option<&Path>) -> Result<Vec<Spec>, String> {
-    let Some(requested) = requested else { return Ok(ceiling.to_vec()) };
-    let asked = txbox_netproxy::allow::parse_all(requested).map_err(|e| e.to_string())?;
-    let mut expanded: Option<Allowlist> = None;
-    for spec in &asked {
-        if ceiling.contains(spec) {
-            continue;
-        }
-        if expanded.is_none() {
-            expanded = Some(txbox_netproxy::preset::expand(ceiling, base).allow);
-        }
-        let limit = expanded.as_ref().map(Allowlist::rules).unwrap_or_default();
-        let limit = Allowlist::new(limit.iter().cloned());
-        let rules = match spec {
-            Spec::Rule(r) => vec![r.clone()],
-            Spec::Preset(_) => txbox_netproxy::preset::expand(std::slice::from_ref(spec), base).allow.rules().to_vec(),
-        };
-        if let Some(r) = rules.iter().find(|r| !limit.covers(r)) {
-            let shown = if matches!(spec, Spec::Preset(_)) { format!("{spec} ({r})") } else { spec.to_string() };
-            return Err(format!(
-                "allow_hosts item {shown} is outside what this server allows (its --allow-host: {})",
-                if ceiling.is_empty() {
-                    "none: the network is off".to_string()
-                } else {
-                    ceiling.iter().map(Spec::to_string).collect::<Vec<_>>().join(",")
-                }
-            ));
-        }
-    }
-    Ok(asked)
+/// The rules a preset stands for here (from the caller's package managers, cached in the
+/// state base directory `base`); none when it cannot be derived.
+pub fn preset_rules(preset: txbox_netproxy::Preset, base: Option<&Path>) -> Vec<txbox_netproxy::Rule> {
+    txbox_netproxy::preset::expand(&[Spec::Preset(preset)], base).allow.rules().to_vec()
 }
 
 /// The rule id of a denial for a visible network target.
@@ -402,22 +373,6 @@ mod tests {
             d.reason
         );
         assert!(visible_denial(&cmd(&["ls", "-la"]), false, &[], None).is_none());
-    }
-
-    #[test]
-    fn api_requests_only_narrow_the_operator_s_ceiling() {
-        let ceiling = txbox_netproxy::allow::parse_all(&["*.example.com", "reg.example:8080"]).unwrap();
-        assert_eq!(narrow(&ceiling, None, None).unwrap(), ceiling);
-        let asked =
-            |items: &[&str]| narrow(&ceiling, Some(&items.iter().map(|s| s.to_string()).collect::<Vec<_>>()), None);
-        assert_eq!(asked(&["a.example.com", "reg.example:8080"]).unwrap().len(), 2);
-        assert!(asked(&[]).unwrap().is_empty(), "asking for nothing turns the network off");
-        for wider in ["example.com", "evil.example", "reg.example", "reg.example:*", "*.com"] {
-            let e = asked(&[wider]).unwrap_err();
-            assert!(e.contains("outside what this server allows"), "{wider}: {e}");
-        }
-        let e = narrow(&[], Some(&["a.example".to_string()]), None).unwrap_err();
-        assert!(e.contains("the network is off"), "{e}");
     }
 
     #[test]

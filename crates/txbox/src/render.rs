@@ -21,18 +21,38 @@ pub fn ms(v: f64) -> String {
     }
 }
 
+/// The lines a result adds to its summary: a commit left to recovery, an outcome that could not
+/// be audited.
+pub fn warnings(r: &RunResult) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Some(p) = &r.pending_recovery {
+        out.push(format!("txbox: tx {} is committed but not yet applied in full: {p}", short(&r.tx)));
+    }
+    if let Some(a) = &r.audit_error {
+        out.push(format!("txbox: the outcome of tx {} could not be written to the audit log: {a}", short(&r.tx)));
+    }
+    out
+}
+
 /// The one-line summary of DESIGN §3, e.g.
-/// `txbox: committed tx 7f3a… (+3 ~1 -2) in 4.1 ms`.
+/// `txbox: committed tx 7f3a… (+3 ~1 -2) in 4.1 ms`, followed by [`warnings`] if any.
 pub fn summary(r: &RunResult) -> String {
+    let mut lines = vec![outcome_line(r)];
+    lines.extend(warnings(r));
+    lines.join("\n")
+}
+
+fn outcome_line(r: &RunResult) -> String {
     let c = &r.changes;
     match r.outcome {
         Outcome::Committed => format!(
-            "txbox: committed tx {} (+{} ~{} -{}) in {}",
+            "txbox: committed tx {} (+{} ~{} -{}) in {}{}",
             short(&r.tx),
             c.added.len(),
             c.modified.len(),
             c.deleted.len(),
-            ms(r.duration_ms)
+            ms(r.duration_ms),
+            dropped(r)
         ),
         Outcome::RolledBack => {
             let why = match (r.rollback_reason, r.signal) {
@@ -44,7 +64,15 @@ pub fn summary(r: &RunResult) -> String {
                 (_, Some(sig)) => format!("killed by signal {sig}"),
                 _ => format!("exit status {}", r.exit_code),
             };
-            format!("txbox: rolled back tx {}: {why}", short(&r.tx))
+            match r.step {
+                // A session's failed step: only the step is undone.
+                Some(n) => format!(
+                    "txbox: step {n} of tx {} undone: {why}; the transaction is still open (exec, diff, commit or rollback {})",
+                    short(&r.tx),
+                    r.tx
+                ),
+                None => format!("txbox: rolled back tx {}: {why}", short(&r.tx)),
+            }
         }
         Outcome::Denied => {
             format!("txbox: denied by rule {}: {}", r.decision.rule.as_deref().unwrap_or("policy"), r.decision.reason)
@@ -56,7 +84,29 @@ pub fn summary(r: &RunResult) -> String {
             r.error.as_deref().unwrap_or("a changed path was changed in the workspace too")
         ),
         Outcome::Error => format!("txbox: error, nothing changed: {}", r.error.as_deref().unwrap_or("unknown error")),
+        Outcome::Held => {
+            let why: Vec<String> = r.held.iter().map(|h| format!("{} [{}]", h.reason, h.rule)).collect();
+            format!(
+                "txbox: held tx {} for a person, nothing applied: {}; review with `txbox diff {}`, then a person \
+                 runs `txbox approve {}` or `txbox rollback {}`",
+                short(&r.tx),
+                why.join("; "),
+                r.tx,
+                r.tx,
+                r.tx
+            )
+        }
     }
+}
+
+/// What a commit left out of the extended attributes, in a few words (the JSON lists all).
+fn dropped(r: &RunResult) -> String {
+    let Some(first) = r.dropped_xattrs.first() else { return String::new() };
+    let more = match r.dropped_xattrs.len() {
+        1 => String::new(),
+        n => format!(" and {} more", n - 1),
+    };
+    format!("; not committed (off the xattr allowlist): {} on {}{more}", first.name, first.path)
 }
 
 pub fn json(r: &RunResult) -> String {

@@ -1,332 +1,72 @@
-//! `txbox serve`: the HTTP+JSON API of DESIGN §7 and MCP over streamable HTTP at `/mcp`, and
-//! [`Api`], the operations they share with `txbox mcp`. Workspaces are fixed at start; every route
-//! but `GET /v1/health` needs the bearer token. The engine is synchronous and forks sandboxes, so each call runs on a blocking thread
-//! (the sandbox launcher re-executes `/proc/self/exe __stage2` in a multi-threaded process).
+//! `txbox serve`: the HTTP+JSON API of DESIGN §7 and MCP over streamable HTTP at `/mcp`, over
+//! [`txbox::api::Api`] (shared with `txbox mcp`). Workspaces and ceilings are fixed at start.
+//!
+//! Every route but `GET /v1/health` sits behind one authentication layer on the router (a
+//! route cannot be added without it), which marks the request as an agent's
+//! ([`Principal::Agent`]). Connections are bounded: at most `--max-connections` at once (more
+//! are closed on accept), and a client has `--header-timeout` seconds to send a request's headers
+//! and again its body; a kept-alive connection idle that long is closed. So slow or half-sent
+//! requests cannot hold descriptors until the server stops answering.
+//!
+//! The engine is synchronous and forks sandboxes, so each call runs on a blocking thread (the
+//! sandbox launcher re-executes `/proc/self/exe __stage2` in a multi-threaded process).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context as _, Result};
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::{Path as UrlPath, RawQuery, Request, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use axum::{Json, Router};
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 use rmcp::transport::StreamableHttpService;
-use serde::Deserialize;
 use serde_json::{json, Value};
-use txbox::engine::{self, Command, EngineError, Io, Outcome, RunRequest, RunResult};
-use txbox::session;
-use txbox_policy::Policy;
-use txbox_txn::{audit, StateDir, StateError};
+use txbox::api::{
+    self, Api, ApiError, BeginBody, Ceiling, ErrorKind, ListArgs, LogArgs, Principal, RollbackBody, RunBody, StepBody,
+};
+use txbox::engine::{Outcome, RunResult};
 
-/// An operation's failure, with the HTTP status that fits it.
-#[derive(Debug)]
-pub struct ApiError {
-    pub status: u16,
-    pub message: String,
+/// What the operator chose for a server: workspaces, state, policy, ceilings.
+pub struct Served {
+    pub workspaces: Vec<PathBuf>,
+    pub state_dir: Option<PathBuf>,
+    pub policy_file: Option<PathBuf>,
+    pub ceiling: Ceiling,
 }
 
-impl ApiError {
-    pub fn new(status: u16, message: impl Into<String>) -> ApiError {
-        ApiError { status, message: message.into() }
-    }
-}
-
-impl From<EngineError> for ApiError {
-    fn from(e: EngineError) -> ApiError {
-        let status = match &e {
-            EngineError::State(StateError::UnknownTx(_)) => 404,
-            EngineError::Usage(_) | EngineError::Workspace { .. } => 400,
-            _ => 500,
-        };
-        ApiError::new(status, e.to_string())
+impl Served {
+    pub fn api(self) -> Result<Api> {
+        Ok(Api::new(&self.workspaces, self.state_dir, self.policy_file, self.ceiling)?)
     }
 }
 
-/// The options of `run` and `exec` as JSON (DESIGN §3 run options).
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct RunBody {
-    pub command: String,
-    #[serde(default)]
-    pub workspace: Option<String>,
-    #[serde(default)]
-    pub timeout: Option<f64>,
-    #[serde(default)]
-    pub memory: Option<Size>,
-    #[serde(default)]
-    pub pids: Option<u64>,
-    #[serde(default)]
-    pub cpu: Option<u64>,
-    #[serde(default)]
-    pub max_output: Option<Size>,
-    #[serde(default)]
-    pub max_write: Option<Size>,
-    /// `none` (default) or `host`.
-    #[serde(default)]
-    pub network: Option<String>,
-    /// Hosts the command may reach through txbox's proxy (`--allow-host` items); within the
-    /// server's own `--allow-host`, which is the default.
-    #[serde(default)]
-    pub allow_hosts: Option<Vec<String>>,
-    #[serde(default)]
-    pub validate: Option<String>,
-    #[serde(default)]
-    pub no_commit: bool,
-    /// Keep a failed command's changes pending for review instead of rolling back.
-    #[serde(default)]
-    pub keep_on_failure: bool,
+/// Bounds on connections (see the module's documentation).
+#[derive(Debug, Clone, Copy)]
+pub struct ConnLimits {
+    pub max: usize,
+    pub header_timeout: Duration,
 }
 
-/// A size: a number of bytes or a string with a suffix (`512M`).
-#[derive(Debug, Deserialize)]
-#[serde(untagged)]
-pub enum Size {
-    Bytes(u64),
-    Text(String),
-}
-
-impl Size {
-    fn bytes(&self, what: &str) -> Result<u64, ApiError> {
-        match self {
-            Size::Bytes(n) => Ok(*n),
-            Size::Text(s) => txbox::size::parse_size(s).map_err(|e| ApiError::new(400, format!("{what}: {e}"))),
-        }
-    }
-}
-
-impl RunBody {
-    fn limits(&self, ceiling: &[txbox_netproxy::Spec]) -> Result<engine::Limits, ApiError> {
-        let timeout = match self.timeout {
-            Some(t) if !(t.is_finite() && t > 0.0) => {
-                return Err(ApiError::new(400, "timeout must be a positive number of seconds"))
-            }
-            Some(t) => Some(Duration::from_secs_f64(t)),
-            None => None,
-        };
-        let host_network = match self.network.as_deref() {
-            None | Some("none") => false,
-            Some("host") => true,
-            Some(other) => return Err(ApiError::new(400, format!("network must be `none` or `host`, not `{other}`"))),
-        };
-        let size = |s: &Option<Size>, what| s.as_ref().map(|s| s.bytes(what)).transpose();
-        Ok(engine::Limits {
-            timeout,
-            memory: size(&self.memory, "memory")?,
-            pids: self.pids,
-            cpu_seconds: self.cpu,
-            max_output: size(&self.max_output, "max_output")?,
-            max_write: size(&self.max_write, "max_write")?,
-            host_network,
-            allow_hosts: if host_network {
-                Vec::new()
-            } else {
-                let base = txbox_txn::layout::base_dir().ok();
-                txbox::network::narrow(ceiling, self.allow_hosts.as_deref(), base.as_deref())
-                    .map_err(|e| ApiError::new(403, e))?
-            },
-        })
-    }
-
-    fn command(&self) -> Result<Command, ApiError> {
-        if self.command.trim().is_empty() {
-            return Err(ApiError::new(400, "command is empty"));
-        }
-        Ok(Command::Shell(self.command.clone()))
-    }
-}
-
-/// What `serve` and `mcp` may touch: the workspaces named at start, their state, the policy.
-#[derive(Debug, Clone)]
-pub struct Api {
-    workspaces: Vec<PathBuf>,
-    state_dir: Option<PathBuf>,
-    policy: Policy,
-    policy_file: Option<PathBuf>,
-    /// The operator's `--allow-host`: what requests may reach at most (and by default).
-    allow_hosts: Vec<txbox_netproxy::Spec>,
-}
-
-impl Api {
-    /// Canonicalize the workspaces (the current directory if none is given).
-    pub fn new(workspaces: &[PathBuf], state_dir: Option<PathBuf>, policy_file: Option<PathBuf>) -> Result<Api> {
-        let mut ws = Vec::new();
-        if workspaces.is_empty() {
-            let cwd = std::env::current_dir().context("reading the current directory")?;
-            ws.push(engine::resolve_workspace(&cwd)?);
-        }
-        for w in workspaces {
-            let p = engine::resolve_workspace(w)?;
-            if !ws.contains(&p) {
-                ws.push(p);
-            }
-        }
-        let policy = match &policy_file {
-            Some(f) => Policy::load(f)?,
-            None => Policy::builtin(),
-        };
-        Ok(Api { workspaces: ws, state_dir, policy, policy_file, allow_hosts: Vec::new() })
-    }
-
-    /// The operator's network ceiling (`serve`/`mcp --allow-host`).
-    pub fn with_allow_hosts(mut self, items: &[String]) -> Result<Api> {
-        self.allow_hosts = txbox_netproxy::allow::parse_all(items)?;
-        Ok(self)
-    }
-
-    pub fn workspaces(&self) -> &[PathBuf] {
-        &self.workspaces
-    }
-
-    /// The workspace a request names (or the only one), if it was named at start.
-    pub fn workspace(&self, requested: Option<&str>) -> Result<PathBuf, ApiError> {
-        let Some(req) = requested.filter(|s| !s.is_empty()) else {
-            return match self.workspaces.as_slice() {
-                [only] => Ok(only.clone()),
-                _ => Err(ApiError::new(400, "several workspaces are served: name one with \"workspace\"")),
-            };
-        };
-        // Compare canonical paths; a path that does not resolve cannot be one of ours.
-        let p = std::fs::canonicalize(req).ok();
-        match p.filter(|p| self.workspaces.contains(p)) {
-            Some(p) => Ok(p),
-            None => Err(ApiError::new(403, format!("workspace {req} is not served here (served: {})", self.listed()))),
-        }
-    }
-
-    fn listed(&self) -> String {
-        self.workspaces.iter().map(|w| w.display().to_string()).collect::<Vec<_>>().join(", ")
-    }
-
-    fn state_of(&self, ws: &Path) -> Result<Option<StateDir>, StateError> {
-        StateDir::existing_for_workspace(self.state_dir.as_deref(), ws)
-    }
-
-    /// The state directory holding transaction `tx` of one of our workspaces.
-    fn locate(&self, tx: &str) -> Result<StateDir, ApiError> {
-        let unknown = || ApiError::new(404, format!("unknown transaction id `{tx}`"));
-        if !txbox_txn::state::valid_id(tx) {
-            return Err(unknown());
-        }
-        for ws in &self.workspaces {
-            let Ok(Some(state)) = self.state_of(ws) else { continue };
-            if let Ok(meta) = state.read_meta(tx) {
-                if self.workspaces.contains(&meta.workspace) {
-                    return Ok(state);
-                }
-            }
-        }
-        Err(unknown())
-    }
-
-    pub fn run(&self, body: &RunBody) -> Result<RunResult, ApiError> {
-        let workspace = self.workspace(body.workspace.as_deref())?;
-        let req = RunRequest {
-            state_dir: self.state_dir.clone(),
-            cwd: workspace.clone(),
-            workspace,
-            command: body.command()?,
-            policy: self.policy.clone(),
-            policy_file: self.policy_file.clone(),
-            io: Io::Api,
-            limits: body.limits(&self.allow_hosts)?,
-            validate: body.validate.clone(),
-            no_commit: body.no_commit,
-            keep_on_failure: body.keep_on_failure,
-        };
-        Ok(engine::run(&req)?)
-    }
-
-    pub fn begin(&self, workspace: Option<&str>, name: Option<&str>) -> Result<String, ApiError> {
-        let ws = self.workspace(workspace)?;
-        Ok(session::begin(&ws, self.state_dir.as_deref(), name)?)
-    }
-
-    pub fn exec(&self, tx: &str, body: &RunBody) -> Result<RunResult, ApiError> {
-        if body.validate.is_some() || body.no_commit || body.workspace.is_some() {
-            return Err(ApiError::new(400, "exec takes command and limits only (no workspace, validate or no_commit)"));
-        }
-        let state = self.locate(tx)?;
-        let meta = state.read_meta(tx).map_err(|e| ApiError::new(404, e.to_string()))?;
-        let req = session::ExecRequest {
-            tx: tx.to_string(),
-            cwd: meta.workspace,
-            command: body.command()?,
-            policy: self.policy.clone(),
-            policy_file: self.policy_file.clone(),
-            io: Io::Api,
-            limits: body.limits(&self.allow_hosts)?,
-            keep_on_failure: body.keep_on_failure,
-        };
-        Ok(session::exec(&state, &req)?)
-    }
-
-    pub fn diff(&self, tx: &str) -> Result<Value, ApiError> {
-        let state = self.locate(tx)?;
-        Ok(session::with_diff(&state, tx, |_, cs, _| {
-            let c = engine::Changes::of(cs);
-            Ok(json!({"tx": tx, "added": c.added, "modified": c.modified, "deleted": c.deleted}))
-        })?)
-    }
-
-    pub fn commit(&self, tx: &str) -> Result<RunResult, ApiError> {
-        let state = self.locate(tx)?;
-        Ok(session::commit(&state, tx)?)
-    }
-
-    pub fn rollback(&self, tx: &str, to: Option<u32>) -> Result<RunResult, ApiError> {
-        let state = self.locate(tx)?;
-        Ok(session::rollback(&state, tx, to)?)
-    }
-
-    /// The audit log of one workspace (the only one if none is named), the last `n` entries.
-    pub fn log(&self, workspace: Option<&str>, n: Option<usize>) -> Result<Value, ApiError> {
-        let ws = self.workspace(workspace)?;
-        let state = self.state_of(&ws).map_err(|e| ApiError::new(500, e.to_string()))?;
-        let mut entries = match state {
-            Some(state) => audit::read_all(&state.audit_path()).map_err(|e| ApiError::new(500, e.to_string()))?,
-            None => Vec::new(),
-        };
-        // One state directory serves many workspaces: show this one's entries only.
-        let name = ws.to_string_lossy();
-        entries.retain(|e| e.workspace == name);
-        if let Some(n) = n {
-            let skip = entries.len().saturating_sub(n);
-            entries.drain(..skip);
-        }
-        serde_json::to_value(&entries).map_err(|e| ApiError::new(500, e.to_string()))
-    }
-}
-
-/// The HTTP status for a result: a refused commit is a conflict.
-fn result_status(r: &RunResult) -> StatusCode {
-    match r.outcome {
-        Outcome::Conflict => StatusCode::CONFLICT,
-        _ => StatusCode::OK,
-    }
-}
+/// The largest request body accepted.
+const MAX_BODY: usize = 2 << 20;
 
 struct AppState {
     api: Arc<Api>,
-    token: Vec<u8>,
     mcp: StreamableHttpService<crate::mcp::Server, NeverSessionManager>,
+    /// How long a client may take to send a request's body.
+    body_timeout: Duration,
 }
 
 type Shared = Arc<AppState>;
 
-fn error(status: u16, message: &str) -> Response {
-    let code = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-    (code, Json(json!({ "error": message }))).into_response()
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        error(self.status, &self.message)
-    }
+fn error_response(e: &ApiError) -> Response {
+    let code = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (code, Json(e.to_json())).into_response()
 }
 
 /// Compare in time independent of where the inputs differ (the length is not secret).
@@ -337,39 +77,73 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
-fn authorize(st: &AppState, headers: &HeaderMap) -> Result<(), ApiError> {
-    let given = headers
+/// The authentication layer: a request without the bearer token is answered 401 before any
+/// handler sees it; one with it carries [`Principal::Agent`].
+async fn authenticate(State(token): State<Arc<Vec<u8>>>, mut req: Request, next: Next) -> Response {
+    let given = req
+        .headers()
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
     match given {
-        Some(t) if constant_time_eq(t.as_bytes(), &st.token) => Ok(()),
-        _ => Err(ApiError::new(401, "missing or wrong bearer token (Authorization: Bearer TOKEN)")),
+        Some(t) if constant_time_eq(t.as_bytes(), &token) => {
+            req.extensions_mut().insert(Principal::Agent);
+            next.run(req).await
+        }
+        _ => error_response(&ApiError::new(
+            ErrorKind::Unauthorized,
+            "missing or wrong bearer token (Authorization: Bearer TOKEN)",
+        )),
     }
 }
 
-fn parse<T: serde::de::DeserializeOwned + Default>(body: &Bytes, required: bool) -> Result<T, ApiError> {
-    if body.iter().all(u8::is_ascii_whitespace) && !required {
-        return Ok(T::default());
+/// A request's whole body, within the size limit and the time limit.
+async fn read_body(st: &AppState, body: Body) -> Result<Bytes, ApiError> {
+    match tokio::time::timeout(st.body_timeout, axum::body::to_bytes(body, MAX_BODY)).await {
+        Ok(Ok(b)) => Ok(b),
+        Ok(Err(e)) => Err(ApiError::usage(format!("reading the request body (at most {MAX_BODY} bytes): {e}"))),
+        Err(_) => {
+            Err(ApiError::usage(format!("the request body did not arrive within {} s", st.body_timeout.as_secs_f64())))
+        }
     }
-    serde_json::from_slice(body).map_err(|e| ApiError::new(400, format!("bad JSON body: {e}")))
+}
+
+async fn body_of<T: serde::de::DeserializeOwned + schemars::JsonSchema>(
+    st: &AppState,
+    body: Body,
+) -> Result<T, ApiError> {
+    api::parse_bytes(&read_body(st, body).await?)
 }
 
 /// Run a blocking engine call off the async workers.
 async fn blocking<T: Send + 'static>(f: impl FnOnce() -> Result<T, ApiError> + Send + 'static) -> Result<T, ApiError> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| ApiError::new(500, format!("worker failed: {e}")))?
+    tokio::task::spawn_blocking(f).await.map_err(|e| ApiError::internal(format!("worker failed: {e}")))?
+}
+
+/// The HTTP status for a result: a refused commit is a conflict.
+fn result_status(r: &RunResult) -> StatusCode {
+    match r.outcome {
+        Outcome::Conflict => StatusCode::CONFLICT,
+        _ => StatusCode::OK,
+    }
 }
 
 fn result_response(r: Result<RunResult, ApiError>) -> Response {
     match r {
         Ok(r) => {
-            let status = result_status(&r);
             // render::json keeps DESIGN §3's field order.
             let headers = [(axum::http::header::CONTENT_TYPE, "application/json")];
-            (status, headers, txbox::render::json(&r)).into_response()
+            (result_status(&r), headers, txbox::render::json(&r)).into_response()
         }
-        Err(e) => e.into_response(),
+        Err(e) => error_response(&e),
+    }
+}
+
+fn value_response(r: Result<Value, ApiError>, status: StatusCode) -> Response {
+    match r {
+        Ok(v) => (status, Json(v)).into_response(),
+        Err(e) => error_response(&e),
     }
 }
 
@@ -378,87 +152,63 @@ async fn health(State(st): State<Shared>) -> Response {
         .into_response()
 }
 
-async fn run(State(st): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
-    if let Err(e) = authorize(&st, &headers) {
-        return e.into_response();
-    }
-    let req: RunBody = match parse(&body, true) {
+async fn run(State(st): State<Shared>, body: Body) -> Response {
+    let req: RunBody = match body_of(&st, body).await {
         Ok(r) => r,
-        Err(e) => return e.into_response(),
+        Err(e) => return error_response(&e),
     };
     let st = st.clone();
     result_response(blocking(move || st.api.run(&req)).await)
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct BeginBody {
-    #[serde(default)]
-    workspace: Option<String>,
-    #[serde(default)]
-    name: Option<String>,
-}
-
-async fn begin(State(st): State<Shared>, headers: HeaderMap, body: Bytes) -> Response {
-    if let Err(e) = authorize(&st, &headers) {
-        return e.into_response();
-    }
-    let req: BeginBody = match parse(&body, false) {
+async fn begin(State(st): State<Shared>, body: Body) -> Response {
+    let req: BeginBody = match body_of(&st, body).await {
         Ok(r) => r,
-        Err(e) => return e.into_response(),
+        Err(e) => return error_response(&e),
     };
     let st = st.clone();
-    match blocking(move || st.api.begin(req.workspace.as_deref(), req.name.as_deref())).await {
-        Ok(tx) => (StatusCode::CREATED, Json(json!({ "tx": tx }))).into_response(),
-        Err(e) => e.into_response(),
-    }
+    let r = blocking(move || st.api.begin(&req)).await.map(|tx| json!({ "tx": tx }));
+    value_response(r, StatusCode::CREATED)
 }
 
-async fn exec(State(st): State<Shared>, UrlPath(tx): UrlPath<String>, headers: HeaderMap, body: Bytes) -> Response {
-    if let Err(e) = authorize(&st, &headers) {
-        return e.into_response();
-    }
-    let req: RunBody = match parse(&body, true) {
+/// `GET /v1/tx[?workspace=DIR]`: the open transactions.
+async fn list(State(st): State<Shared>, RawQuery(q): RawQuery) -> Response {
+    let args: ListArgs = match query(q.as_deref()) {
+        Ok(a) => a,
+        Err(e) => return error_response(&e),
+    };
+    let st = st.clone();
+    let r = blocking(move || {
+        let txs = st.api.list(args.workspace.as_deref())?;
+        serde_json::to_value(txs).map_err(|e| ApiError::internal(e.to_string()))
+    })
+    .await;
+    value_response(r, StatusCode::OK)
+}
+
+async fn exec(State(st): State<Shared>, UrlPath(tx): UrlPath<String>, body: Body) -> Response {
+    let req: StepBody = match body_of(&st, body).await {
         Ok(r) => r,
-        Err(e) => return e.into_response(),
+        Err(e) => return error_response(&e),
     };
     let st = st.clone();
     result_response(blocking(move || st.api.exec(&tx, &req)).await)
 }
 
-async fn diff(State(st): State<Shared>, UrlPath(tx): UrlPath<String>, headers: HeaderMap) -> Response {
-    if let Err(e) = authorize(&st, &headers) {
-        return e.into_response();
-    }
+async fn diff(State(st): State<Shared>, UrlPath(tx): UrlPath<String>) -> Response {
     let st = st.clone();
-    match blocking(move || st.api.diff(&tx)).await {
-        Ok(v) => Json(v).into_response(),
-        Err(e) => e.into_response(),
-    }
+    value_response(blocking(move || st.api.diff(&tx, false)).await, StatusCode::OK)
 }
 
-async fn commit(State(st): State<Shared>, UrlPath(tx): UrlPath<String>, headers: HeaderMap) -> Response {
-    if let Err(e) = authorize(&st, &headers) {
-        return e.into_response();
-    }
+async fn commit(State(st): State<Shared>, UrlPath(tx): UrlPath<String>) -> Response {
     let st = st.clone();
     result_response(blocking(move || st.api.commit(&tx)).await)
 }
 
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct RollbackBody {
-    #[serde(default)]
-    to: Option<u32>,
-}
-
-async fn rollback(State(st): State<Shared>, UrlPath(tx): UrlPath<String>, headers: HeaderMap, body: Bytes) -> Response {
-    if let Err(e) = authorize(&st, &headers) {
-        return e.into_response();
-    }
-    let req: RollbackBody = match parse(&body, false) {
+async fn rollback(State(st): State<Shared>, UrlPath(tx): UrlPath<String>, body: Body) -> Response {
+    let req: RollbackBody = match body_of(&st, body).await {
         Ok(r) => r,
-        Err(e) => return e.into_response(),
+        Err(e) => return error_response(&e),
     };
     let st = st.clone();
     result_response(blocking(move || st.api.rollback(&tx, req.to)).await)
@@ -489,39 +239,46 @@ fn unescape(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-async fn log(State(st): State<Shared>, headers: HeaderMap, RawQuery(q): RawQuery) -> Response {
-    if let Err(e) = authorize(&st, &headers) {
-        return e.into_response();
-    }
-    let (mut ws, mut n) = (None, None);
-    for pair in q.as_deref().unwrap_or("").split('&').filter(|p| !p.is_empty()) {
+/// A query string as a request type: each `k=v` a field (numbers where they parse as one),
+/// checked like a JSON body.
+fn query<T: serde::de::DeserializeOwned + schemars::JsonSchema>(q: Option<&str>) -> Result<T, ApiError> {
+    let mut m = serde_json::Map::new();
+    for pair in q.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-        match k {
-            "workspace" => ws = Some(unescape(v)),
-            "n" => match v.parse::<usize>() {
-                Ok(v) => n = Some(v),
-                Err(_) => return error(400, "n must be a number"),
-            },
-            _ => return error(400, &format!("unknown query parameter `{k}` (workspace, n)")),
-        }
+        let v = unescape(v);
+        let value = match v.parse::<i64>() {
+            Ok(n) if k == "n" => json!(n),
+            _ => Value::String(v),
+        };
+        m.insert(unescape(k), value);
     }
-    let st = st.clone();
-    match blocking(move || st.api.log(ws.as_deref(), n)).await {
-        Ok(v) => Json(v).into_response(),
-        Err(e) => e.into_response(),
-    }
+    api::parse(Value::Object(m))
 }
 
-/// MCP over streamable HTTP (`POST /mcp`, JSON-RPC), the tools of `txbox mcp`.
+async fn log(State(st): State<Shared>, RawQuery(q): RawQuery) -> Response {
+    let args: LogArgs = match query(q.as_deref()) {
+        Ok(a) => a,
+        Err(e) => return error_response(&e),
+    };
+    let st = st.clone();
+    value_response(blocking(move || st.api.log(args.workspace.as_deref(), args.n)).await, StatusCode::OK)
+}
+
+/// MCP over streamable HTTP (`POST /mcp`, JSON-RPC), the tools of `txbox mcp`. The body is read
+/// here first, under the same size and time limits as every other route.
 async fn mcp(State(st): State<Shared>, req: Request) -> Response {
-    if let Err(e) = authorize(&st, req.headers()) {
-        return e.into_response();
-    }
-    st.mcp.handle(req).await.map(axum::body::Body::new)
+    let (parts, body) = req.into_parts();
+    let bytes = match read_body(&st, body).await {
+        Ok(b) => b,
+        Err(e) => return error_response(&e),
+    };
+    st.mcp.handle(Request::from_parts(parts, Body::from(bytes))).await.map(Body::new)
 }
 
 async fn not_found() -> Response {
-    error(404, "no such route (see DESIGN §7: /v1/health, /v1/run, /v1/tx, /v1/log; MCP at /mcp)")
+    error_response(&ApiError::not_found(
+        "no such route (GET /v1/health, POST /v1/run, GET|POST /v1/tx, /v1/tx/ID/{exec,diff,commit,rollback}, GET /v1/log; MCP at /mcp)",
+    ))
 }
 
 /// The token: `--token-file` (first line) or `$TXBOX_TOKEN`; refuse to start without one.
@@ -542,13 +299,13 @@ fn load_token(file: Option<&Path>) -> Result<Vec<u8>> {
     Ok(token.into_bytes())
 }
 
-pub fn router(api: Api, token: Vec<u8>) -> Router {
+/// The routes: `/v1/health` open, everything else (the fallback included) behind the token.
+pub fn router(api: Api, token: Vec<u8>, body_timeout: Duration) -> Router {
     let api = Arc::new(api);
-    let st: Shared = Arc::new(AppState { mcp: crate::mcp::http_service(api.clone()), api, token });
-    Router::new()
-        .route("/v1/health", get(health))
+    let st: Shared = Arc::new(AppState { mcp: crate::mcp::http_service(api.clone()), api, body_timeout });
+    let guarded = Router::new()
         .route("/v1/run", post(run))
-        .route("/v1/tx", post(begin))
+        .route("/v1/tx", post(begin).get(list))
         .route("/v1/tx/{id}/exec", post(exec))
         .route("/v1/tx/{id}/diff", get(diff))
         .route("/v1/tx/{id}/commit", post(commit))
@@ -556,20 +313,40 @@ pub fn router(api: Api, token: Vec<u8>) -> Router {
         .route("/v1/log", get(log))
         .route("/mcp", any(mcp))
         .fallback(not_found)
-        .with_state(st)
+        .layer(middleware::from_fn_with_state(Arc::new(token), authenticate));
+    Router::new().route("/v1/health", get(health)).merge(guarded).with_state(st)
+}
+
+/// Accept connections until the process is killed, at most `limits.max` at once.
+async fn accept_loop(listener: tokio::net::TcpListener, app: Router, limits: ConnLimits) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(limits.max));
+    loop {
+        let stream = match listener.accept().await {
+            Ok((s, _)) => s,
+            Err(_) => {
+                // Out of descriptors or a connection reset before accept: let others finish.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            drop(stream);
+            continue;
+        };
+        let service = hyper_util::service::TowerToHyperService::new(app.clone());
+        tokio::spawn(async move {
+            let _slot = slot;
+            let mut http = hyper::server::conn::http1::Builder::new();
+            http.timer(hyper_util::rt::TokioTimer::new()).header_read_timeout(limits.header_timeout).keep_alive(true);
+            let _ = http.serve_connection(hyper_util::rt::TokioIo::new(stream), service).await;
+        });
+    }
 }
 
 /// `txbox serve`: bind, print the address on stderr, serve until killed.
-pub fn main(
-    listen: &str,
-    workspaces: &[PathBuf],
-    state_dir: Option<PathBuf>,
-    token_file: Option<&Path>,
-    policy_file: Option<PathBuf>,
-    allow_hosts: &[String],
-) -> Result<i32> {
+pub fn main(listen: &str, served: Served, token_file: Option<&Path>, limits: ConnLimits) -> Result<i32> {
     let token = load_token(token_file)?;
-    let api = Api::new(workspaces, state_dir, policy_file)?.with_allow_hosts(allow_hosts)?;
+    let api = served.api()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all() // rmcp uses timers (request timeouts)
@@ -579,7 +356,7 @@ pub fn main(
         let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("binding {listen}"))?;
         let addr = listener.local_addr()?;
         eprintln!("txbox: serving {} on http://{addr} (HTTP API at /v1, MCP at /mcp)", api.listed());
-        axum::serve(listener, router(api, token)).await.context("serving HTTP")?;
+        accept_loop(listener, router(api, token, limits.header_timeout), limits).await;
         Ok::<i32, anyhow::Error>(0)
     })
 }

@@ -10,12 +10,14 @@ use txbox_policy::{Action, Decision, Policy};
 use txbox_txn::layout::{Status, TxKind};
 use txbox_txn::session;
 use txbox_txn::state::{remove_tree, TxMeta};
-use txbox_txn::{ChangeSet, StateDir};
+use txbox_txn::{ChangeSet, CrashHook, StateDir};
 
 use crate::engine::{
-    audit, commit_upper, deny, evaluate, execute, policy_context, record, settle, setup_failed, Base, Changes, Command,
-    EngineError, Env, Io, Layers, Limits, Outcome, RollbackReason, RunRequest, RunResult, Target,
+    audit, commit_upper, evaluate, execute, policy_context, settle, Base, Command, CommitAudit, EngineError, Env, Io,
+    Layers, Limits, RunRequest, Target,
 };
+use crate::options::Isolation;
+use crate::result::{deny, record, setup_failed, Changes, HeldChange, Outcome, RollbackReason, RunResult};
 
 /// Find the state directory for a transaction id, from any directory: `--state-dir` if
 /// given, else the default one or one txbox uses on another filesystem (`StateDir::find_tx`).
@@ -33,23 +35,22 @@ fn open(state: &StateDir, tx: &str) -> Result<(Env, TxMeta), EngineError> {
     Ok((env, meta))
 }
 
-/// `begin`: a new open transaction; returns its id.
-pub fn begin(workspace: &Path, state_dir: Option<&Path>, name: Option<&str>) -> Result<String, EngineError> {
-    begin_with(workspace, state_dir, name, &[])
-}
-
-/// `begin --allow-host …`: a new open transaction whose every step may reach these hosts
-/// (besides what each `exec` allows).
-pub fn begin_with(
+/// `begin`: a new open transaction; returns its id. With strict isolation, the workspace's
+/// commit generation now is its base: any commit after it refuses this one's. `allow_hosts`
+/// (`begin --allow-host`): hosts every step may reach, besides what each `exec` allows;
+/// sealed with the session.
+pub fn begin(
     workspace: &Path,
     state_dir: Option<&Path>,
     name: Option<&str>,
+    isolation: Isolation,
     allow_hosts: &[String],
 ) -> Result<String, EngineError> {
     txbox_netproxy::allow::parse_all(allow_hosts).map_err(|e| EngineError::Usage(e.to_string()))?;
     let env = Env::open(workspace, state_dir)?;
-    env.recover()?;
-    let id = env.state.create_session(&env.workspace, name)?;
+    let generation = env.recover()?;
+    let strict = (isolation == Isolation::Strict).then_some(generation);
+    let id = env.state.create_session_with(&env.workspace, name, strict)?;
     if !allow_hosts.is_empty() {
         env.state.set_allow_hosts(&id, allow_hosts)?;
     }
@@ -68,6 +69,8 @@ pub struct ExecRequest {
     pub limits: Limits,
     /// Keep a failed step's changes instead of undoing the step.
     pub keep_on_failure: bool,
+    /// Variables passed to the command although they look like credentials.
+    pub pass_env: Vec<String>,
 }
 
 /// `exec`: run one step inside an open transaction. A step that fails is undone alone (unless
@@ -76,6 +79,7 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
     let started = Instant::now();
     let _lock = state.lock_tx(&req.tx)?;
     let (env, _) = open(state, &req.tx)?;
+    refuse_if_held(state, &req.tx, "run more steps in it")?;
     let steps = state.steps_root(&req.tx, &env.workspace)?;
     let mut evaluation = evaluate(&req.policy, &req.command, &policy_context(&env.workspace, &req.cwd));
     let limits = crate::network::with_policy_hosts(&req.limits, &req.policy, &state.allow_hosts(&req.tx)?)
@@ -91,7 +95,7 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
     let mut r = RunResult::new(req.tx.clone(), evaluation.decision);
     if r.decision.action == Action::Deny {
         deny(&mut r);
-        audit(&env, &req.command, &mut r, started, false)?;
+        audit(&env, &req.command, &mut r, started, false);
         return Ok(r);
     }
     let layers = session::layers(&steps)?;
@@ -105,18 +109,22 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
     let (upper, work) = session::create_step(&steps, n, &env.workspace)?;
     let lower: Vec<PathBuf> = layers.iter().rev().map(|(_, p)| p.clone()).collect();
     let layers = Layers { lower, upper: &upper, work: &work };
-    let finished = execute(&env, &req.cwd, &req.command, layers, req.io, &limits, req.policy_file.as_deref());
+    let limits = crate::limits::with_defaults(&limits, &env.workspace);
+    let finished =
+        execute(&env, &req.cwd, &req.command, layers, req.io, &limits, req.policy_file.as_deref(), &req.pass_env);
     let ok = match finished {
-        Ok(f) => record(&mut r, f),
+        // The write limit holds for a step that exited 0 too: its layer is what it would add.
+        Ok(f) => record(&mut r, f) && !over_write_limit(&mut r, &upper, &limits),
         Err(e) => {
             setup_failed(&mut r, e);
             session::drop_step(&steps, n)?;
-            audit(&env, &req.command, &mut r, started, false)?;
+            audit(&env, &req.command, &mut r, started, false);
             return Ok(r);
         }
     };
     state.set_last_step(&req.tx, n)?;
-    if ok || req.keep_on_failure {
+    // A step over the write limit is never kept, even for review: the limit protects the disk.
+    if ok || (req.keep_on_failure && r.limit_exceeded.as_deref() != Some("write")) {
         // The base of every path this step touched, for conflict detection at commit.
         let mut fps = state.load_fingerprints(&req.tx)?;
         fps.record_layer(n, &upper, &env.workspace)?;
@@ -127,8 +135,21 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
         session::drop_step(&steps, n)?;
         r.outcome = Outcome::RolledBack;
     }
-    audit(&env, &req.command, &mut r, started, false)?;
+    audit(&env, &req.command, &mut r, started, false);
     Ok(r)
+}
+
+/// Mark `r` as stopped by the write limit if step layer `upper` is over it.
+fn over_write_limit(r: &mut RunResult, upper: &Path, limits: &Limits) -> bool {
+    if !crate::limits::over_write_limit(upper, limits) {
+        return false;
+    }
+    r.rollback_reason = Some(RollbackReason::Limit);
+    r.limit_exceeded = Some("write".into());
+    if r.exit_code == 0 {
+        r.exit_code = 128 + libc::SIGXFSZ;
+    }
+    true
 }
 
 /// Squash the layers of a session into its bottom layer; returns it (None: no steps).
@@ -140,14 +161,55 @@ fn squash(layers: &[(u32, PathBuf)]) -> Result<Option<PathBuf>, EngineError> {
     Ok(Some(bottom.clone()))
 }
 
-/// `commit`: squash the steps, check for conflicts against each path's base, commit.
-pub fn commit(state: &StateDir, tx: &str) -> Result<RunResult, EngineError> {
+/// A held session takes no more steps: what a person is asked to approve must not change.
+fn refuse_if_held(state: &StateDir, tx: &str, what: &str) -> Result<(), EngineError> {
+    if state.status(tx)? == Status::Held {
+        return Err(EngineError::Usage(format!(
+            "transaction {tx} is held for a person (see `txbox diff {tx}`); it cannot {what}: a person approves it \
+             (`txbox approve {tx}`) or it is rolled back"
+        )));
+    }
+    Ok(())
+}
+
+/// Why a held session is held (empty for any other).
+pub fn held(state: &StateDir, tx: &str) -> Result<Vec<HeldChange>, EngineError> {
+    if state.status(tx)? != Status::Held {
+        return Ok(Vec::new());
+    }
+    let text = state.hold(tx)?.unwrap_or_default();
+    serde_json::from_str(&text).map_err(|e| EngineError::Usage(format!("transaction {tx}: its hold record: {e}")))
+}
+
+/// `commit`: squash the steps, check for conflicts against each path's base, judge with the
+/// commit-time rules of `policy`, commit; or hold it for a person.
+pub fn commit(state: &StateDir, tx: &str, policy: &Policy) -> Result<RunResult, EngineError> {
+    commit_as(state, tx, policy, false)
+}
+
+/// `approve`: a person commits a held transaction. Exactly what was held may commit: a hold
+/// the judge finds now that was not among them (it cannot change, but the policy can) holds
+/// it again; a `deny` still refuses. Never offered to an agent (MCP, HTTP).
+pub fn approve(state: &StateDir, tx: &str, policy: &Policy) -> Result<RunResult, EngineError> {
+    commit_as(state, tx, policy, true)
+}
+
+fn commit_as(state: &StateDir, tx: &str, policy: &Policy, approving: bool) -> Result<RunResult, EngineError> {
     let started = Instant::now();
     let _lock = state.lock_tx(tx)?;
-    let (env, _) = open(state, tx)?;
+    let (env, meta) = open(state, tx)?;
+    let approved = if approving {
+        if state.status(tx)? != Status::Held {
+            return Err(EngineError::Usage(format!("transaction {tx} is not held; `txbox commit {tx}` commits it")));
+        }
+        Some(held(state, tx)?)
+    } else {
+        None
+    };
     env.recover()?;
     let tx_dir = state.tx_dir(tx);
-    let decision = Decision { action: Action::Transact, rule: None, reason: "commit of an open transaction".into() };
+    let reason = if approving { "a person approved the held transaction" } else { "commit of an open transaction" };
+    let decision = Decision { action: Action::Transact, rule: None, reason: reason.into() };
     let mut r = RunResult::new(tx.to_string(), decision);
     r.exit_code = 0;
     let layers = session::layers(&state.steps_root(tx, &env.workspace)?)?;
@@ -158,21 +220,32 @@ pub fn commit(state: &StateDir, tx: &str) -> Result<RunResult, EngineError> {
     // From here a crash before the commit record means: the commit did not happen, and
     // recovery discards the half-squashed transaction (the workspace is untouched).
     state.set_status(tx, Status::Committing)?;
-    match squash(&layers)? {
-        None => {
-            r.outcome = Outcome::Committed;
-        }
-        Some(upper) => {
-            let trash = tx_dir.join(txbox_txn::layout::TRASH);
-            settle(
-                &mut r,
-                commit_upper(&env, &Target { id: tx, upper: &upper, trash: &trash }, Base::Fingerprints(&fps)),
-            );
-        }
+    let what = if approving { format!("approve {tx}") } else { format!("commit {tx}") };
+    let command = Command::Shell(what);
+    r.outcome = Outcome::Committed;
+    let mut auditor = CommitAudit::new(&env, &command, &r, started);
+    let mut hook = CrashHook::from_env();
+    if let Some(upper) = squash(&layers)? {
+        let trash = tx_dir.join(txbox_txn::layout::TRASH);
+        let target =
+            Target { id: tx, upper: &upper, trash: &trash, max_write: None, policy, approved: approved.as_deref() };
+        settle(
+            &mut r,
+            commit_upper(&env, &target, Base::Fingerprints(&fps), meta.strict_since, &mut auditor, &mut hook),
+        );
     }
-    let _ = state.remove_tx(tx);
-    let durable = r.outcome == Outcome::Committed;
-    audit(&env, &Command::Shell(format!("commit {tx}")), &mut r, started, durable)?;
+    auditor.finish(&mut r);
+    let _ = hook.tick();
+    if r.outcome == Outcome::Held {
+        // Squashed into one layer, the session waits for a person; the record of why first,
+        // then the status that says so.
+        let text = serde_json::to_string(&r.held).map_err(|e| EngineError::Usage(e.to_string()))?;
+        state.set_hold(tx, &text)?;
+        state.set_status(tx, Status::Held)?;
+    } else if r.pending_recovery.is_none() {
+        // A commit left to recovery keeps its layers (removing them is refused anyway).
+        let _ = state.remove_tx(tx);
+    }
     Ok(r)
 }
 
@@ -193,6 +266,10 @@ pub fn rollback(state: &StateDir, tx: &str, to: Option<u32>) -> Result<RunResult
                     session::drop_step(&steps, n)?;
                 }
             }
+            // What was held may be gone: the session is open again, and judged anew at commit.
+            if state.status(tx)? == Status::Held {
+                state.set_status(tx, Status::Open)?;
+            }
             r.outcome = Outcome::Pending;
             r.step = Some(step);
         }
@@ -206,7 +283,7 @@ pub fn rollback(state: &StateDir, tx: &str, to: Option<u32>) -> Result<RunResult
         Some(s) => format!("rollback {tx} --to {s}"),
         None => format!("rollback {tx}"),
     };
-    audit(&env, &Command::Shell(what), &mut r, started, false)?;
+    audit(&env, &Command::Shell(what), &mut r, started, false);
     Ok(r)
 }
 
@@ -249,6 +326,9 @@ pub struct TxInfo {
     pub workspace: String,
     pub status: String,
     pub steps: Vec<u32>,
+    /// For a held transaction: what waits for a person, and why.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub held: Vec<HeldChange>,
 }
 
 /// `list`: the open (and half-committed) sessions of a state directory.
@@ -266,6 +346,7 @@ pub fn list(state: &StateDir) -> Result<Vec<TxInfo>, EngineError> {
             workspace: meta.workspace.to_string_lossy().into_owned(),
             status: state.status(&id).map_or("damaged", |s| s.as_str()).to_string(),
             steps: session::layers(&steps)?.into_iter().map(|(n, _)| n).collect(),
+            held: held(state, &id).unwrap_or_default(),
             tx: id,
         });
     }
@@ -277,7 +358,7 @@ pub fn list(state: &StateDir) -> Result<Vec<TxInfo>, EngineError> {
 pub fn run_as_session(req: &RunRequest) -> Result<RunResult, EngineError> {
     let started = Instant::now();
     let env = Env::open(&req.workspace, req.state_dir.as_deref())?;
-    let tx = begin(&env.workspace, Some(&env.state.root), None)?;
+    let tx = begin(&env.workspace, Some(&env.state.root), None, req.isolation, &[])?;
     let exec_req = |command: Command| ExecRequest {
         tx: tx.clone(),
         cwd: req.cwd.clone(),
@@ -287,13 +368,15 @@ pub fn run_as_session(req: &RunRequest) -> Result<RunResult, EngineError> {
         io: req.io,
         limits: req.limits.clone(),
         keep_on_failure: false,
+        pass_env: req.pass_env.clone(),
     };
     let mut first = exec_req(req.command.clone());
     first.keep_on_failure = req.keep_on_failure;
     let mut r = exec(&env.state, &first)?;
     if r.outcome != Outcome::Pending {
-        // Denied, rolled back or failed to start: nothing to keep.
+        // Denied, rolled back or failed to start: nothing to keep (and no step left open).
         let _ = env.state.remove_tx(&tx);
+        r.step = None;
         return Ok(r);
     }
     if r.exit_code != 0 {
@@ -312,6 +395,7 @@ pub fn run_as_session(req: &RunRequest) -> Result<RunResult, EngineError> {
                 r.stderr.push_str(&check.stderr);
                 r.exit_code = if check.exit_code == 0 { 1 } else { check.exit_code };
                 r.error = Some(format!("validation `{v}` failed with exit status {}", check.exit_code));
+                r.step = None;
                 return Ok(r);
             }
         }
@@ -321,13 +405,19 @@ pub fn run_as_session(req: &RunRequest) -> Result<RunResult, EngineError> {
         r.changes = with_diff(&env.state, &tx, |_, cs, _| Ok(Changes::of(cs)))?;
         return Ok(r);
     }
-    let c = commit(&env.state, &tx)?;
+    let c = commit(&env.state, &tx, &req.policy)?;
     r.outcome = c.outcome;
     r.changes = c.changes;
     r.conflicts = c.conflicts;
     r.error = c.error;
+    r.held = c.held;
+    r.dropped_xattrs = c.dropped_xattrs;
+    r.pending_recovery = c.pending_recovery;
+    r.audit_error = r.audit_error.or(c.audit_error);
     if c.outcome != Outcome::Committed {
         r.exit_code = c.exit_code;
+        r.decision = c.decision;
+        r.rollback_reason = c.rollback_reason;
     }
     r.duration_ms = (started.elapsed().as_secs_f64() * 1e3 * 10.0).round() / 10.0;
     Ok(r)

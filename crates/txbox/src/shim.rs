@@ -5,17 +5,20 @@
 //!
 //! A shell drop-in gets no txbox flags, so configuration comes from the environment:
 //! `TXBOX_WORKSPACE` (default: the current directory), `TXBOX_STATE_DIR`, `TXBOX_TIMEOUT`,
-//! `TXBOX_ALLOW_HOSTS` (a comma list, as `--allow-host` takes), or the config file. The one
-//! exception: `--allow-host SPEC` (or `--allow-host=SPEC`) given *first*, before any shell
-//! option, which no shell has. Network hints go to the audit log only: the shell's stderr stays
-//! the command's.
+//! `TXBOX_PASS_ENV`, `TXBOX_ALLOW_HOSTS` (a comma list, as `--allow-host` takes), and from the
+//! configuration file (`txbox::config`). The one exception: `--allow-host SPEC` (or
+//! `--allow-host=SPEC`) given *first*, before any shell option, which no shell has; with it or
+//! `TXBOX_ALLOW_HOSTS`, the configuration's `allow_hosts` is not used. Network hints go to the
+//! JSON of the audit log only: the shell's stderr stays the command's.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
-use std::time::Duration;
 
 use anyhow::Result;
+use txbox::api::ApiError;
+use txbox::config::{Config, Source, Untrusted};
 use txbox::engine::{self, Command, Io, Outcome, RunRequest};
+use txbox::options::{HostItems, Seconds};
 use txbox::render;
 use txbox_policy::Policy;
 
@@ -83,56 +86,6 @@ pub fn parse(args: &[OsString]) -> Option<(OsString, Vec<OsString>)> {
     Some((script, argv))
 }
 
-/// The shim's configuration file (all keys optional).
-#[derive(Debug, Default, serde::Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Config {
-    pub workspace: Option<PathBuf>,
-    pub state_dir: Option<PathBuf>,
-    pub policy: Option<PathBuf>,
-    pub timeout: Option<f64>,
-    pub memory: Option<String>,
-    pub pids: Option<u64>,
-    pub max_write: Option<String>,
-    pub network: Option<String>,
-    /// `--allow-host` items (network by allowlist).
-    pub allow_hosts: Option<Vec<String>>,
-}
-
-impl Config {
-    /// `$TXBOX_CONFIG`, else `~/.config/txbox/config.toml`; a missing default file is no
-    /// configuration, a missing or malformed named one is an error.
-    pub fn load() -> Result<Config> {
-        let (path, required) = match std::env::var_os("TXBOX_CONFIG") {
-            Some(p) => (PathBuf::from(p), true),
-            None => match std::env::var_os("HOME") {
-                Some(h) => (PathBuf::from(h).join(".config/txbox/config.toml"), false),
-                None => return Ok(Config::default()),
-            },
-        };
-        let text = match std::fs::read_to_string(&path) {
-            Ok(t) => t,
-            Err(e) if !required && e.kind() == std::io::ErrorKind::NotFound => return Ok(Config::default()),
-            Err(e) => anyhow::bail!("reading {}: {e}", path.display()),
-        };
-        toml::from_str(&text).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
-    }
-
-    fn limits(&self, timeout: Option<f64>, allow: &[String]) -> Result<engine::Limits> {
-        let size =
-            |s: &Option<String>| s.as_deref().map(txbox::size::parse_size).transpose().map_err(|e| anyhow::anyhow!(e));
-        Ok(engine::Limits {
-            timeout: timeout.or(self.timeout).filter(|t| *t > 0.0).map(Duration::from_secs_f64),
-            memory: size(&self.memory)?,
-            pids: self.pids,
-            max_write: size(&self.max_write)?,
-            host_network: self.network.as_deref() == Some("host"),
-            allow_hosts: txbox_netproxy::allow::parse_all(allow)?,
-            ..engine::Limits::default()
-        })
-    }
-}
-
 /// `--allow-host SPEC` / `--allow-host=SPEC` at the very start of the arguments, taken off.
 fn leading_allow_hosts(mut args: Vec<OsString>) -> Result<(Vec<String>, Vec<OsString>)> {
     let mut allow = Vec::new();
@@ -140,7 +93,7 @@ fn leading_allow_hosts(mut args: Vec<OsString>) -> Result<(Vec<String>, Vec<OsSt
         let first = args.first().map(|a| a.to_string_lossy().into_owned());
         match first.as_deref() {
             Some("--allow-host") => {
-                let v = args.get(1).ok_or_else(|| anyhow::anyhow!("--allow-host needs a value"))?;
+                let v = args.get(1).ok_or_else(|| ApiError::usage("--allow-host needs a value"))?;
                 allow.push(v.to_string_lossy().into_owned());
                 args.drain(..2);
             }
@@ -159,15 +112,32 @@ pub fn main(state_dir: Option<PathBuf>, args: Vec<OsString>) -> Result<i32> {
         eprintln!("txbox sh: usage: txbox sh [OPTIONS] -c 'STRING' [NAME [ARG...]] (a shell reading a script file or stdin is not supported)");
         return Ok(2);
     };
-    let config = Config::load()?;
     let cwd = std::env::current_dir()?;
-    let env_path = |k: &str| std::env::var_os(k).map(PathBuf::from);
-    let workspace = env_path("TXBOX_WORKSPACE").or(config.workspace.clone()).unwrap_or_else(|| cwd.clone());
+    let env_path = |k: &str| std::env::var_os(k).filter(|v| !v.is_empty()).map(PathBuf::from);
+    let flagged_ws = env_path("TXBOX_WORKSPACE");
+    // The configuration may only narrow if it lies where a sandboxed command could write it:
+    // the workspace this run uses (or names), the state directory.
+    let untrusted = Untrusted {
+        workspaces: flagged_ws.iter().cloned().collect(),
+        state_dir: state_dir.clone(),
+        fallback: flagged_ws.is_none().then(|| cwd.clone()),
+    };
+    let config = Config::load(Source::default_location().as_ref(), &untrusted)?;
+    let workspace = flagged_ws.or(config.workspace.clone()).unwrap_or_else(|| cwd.clone());
     let policy_file = env_path("TXBOX_POLICY").or(config.policy.clone());
     let state_dir = state_dir.or(config.state_dir.clone());
-    let timeout = std::env::var("TXBOX_TIMEOUT").ok().and_then(|t| t.parse::<f64>().ok());
+    let mut limits = config.limits.clone();
+    if let Some(t) = std::env::var_os("TXBOX_TIMEOUT").filter(|v| !v.is_empty()) {
+        let t = t.to_string_lossy();
+        limits.timeout = Some(t.parse::<Seconds>().map_err(|e| ApiError::usage(format!("TXBOX_TIMEOUT: {e}")))?);
+    }
+    let mut pass_env = config.pass_env.clone();
+    pass_env.extend(txbox::environ::pass_from_env());
     allow.extend(std::env::var("TXBOX_ALLOW_HOSTS").ok().filter(|v| !v.trim().is_empty()));
-    allow.extend(config.allow_hosts.iter().flatten().cloned());
+    if !allow.is_empty() {
+        let items = allow.iter().map(|a| a.parse::<HostItems>()).collect::<Result<Vec<_>, _>>();
+        limits.allow_hosts = Some(items.map_err(|e| ApiError::usage(e.0))?);
+    }
     // The sandbox runs the argv byte for byte; the policy judges the script as text (lossy if it
     // is not UTF-8).
     let command = Command::Script { script: script.to_string_lossy().into_owned(), argv };
@@ -182,17 +152,19 @@ pub fn main(state_dir: Option<PathBuf>, args: Vec<OsString>) -> Result<i32> {
         },
         policy_file: policy_file.clone(),
         io: Io::Inherit,
-        limits: config.limits(timeout, &allow)?,
+        limits: limits.to_limits(),
         validate: None,
         no_commit: false,
         keep_on_failure: false,
+        isolation: config.isolation.unwrap_or_default(),
+        pass_env,
     };
     let r = engine::run(&req)?;
     // Speak only when the shell itself would not explain the result: a refusal, a failure of
     // txbox, a conflict, or a limit/timeout that killed the command.
     let killed = r.timed_out || r.limit_exceeded.is_some();
     if killed
-        || matches!(r.outcome, Outcome::Denied | Outcome::Error | Outcome::Conflict)
+        || matches!(r.outcome, Outcome::Denied | Outcome::Error | Outcome::Conflict | Outcome::Held)
         || std::env::var_os("TXBOX_VERBOSE").is_some()
     {
         eprintln!("{}", render::summary(&r));
@@ -209,26 +181,12 @@ mod tests {
     }
 
     #[test]
-    fn config_file_keys_and_unknown_keys() {
-        let c: Config = toml::from_str("workspace = \"/w\"\ntimeout = 30\nmemory = \"2G\"\nnetwork = \"host\"\n")
-            .unwrap_or_default();
-        assert_eq!(c.workspace, Some(PathBuf::from("/w")));
-        let l = c.limits(None, &[]).unwrap_or_default();
-        assert_eq!((l.memory, l.host_network, l.timeout), (Some(2 << 30), true, Some(Duration::from_secs(30))));
-        assert_eq!(c.limits(Some(5.0), &[]).map(|l| l.timeout).ok().flatten(), Some(Duration::from_secs(5)));
-        let c: Config = toml::from_str("allow_hosts = [\"@pypi\", \"a.example,*.b.example\"]\n").unwrap_or_default();
-        let allow = c.allow_hosts.clone().unwrap_or_default();
-        assert_eq!(c.limits(None, &allow).map(|l| l.allow_hosts.len()).unwrap_or(0), 3);
-        assert!(c.limits(None, &["*".to_string()]).is_err(), "a bad item is an error, not ignored");
-        assert!(toml::from_str::<Config>("workspaces = 1").is_err(), "a misspelt key must be an error");
-    }
-
-    #[test]
     fn the_example_config_file_parses() {
-        let c: Result<Config, _> = toml::from_str(include_str!("../../../examples/claude-code/config.toml"));
-        let allow = c.map(|c| c.allow_hosts.unwrap_or_default()).unwrap_or_default();
+        let path = std::path::Path::new("examples/claude-code/config.toml");
+        let c = Config::parse(include_str!("../../../examples/claude-code/config.toml"), path).unwrap_or_default();
+        let allow: Vec<String> = c.limits.allow_hosts.iter().flatten().map(|i| i.to_string()).collect();
         assert_eq!(allow, ["@pypi", "@npm", "@crates", "@github"]);
-        assert!(txbox_netproxy::allow::parse_all(&allow).is_ok());
+        assert_eq!(c.widening(), ["allow_hosts"], "an allowlist widens: refused from inside a workspace");
     }
 
     #[test]

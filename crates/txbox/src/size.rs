@@ -13,9 +13,20 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "m" | "mb" | "mib" => 1 << 20,
         "g" | "gb" | "gib" => 1 << 30,
         "t" | "tb" | "tib" => 1 << 40,
+        "p" | "pb" | "pib" => 1 << 50,
         _ => return Err(format!("`{s}`: unknown size suffix (use K, M, G, T, optionally with iB)")),
     };
     n.checked_mul(mult).ok_or_else(|| format!("`{s}` is too large"))
+}
+
+/// A size as the largest suffix that writes it exactly (`4M`, `1P`, `1536K`, `100`).
+pub fn show_size(v: u64) -> String {
+    for (shift, suffix) in [(50, "P"), (40, "T"), (30, "G"), (20, "M"), (10, "K")] {
+        if v >= 1 << shift && v.is_multiple_of(1 << shift) {
+            return format!("{}{suffix}", v >> shift);
+        }
+    }
+    v.to_string()
 }
 
 #[cfg(test)]
@@ -32,5 +43,9 @@ mod tests {
         assert!(parse_size("M").is_err());
         assert!(parse_size("12X").is_err());
         assert!(parse_size("99999999999T").is_err());
+        assert_eq!(show_size(4 << 20), "4M");
+        assert_eq!(show_size(1 << 50), "1P");
+        assert_eq!(show_size(1536 << 10), "1536K");
+        assert_eq!(show_size(100), "100");
     }
 }

@@ -146,14 +146,14 @@ fn http_auth_health_and_workspace_confinement() {
     for token in [None, Some("wrong"), Some("s3cret-test-toke")] {
         let (st, v) = http(srv.port, "POST", "/v1/run", token, Some(&body));
         assert_eq!(st, 401, "{token:?}: {v}");
-        assert!(v["error"].is_string(), "{v}");
+        assert!(v["error"]["kind"] == "unauthorized" && v["error"]["message"].is_string(), "{v}");
     }
     assert!(!s.ws.join("f").exists(), "an unauthorized request ran");
     // Another path, and a path that climbs out of the served one, are refused.
     for ws in [other.to_str().unwrap().to_string(), format!("{}/..", s.ws.display()), "/".into()] {
         let (st, v) = http(srv.port, "POST", "/v1/run", auth(), Some(&json!({"command": "touch x", "workspace": ws})));
         assert!(st == 403 || st == 400, "{ws}: {st} {v}");
-        assert!(v["error"].is_string(), "{v}");
+        assert!(v["error"]["kind"] == "forbidden" || v["error"]["kind"] == "usage", "{v}");
         let (st, _) = http(srv.port, "POST", "/v1/tx", auth(), Some(&json!({"workspace": ws})));
         assert!(st == 403 || st == 400, "{ws}: {st}");
     }
@@ -161,7 +161,7 @@ fn http_auth_health_and_workspace_confinement() {
     // Bad input is a JSON 400; unknown routes and transactions are 404.
     let (st, v) = http(srv.port, "POST", "/v1/run", auth(), Some(&json!({"cmd": "true"})));
     assert_eq!(st, 400, "{v}");
-    assert!(v["error"].is_string());
+    assert!(v["error"]["kind"] == "usage" && v["error"]["message"].is_string(), "{v}");
     for id in ["0123456789abcdef", "nothex", "../../etc"] {
         let (st, v) = http(srv.port, "GET", &format!("/v1/tx/{id}/diff"), auth(), None);
         assert_eq!(st, 404, "{id}: {v}");
@@ -322,7 +322,7 @@ fn http_mcp_behind_the_token() {
     let (st, v) = mcp_http(srv.port, auth(), &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}));
     assert_eq!(st, 200, "{v}");
     let names: Vec<&str> = v["result"]["tools"].as_array().unwrap().iter().filter_map(|t| t["name"].as_str()).collect();
-    assert_eq!(names, ["run", "begin", "exec", "diff", "commit", "rollback", "log"]);
+    assert_eq!(names, ["run", "begin", "exec", "diff", "commit", "rollback", "list", "log"]);
 
     let payload = |v: &Value| -> Value {
         serde_json::from_str(v["result"]["content"][1]["text"].as_str().unwrap_or("null")).unwrap()
@@ -455,7 +455,7 @@ fn mcp_lists_tools_and_runs_transactions() {
     let list = m.request("tools/list", json!({}));
     let tools = list["result"]["tools"].as_array().unwrap();
     let names: Vec<&str> = tools.iter().filter_map(|t| t["name"].as_str()).collect();
-    assert_eq!(names, ["run", "begin", "exec", "diff", "commit", "rollback", "log"]);
+    assert_eq!(names, ["run", "begin", "exec", "diff", "commit", "rollback", "list", "log"]);
     for t in tools {
         assert_eq!(t["inputSchema"]["type"], "object", "{t}");
         assert!(t["description"].as_str().unwrap().len() > 40, "{t}");
@@ -582,4 +582,423 @@ fn claude_code_hook_routes_bash_through_txbox() {
     let out = run_hook("echo unsandboxed > d.txt", "/usr/bin:/bin");
     assert_eq!(out.status.code(), Some(2), "{}", describe(&out));
     assert!(out.stdout.is_empty() && !out.stderr.is_empty(), "{}", describe(&out));
+}
+
+/// A `txbox serve` with extra arguments (ceilings, connection limits).
+fn serve_args(s: &Scratch, extra: &[&str]) -> Server {
+    let token_file = s.root.join("token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    for _ in 0..5 {
+        let port = free_port();
+        let child = Command::new(binary())
+            .arg("--state-dir")
+            .arg(&s.state)
+            .arg("serve")
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--token-file")
+            .arg(&token_file)
+            .arg("-C")
+            .arg(&s.ws)
+            .args(extra)
+            .env_remove("TXBOX_TOKEN")
+            .env_remove("TXBOX_CONFIG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut server = Server { child, port };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if server.child.try_wait().unwrap().is_some() {
+                break;
+            }
+            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return server;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = server.child.kill();
+    }
+    panic!("txbox serve {extra:?} did not start");
+}
+
+/// Every route but /v1/health answers 401 without the token, whatever the method or path
+/// (unknown routes included): authentication is a layer on the router, not a call in handlers.
+#[test]
+fn every_route_but_health_needs_the_token() {
+    let s = Scratch::new("http-routes");
+    let srv = serve(&s, &[&s.ws]);
+    let tx = "0123456789abcdef";
+    let routes = [
+        ("POST", "/v1/run".to_string()),
+        ("GET", "/v1/run".to_string()),
+        ("POST", "/v1/tx".to_string()),
+        ("GET", "/v1/tx".to_string()),
+        ("POST", format!("/v1/tx/{tx}/exec")),
+        ("GET", format!("/v1/tx/{tx}/diff")),
+        ("POST", format!("/v1/tx/{tx}/commit")),
+        ("POST", format!("/v1/tx/{tx}/rollback")),
+        ("GET", "/v1/log".to_string()),
+        ("POST", "/mcp".to_string()),
+        ("GET", "/mcp".to_string()),
+        ("DELETE", "/mcp".to_string()),
+        ("GET", "/v1/nope".to_string()),
+        ("GET", "/".to_string()),
+        ("POST", "/v1/health/x".to_string()),
+    ];
+    for (method, path) in &routes {
+        for token in [None, Some("wrong")] {
+            let (st, v) = http(srv.port, method, path, token, Some(&json!({"command": "touch pwned"})));
+            assert_eq!(st, 401, "{method} {path} {token:?}: {v}");
+            assert_eq!(v["error"]["kind"], "unauthorized", "{method} {path}: {v}");
+        }
+    }
+    assert!(!s.ws.join("pwned").exists());
+    let (st, _) = http(srv.port, "GET", "/v1/health", None, None);
+    assert_eq!(st, 200);
+}
+
+/// Every JSON field of the API with a wrong type or out of range: a 400 in the one error shape,
+/// and nothing runs.
+#[test]
+fn http_refuses_wrong_types_and_ranges() {
+    let s = Scratch::new("http-hostile");
+    let srv = serve(&s, &[&s.ws]);
+    let run = |body: &str| {
+        let mut conn = TcpStream::connect(("127.0.0.1", srv.port)).unwrap();
+        conn.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let req = format!(
+            "POST /v1/run HTTP/1.1\r\nHost: x\r\nConnection: close\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        conn.write_all(req.as_bytes()).unwrap();
+        let mut raw = String::new();
+        conn.read_to_string(&mut raw).unwrap();
+        let (head, rest) = raw.split_once("\r\n\r\n").unwrap_or((&raw, ""));
+        let status: u16 = head.split(' ').nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+        (status, serde_json::from_str::<Value>(rest).unwrap_or(Value::Null))
+    };
+    let cmd = r#""command": "touch ran""#;
+    let mut bodies: Vec<String> = vec![
+        "not json".into(),
+        "[]".into(),
+        "\"touch ran\"".into(),
+        "null".into(),
+        r#"{"command": 5}"#.into(),
+        r#"{"command": ["touch", "ran"]}"#.into(),
+        r#"{"command": ""}"#.into(),
+        format!(r#"{{{cmd}, "workspace": 1}}"#),
+        format!(r#"{{{cmd}, "validate": false}}"#),
+        format!(r#"{{{cmd}, "no_commit": "yes"}}"#),
+        format!(r#"{{{cmd}, "keep_on_failure": 1}}"#),
+        format!(r#"{{{cmd}, "isolation": "serializable"}}"#),
+        format!(r#"{{{cmd}, "network": "all"}}"#),
+        format!(r#"{{{cmd}, "unknown": 1}}"#),
+    ];
+    for field in ["timeout", "memory", "pids", "cpu", "max_output", "max_write"] {
+        for v in ["0", "-1", "1e308", "1e999", "\"NaN\"", "\"inf\"", "\"garbage\"", "true", "[]", "{}", "-0.5"] {
+            bodies.push(format!(r#"{{{cmd}, "{field}": {v}}}"#));
+        }
+    }
+    for body in &bodies {
+        let (st, v) = run(body);
+        assert_eq!(st, 400, "{body}: {v}");
+        assert_eq!(v["error"]["kind"], "usage", "{body}: {v}");
+        assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{body}: {v}");
+    }
+    let (st, v) = run(&format!(r#"{{{cmd}, "timeout": 1e308}}"#));
+    assert!(v["error"]["message"].as_str().unwrap().contains("(0, 2592000]"), "{st} {v}");
+    assert!(!s.ws.join("ran").exists(), "a refused request ran");
+    // The server still works.
+    let (st, v) = run(&format!(r#"{{{cmd}, "timeout": 30, "memory": "64M", "pids": 64}}"#));
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["outcome"], "committed", "{v}");
+}
+
+/// The operator's ceilings: requests may narrow them, never raise them (403 with the reason),
+/// and get them when they ask for nothing; the MCP tools obey the same ceilings.
+#[test]
+fn http_and_mcp_requests_stay_under_the_operators_ceilings() {
+    let s = Scratch::new("http-ceiling");
+    let srv = serve_args(&s, &["--timeout", "5", "--pids", "64"]);
+    let run = |body: Value| http(srv.port, "POST", "/v1/run", auth(), Some(&body));
+    for body in [
+        json!({"command": "touch a", "network": "host"}),
+        json!({"command": "touch a", "timeout": 6}),
+        json!({"command": "touch a", "pids": 65}),
+    ] {
+        let (st, v) = run(body.clone());
+        assert_eq!(st, 403, "{body}: {v}");
+        assert_eq!(v["error"]["kind"], "forbidden", "{v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains("ceiling"), "{v}");
+    }
+    let (st, v) = http(srv.port, "POST", "/v1/tx", auth(), Some(&json!({})));
+    assert_eq!(st, 201, "{v}");
+    let tx = v["tx"].as_str().unwrap().to_string();
+    let (st, v) = http(
+        srv.port,
+        "POST",
+        &format!("/v1/tx/{tx}/exec"),
+        auth(),
+        Some(&json!({"command": "touch b", "network": "host"})),
+    );
+    assert_eq!((st, v["error"]["kind"].as_str()), (403, Some("forbidden")), "{v}");
+    assert!(!s.ws.join("a").exists() && !s.ws.join("b").exists());
+    // Narrower is fine; nothing asked means the ceiling: this command outlives 5 s.
+    let (st, v) = run(json!({"command": "touch a", "timeout": 1, "network": "none"}));
+    assert_eq!((st, v["outcome"].as_str()), (200, Some("committed")), "{v}");
+    let (st, v) = run(json!({"command": "sleep 30"}));
+    assert_eq!((st, v["timed_out"].as_bool()), (200, Some(true)), "the ceiling's timeout applies: {v}");
+    // The same ceiling over MCP: a tool error that says why.
+    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "run", "arguments": {"command": "touch c", "network": "host"}}});
+    let (st, v) = mcp_http(srv.port, auth(), &call);
+    assert_eq!(st, 200, "{v}");
+    assert_eq!(v["result"]["isError"], true, "{v}");
+    assert!(v["result"]["content"][0]["text"].as_str().unwrap().contains("ceiling"), "{v}");
+    assert!(!s.ws.join("c").exists());
+    drop(srv);
+    // An operator who allows the host network lets requests ask for it.
+    let srv = serve_args(&s, &["--network", "host"]);
+    let (st, v) = http(srv.port, "POST", "/v1/run", auth(), Some(&json!({"command": "touch h", "network": "host"})));
+    assert_eq!((st, v["outcome"].as_str()), (200, Some("committed")), "{v}");
+}
+
+/// Slow, half-sent requests (slowloris) do not stop the server from answering: partial
+/// headers or bodies are dropped after --header-timeout, connections beyond --max-connections
+/// are closed at once, and /v1/health keeps answering.
+#[test]
+fn serve_survives_slow_partial_requests() {
+    let s = Scratch::new("http-slow");
+    let srv = serve_args(&s, &["--header-timeout", "1", "--max-connections", "8"]);
+    let port = srv.port;
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Attackers: half a header, or full headers and half a body, then a byte now and then.
+    let attackers: Vec<_> = (0..20)
+        .map(|i| {
+            let stop = stop.clone();
+            std::thread::spawn(move || -> bool {
+                let Ok(mut c) = TcpStream::connect(("127.0.0.1", port)) else { return true };
+                c.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+                let start = if i % 2 == 0 {
+                    "GET /v1/health HTTP/1.1\r\nHost: x\r\nX-Slow: ".to_string()
+                } else {
+                    format!("POST /v1/run HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 1000\r\n\r\n{{")
+                };
+                if c.write_all(start.as_bytes()).is_err() {
+                    return true;
+                }
+                // Bounded: at most 30 s, then give up (and fail the test).
+                let deadline = Instant::now() + Duration::from_secs(30);
+                let mut buf = [0u8; 512];
+                while Instant::now() < deadline && !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    match c.read(&mut buf) {
+                        Ok(0) => return true, // closed by the server
+                        Ok(_) => return true, // answered (a 400 for the body, then closed)
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut => {}
+                        Err(_) => return true, // reset
+                    }
+                    if c.write_all(b"a").is_err() {
+                        return true;
+                    }
+                }
+                false
+            })
+        })
+        .collect();
+    // Health answers while the attackers hold their connections (retried: a connection may be
+    // refused while every slot is taken, until the timeout frees them).
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut answered = false;
+    while Instant::now() < deadline && !answered {
+        answered = std::panic::catch_unwind(|| http(port, "GET", "/v1/health", None, None).0 == 200).unwrap_or(false);
+        if !answered {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+    assert!(answered, "/v1/health stopped answering under slow partial requests");
+    let closed = attackers.into_iter().map(|a| a.join().unwrap()).filter(|c| *c).count();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(closed, 20, "the server must close every slow connection itself");
+    let (st, _) = http(port, "GET", "/v1/health", None, None);
+    assert_eq!(st, 200);
+}
+
+/// MCP on stdio: a line that is not JSON is answered with -32700 (id null), JSON that is not a
+/// JSON-RPC request with -32600, and the server keeps serving.
+#[test]
+fn mcp_stdio_answers_garbage_with_json_rpc_errors() {
+    let s = Scratch::new("mcp-garbage");
+    let mut m = Mcp::start(&s);
+    let mut reply = |line: &str| -> Value {
+        let stdin = m.stdin.as_mut().unwrap();
+        stdin.write_all(line.as_bytes()).unwrap();
+        stdin.write_all(b"\n").unwrap();
+        stdin.flush().unwrap();
+        let mut out = String::new();
+        m.stdout.read_line(&mut out).unwrap();
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out:?}"))
+    };
+    for (line, code, id) in [
+        ("this is not json", -32700, Value::Null),
+        ("{\"jsonrpc\": \"2.0\", \"id\": 1, \"method\"", -32700, Value::Null),
+        ("\u{0}\u{1}", -32700, Value::Null),
+        ("[]", -32600, Value::Null),
+        ("42", -32600, Value::Null),
+        ("{\"id\": 9, \"method\": \"ping\"}", -32600, json!(9)),
+        ("{\"jsonrpc\": \"2.0\", \"id\": \"x\", \"method\": 1}", -32600, json!("x")),
+        ("{\"jsonrpc\": \"2.0\", \"id\": [1], \"method\": \"ping\"}", -32600, Value::Null),
+    ] {
+        let v = reply(line);
+        assert_eq!(v["jsonrpc"], "2.0", "{line}: {v}");
+        assert_eq!(v["error"]["code"], code, "{line}: {v}");
+        assert_eq!(v["id"], id, "{line}: {v}");
+    }
+    let init = m.request(
+        "initialize",
+        json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}}),
+    );
+    assert!(init["result"]["capabilities"]["tools"].is_object(), "{init}");
+    m.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    // Tool arguments of the wrong type are tool errors in the one error shape.
+    let (err, _, payload) = m.call("run", json!({"command": "touch x", "timeout": "soon"}));
+    assert!(err);
+    assert_eq!(payload["error"]["kind"], "usage", "{payload}");
+    let (err, _, payload) = m.call("run", json!({"command": "touch x", "memory": 0}));
+    assert!(err && payload["error"]["kind"] == "usage", "{payload}");
+    assert!(!s.ws.join("x").exists());
+    let (err, _, r) = m.call("run", json!({"command": "echo ok"}));
+    assert!(!err && r["outcome"] == "committed", "{r}");
+    m.finish();
+}
+
+/// The CLI: every numeric option with 0, negative, huge, NaN, inf and garbage is a usage error
+/// (exit 2) that names the accepted range, nothing runs, and with --json stdout is exactly one
+/// error object; errors raised before a result exists are that object too.
+#[test]
+fn cli_refuses_out_of_range_options_with_one_json_error() {
+    let s = Scratch::new("cli-hostile");
+    let ws = s.ws.to_str().unwrap().to_string();
+    for opt in ["--timeout", "--memory", "--pids", "--cpu", "--max-output", "--max-write"] {
+        for v in ["0", "-1", "1e308", "NaN", "inf", "-inf", "garbage", "99999999999999999999999", ""] {
+            for json in [true, false] {
+                let mut args = vec![];
+                if json {
+                    args.push("--json");
+                }
+                let arg = format!("{opt}={v}");
+                args.extend(["run", "-C", &ws, &arg, "-c", "touch ran"]);
+                let out = txbox(As::Me, &s, &args);
+                assert_eq!(out.status.code(), Some(2), "{args:?}: {}", describe(&out));
+                if json {
+                    let text = String::from_utf8_lossy(&out.stdout);
+                    assert_eq!(text.lines().count(), 1, "{args:?}: {}", describe(&out));
+                    let v: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {}", describe(&out)));
+                    assert_eq!(v["error"]["kind"], "usage", "{v}");
+                    assert!(
+                        v["error"]["message"].as_str().unwrap().contains(" between ")
+                            || v["error"]["message"].as_str().unwrap().contains("(0, "),
+                        "{v}"
+                    );
+                } else {
+                    assert!(out.stdout.is_empty(), "{}", describe(&out));
+                }
+            }
+        }
+    }
+    assert!(!s.ws.join("ran").exists(), "a refused run ran");
+    for (args, code, kind) in [
+        (vec!["--json", "diff", "0123456789abcdef"], 125, "not_found"),
+        (vec!["--json", "run", "-C", "/nonexistent/dir", "-c", "true"], 2, "usage"),
+        (vec!["--json", "run", "-C", &ws], 2, "usage"),
+        (vec!["--json", "frobnicate"], 2, "usage"),
+        (vec!["--json", "exec", "zz", "-c", "true"], 125, "not_found"),
+    ] {
+        let out = txbox(As::Me, &s, &args);
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {}", describe(&out));
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", describe(&out)));
+        assert_eq!(v["error"]["kind"], kind, "{args:?}: {v}");
+    }
+}
+
+/// Everyday interface (#15): policy check exits 126 on a denial; the root and system
+/// directories are refused as workspaces; a failed step says the transaction is still open;
+/// HTTP lists open transactions; MCP returns capped output (head and tail) and a unified diff.
+#[test]
+fn everyday_interface() {
+    let s = Scratch::new("everyday");
+    let out = txbox(As::Me, &s, &["policy", "check", "-c", "rm -rf ~"]);
+    assert_eq!(out.status.code(), Some(126), "{}", describe(&out));
+    let out = txbox(As::Me, &s, &["policy", "check", "-c", "ls"]);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    for dir in ["/", "/usr", "/etc", "/proc", "/proc/self", "/sys/kernel", "/home", "/tmp"] {
+        let out = txbox(As::Me, &s, &["--json", "run", "-C", dir, "-c", "true"]);
+        assert_eq!(out.status.code(), Some(2), "{dir}: {}", describe(&out));
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert!(v["error"]["message"].as_str().unwrap().contains("refusing"), "{v}");
+    }
+    let ws = s.ws.to_str().unwrap().to_string();
+    let out = txbox(As::Me, &s, &["begin", "-C", &ws, "--name", "work"]);
+    let tx = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    let out = txbox(As::Me, &s, &["exec", &tx, "-c", "echo x > f; exit 1"]);
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("still open"), "{err}");
+
+    let srv = serve_with(&s, &[&s.ws], Some(&s.state));
+    let (st, v) = http(srv.port, "GET", "/v1/tx", auth(), None);
+    assert_eq!(st, 200, "{v}");
+    assert!(v.as_array().unwrap().iter().any(|t| t["tx"] == tx.as_str() && t["name"] == "work"), "{v}");
+    let (st, v) = http(srv.port, "GET", "/v1/tx?workspace=/etc", auth(), None);
+    assert_eq!(st, 403, "{v}");
+    let call = |id: u64, name: &str, args: Value| json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": name, "arguments": args}});
+    let (_, v) = mcp_http(
+        srv.port,
+        auth(),
+        &call(1, "run", json!({"command": "head -c 300000 /dev/zero | tr '\\0' a; echo END"})),
+    );
+    let r: Value = serde_json::from_str(v["result"]["content"][1]["text"].as_str().unwrap()).unwrap();
+    let stdout = r["stdout"].as_str().unwrap();
+    assert!(stdout.len() < 70_000 && stdout.starts_with("aaa") && stdout.ends_with("END\n"), "{}", stdout.len());
+    assert!(stdout.contains("bytes omitted") && r["stdout_truncated"] == true, "{r}");
+    let (_, v) = mcp_http(srv.port, auth(), &call(2, "exec", json!({"tx": tx, "command": "echo hello > g.txt"})));
+    assert_eq!(v["result"]["isError"], false, "{v}");
+    let (_, v) = mcp_http(srv.port, auth(), &call(3, "diff", json!({"tx": tx})));
+    let unified = v["result"]["content"][2]["text"].as_str().unwrap_or_default();
+    assert!(unified.contains("+hello"), "{v}");
+}
+
+/// `-C` on the transaction subcommands: ids resolve from any directory; with `-C`, the step runs
+/// in the workspace (the current directory when inside it), and a transaction of another
+/// workspace is refused.
+#[test]
+fn transaction_subcommands_take_dash_c() {
+    let s = Scratch::new("dash-c");
+    let other = s.root.join("other");
+    std::fs::create_dir_all(s.ws.join("sub")).unwrap();
+    std::fs::create_dir_all(&other).unwrap();
+    let ws = s.ws.to_str().unwrap().to_string();
+    let run_in = |dir: &Path, args: &[&str]| {
+        let mut c = Command::new(binary());
+        c.arg("--state-dir").arg(&s.state).args(args).current_dir(dir).output().unwrap()
+    };
+    let out = run_in(&s.ws, &["begin"]);
+    let tx = String::from_utf8_lossy(&out.stdout).trim().to_string();
+    // From outside the workspace, by id alone: the step runs where the caller is not, at the root.
+    let out = run_in(&s.root, &["--json", "exec", &tx, "-C", &ws, "-c", "pwd"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", describe(&out)));
+    assert_eq!(v["stdout"].as_str().map(str::trim), Some(ws.as_str()), "{v}");
+    let out = run_in(&s.ws.join("sub"), &["--json", "exec", &tx, "-C", &ws, "-c", "pwd"]);
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["stdout"].as_str().map(str::trim), Some(format!("{ws}/sub").as_str()), "{v}");
+    let out = run_in(&s.root, &["--json", "diff", &tx, "-C", other.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(2), "{}", describe(&out));
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(v["error"]["message"].as_str().unwrap().contains("belongs to the workspace"), "{v}");
+    for sub in ["diff", "commit"] {
+        let out = run_in(&other, &[sub, &tx, "-C", &ws]);
+        assert_eq!(out.status.code(), Some(0), "{sub}: {}", describe(&out));
+    }
 }

@@ -52,7 +52,7 @@ ln gen/a/b/c.txt gen/hard
 mkdir emptynew
 seq 1 1200000 > data.bin
 truncate -s 64M sparse.bin
-python3 -c "import os; os.setxattr('new.txt', 'user.origin', b'agent'); os.setxattr('src/main.rs', 'user.overlay.mine', b'escaped')"
+python3 -c "import os; os.setxattr('new.txt', 'user.origin', b'agent'); os.setxattr('src/main.rs', 'user.mine', b'kept')"
 python3 -c "import os; os.removexattr('src/lib.rs', 'user.note')"
 "#;
 
@@ -154,7 +154,8 @@ fn exit_statuses_follow_the_contract() {
     let out = txbox(As::Me, &s, &["run", "-C", ws, "--", "/no/such/program"]);
     assert_eq!(out.status.code(), Some(127), "{}", describe(&out));
     let out = txbox(As::Me, &s, &["run", "-C", ws]);
-    assert_eq!(out.status.code(), Some(125), "nothing to run must be a txbox error: {}", describe(&out));
+    // A usage error (DESIGN §3: exit 2), nothing ran; 125 is for txbox failing.
+    assert_eq!(out.status.code(), Some(2), "nothing to run is a usage error: {}", describe(&out));
 }
 
 #[test]

@@ -364,3 +364,116 @@ fn warm_servers_can_be_turned_off() {
     }
     assert!(servers_of(&s).is_empty());
 }
+
+/// The socket of the one warm server of `s`.
+fn only_socket(s: &Scratch) -> std::path::PathBuf {
+    let socks: Vec<_> = std::fs::read_dir(s.state.join("warm"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "sock"))
+        .collect();
+    assert_eq!(socks.len(), 1, "{socks:?}");
+    socks[0].clone()
+}
+
+/// A client that is not the binary that started the server (here: this test program) is not
+/// served, and the server retires; another copy of txbox names a socket of its own.
+#[test]
+fn a_server_of_another_binary_does_not_serve_and_retires() {
+    use std::os::fd::AsFd;
+    let s = Scratch::new("warm-binary");
+    warm_up(As::Me, &s);
+    let socket = only_socket(&s);
+    let spec = txbox_sandbox::SandboxSpec::new(
+        s.ws.clone(),
+        s.ws.clone(),
+        s.ws.clone(),
+        vec![std::ffi::OsString::from("true")],
+    );
+    let null = std::fs::File::open("/dev/null").unwrap();
+    let r = txbox_sandbox::warm::claim(&socket, &spec, [null.as_fd(), null.as_fd(), null.as_fd()], None);
+    match r {
+        Err(txbox_sandbox::warm::NotWarm::Refused(why)) => assert!(why.contains("another txbox binary"), "{why}"),
+        Err(other) => panic!("not refused for its binary: {other:?}"),
+        Ok(_) => panic!("a server served a client of another binary"),
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !servers_of(&s).is_empty() {
+        assert!(Instant::now() < deadline, "the server did not retire");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Another copy of the binary: its own socket, never the first one's.
+    let copy = s.root.join("txbox-copy");
+    std::fs::copy(binary(), &copy).unwrap();
+    let o = Command::new(&copy)
+        .env("TXBOX_TIMING", "1")
+        .env_remove("TXBOX_WARM")
+        .args(["--state-dir", s.state.to_str().unwrap(), "run", "-c", "true"])
+        .current_dir(&s.ws)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&o.stderr).contains("cold (Absent)"), "{}", describe(&o));
+}
+
+/// A client in a pid namespace below the host's (as every command of every sandbox is) is not
+/// a txbox launcher: the server refuses it, whoever's user it runs as.
+#[test]
+fn a_client_inside_another_pid_namespace_is_refused() {
+    for who in identities() {
+        let s = Scratch::new("warm-pidns");
+        if let As::User(uid) = who {
+            s.chown(uid);
+        }
+        warm_up(who, &s);
+        let mut cmd = match who {
+            As::Me => {
+                let mut c = Command::new("unshare");
+                c.args(["--pid", "--fork", "--"]);
+                c
+            }
+            As::User(uid) => {
+                let mut c = Command::new("setpriv");
+                c.arg(format!("--reuid={uid}")).arg(format!("--regid={uid}")).arg("--clear-groups");
+                c.args(["--", "unshare", "--user", "--map-current-user", "--pid", "--fork", "--"]);
+                c.env("HOME", &s.root);
+                c
+            }
+        };
+        let o = cmd
+            .arg(binary())
+            .args(["--state-dir", s.state.to_str().unwrap(), "run", "-c", "echo ran"])
+            .env("TXBOX_TIMING", "1")
+            .env_remove("TXBOX_WARM")
+            .current_dir(&s.ws)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(0), "{who:?}: {}", describe(&o));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(err.contains("cold (Refused(") && err.contains("inside a sandbox"), "{who:?}: {}", describe(&o));
+        // The launcher outside is still served.
+        let o = run_timed(who, &s, "true", &[]);
+        assert!(served_warm(&o), "{who:?}: {}", describe(&o));
+    }
+}
+
+/// A secret whose directory did not exist either when the server started: the directory
+/// appears first (nothing secret yet: served warm), then the secret in it.
+#[test]
+fn a_secret_in_a_directory_made_after_the_server_started_is_still_hidden() {
+    let s = Scratch::new("warm-nested-secret");
+    let home = s.root.join("home");
+    std::fs::create_dir(&home).unwrap();
+    let h = home.to_str().unwrap();
+    warm_up_with_home(&s, h);
+    std::fs::create_dir(home.join(".config")).unwrap();
+    std::fs::write(home.join(".config/ordinary.toml"), "x = 1\n").unwrap();
+    let o = run_timed(As::Me, &s, "cat ~/.config/ordinary.toml", &[("HOME", h)]);
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "x = 1\n", "{}", describe(&o));
+    warm_up_with_home(&s, h);
+    std::fs::create_dir(home.join(".config/gh")).unwrap();
+    std::fs::write(home.join(".config/gh/hosts.yml"), "oauth_token: GHTOKEN\n").unwrap();
+    let o = run_timed(As::Me, &s, "cat ~/.config/gh/hosts.yml", &[("HOME", h)]);
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("GHTOKEN"), "{}", describe(&o));
+}

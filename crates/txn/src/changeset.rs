@@ -7,8 +7,16 @@
 //!   (a directory deleted and created again); new directories may carry it too;
 //! - any other entry is the object as it is now; overlay copies objects up even when nothing
 //!   changed (open for writing, chown to the same owner), so unchanged copies are filtered out;
-//! - overlay's own xattrs (`user.overlay.*`, `trusted.overlay.*`) are bookkeeping, except the
-//!   escaped `*.overlay.overlay.*` names that hold the user's own `*.overlay.*` attributes.
+//! - overlay's own xattrs (`user.overlay.*`: every overlay is mounted with `userxattr`) are
+//!   bookkeeping; the escaped `user.overlay.overlay.*` names hold the command's own
+//!   `user.overlay.*` attributes.
+//!
+//! Only an allowlist of extended attributes is committed (`meta::classify_xattr`): `user.*`
+//! but `user.overlay.*`, and POSIX ACLs. Everything else a committed object carries is removed
+//! first and listed in [`ChangeSet::dropped_xattrs`]: file capabilities, `trusted.*`, other
+//! `security.*` labels, and the command's `user.overlay.*` names, which a later overlay would
+//! interpret. Labels the host's LSM puts on every new file (they are on the transaction's own
+//! upper root) are the LSM's, and left to it.
 //!
 //! Classification only reads. What must be fixed in the upper before its objects can be moved
 //! into the workspace is recorded as [`Fixup`]s, applied later by `prepare`.
@@ -18,6 +26,7 @@ use std::ffi::OsString;
 use std::fs::Metadata;
 use std::io;
 use std::os::fd::AsFd;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -49,10 +58,8 @@ pub enum ChangeOp {
 pub enum Fixup {
     /// Remove a whiteout, device node, FIFO or socket inside a subtree being moved.
     RemoveNode(PathBuf),
-    /// Drop overlay's own xattr.
+    /// Remove an xattr that is not committed: overlay's own, or one off the allowlist.
     RemoveXattr(PathBuf, OsString),
-    /// Rename an escaped xattr to the user's real name.
-    Unescape { path: PathBuf, escaped: OsString, real: OsString },
     /// Strip setuid/setgid/sticky.
     Chmod(PathBuf, u32),
 }
@@ -68,6 +75,14 @@ pub struct ChangeSet {
     pub added: Vec<PathBuf>,
     pub modified: Vec<PathBuf>,
     pub deleted: Vec<PathBuf>,
+    /// Extended attributes off the commit allowlist, by path and the name the command sees:
+    /// removed from committed objects, and set on unchanged ones to no effect. Never committed.
+    pub dropped_xattrs: Vec<(PathBuf, OsString)>,
+    /// Bytes the commit adds to the workspace's filesystem: the allocated blocks (`st_blocks`)
+    /// of every object it moves in (new and replaced files, symlinks and directories, whole new
+    /// trees), each inode once. A sparse file counts the blocks it allocated, not its length;
+    /// `fallocate`d space counts in full.
+    pub bytes: u64,
 }
 
 impl ChangeSet {
@@ -118,16 +133,28 @@ fn sorted_names(dir: &Path) -> Result<Vec<OsString>, ClassifyError> {
     Ok(names)
 }
 
+/// Whether overlayfs marked an upper directory opaque. Only its own `userxattr` marker counts:
+/// a `trusted.overlay.opaque` in the layer was set by the command (as root), and must not make
+/// the classifier delete what the command saw.
 fn is_opaque(path: &Path) -> Result<bool, ClassifyError> {
-    for name in [&b"user.overlay.opaque"[..], &b"trusted.overlay.opaque"[..]] {
-        let name = OsString::from(String::from_utf8_lossy(name).into_owned());
-        match meta::get_xattr(path, &name) {
-            Ok(v) => return Ok(v == b"y"),
-            Err(e) if matches!(e.raw_os_error(), Some(libc::ENODATA) | Some(libc::ENOTSUP) | Some(libc::EPERM)) => {}
-            Err(e) => return Err(e).at(path),
+    match meta::get_xattr(path, std::ffi::OsStr::new("user.overlay.opaque")) {
+        Ok(v) => Ok(v == b"y"),
+        Err(e) if matches!(e.raw_os_error(), Some(libc::ENODATA) | Some(libc::ENOTSUP) | Some(libc::EPERM)) => {
+            Ok(false)
         }
+        Err(e) => Err(e).at(path),
     }
-    Ok(false)
+}
+
+/// The LSM labels the kernel put on the transaction's own upper root (`security.selinux` on an
+/// SELinux host, ...): every new object gets one, the LSM refuses their removal, and they say
+/// what the host's policy decided, not the command. File capabilities are never among them.
+fn kernel_labels(upper: &Path) -> Result<Vec<OsString>, ClassifyError> {
+    Ok(meta::list_xattrs(upper)
+        .at(upper)?
+        .into_iter()
+        .filter(|n| n.as_bytes().starts_with(b"security.") && n.as_bytes() != b"security.capability")
+        .collect())
 }
 
 struct Classifier<'a> {
@@ -142,6 +169,10 @@ struct Classifier<'a> {
     entries_changed: HashSet<PathBuf>,
     fixed_inodes: HashSet<u64>,
     linked_noops: HashMap<u64, Vec<(PathBuf, Kind)>>,
+    /// See [`kernel_labels`].
+    kernel_labels: Vec<OsString>,
+    /// Linked inodes whose blocks are already in `out.bytes`.
+    counted_inodes: HashSet<u64>,
 }
 
 /// Classify `upper` against `lower` (the real workspace). `exclude` lists relative paths that are
@@ -156,6 +187,8 @@ pub fn classify(upper: &Path, lower: &Path, exclude: &HashSet<PathBuf>) -> Resul
         entries_changed: HashSet::new(),
         fixed_inodes: HashSet::new(),
         linked_noops: HashMap::new(),
+        kernel_labels: kernel_labels(upper)?,
+        counted_inodes: HashSet::new(),
     };
     let root = PathBuf::new();
     c.walk(&root, false)?;
@@ -168,6 +201,8 @@ pub fn classify(upper: &Path, lower: &Path, exclude: &HashSet<PathBuf>) -> Resul
     out.modified.sort();
     out.deleted.sort();
     out.skipped.sort();
+    out.dropped_xattrs.sort();
+    out.dropped_xattrs.dedup();
     Ok(c.out)
 }
 
@@ -231,6 +266,10 @@ impl Classifier<'_> {
                 self.dir_meta(&p, &u, l)?;
             }
             (_, Some(l)) if self.unchanged(&upath, &u, &lpath, l)? => {
+                // Not committed; what the command set off the allowlist is still reported.
+                if new != Kind::Symlink {
+                    self.report_drops(&p, &upath, &lpath)?;
+                }
                 if u.nlink() > 1 && new == Kind::File {
                     self.linked_noops.entry(u.ino()).or_default().push((p, new));
                 }
@@ -249,7 +288,38 @@ impl Classifier<'_> {
             Kind::Symlink => std::fs::read_link(upath).at(upath)? == std::fs::read_link(lpath).at(lpath)?,
             _ => false,
         };
-        Ok(same && meta::user_xattrs_of_upper(upath).at(upath)? == meta::xattrs_of_lower(lpath).at(lpath)?)
+        Ok(same
+            && meta::committed_xattrs_of_upper(upath).at(upath)? == meta::committed_xattrs_of_lower(lpath).at(lpath)?)
+    }
+
+    /// Report the attributes off the allowlist that an object present on both sides, and not
+    /// committed as a whole (an unchanged copy-up, a directory whose attributes are copied),
+    /// carries in the upper layer and not, or not with that value, in the workspace.
+    fn report_drops(&mut self, p: &Path, upath: &Path, lpath: &Path) -> Result<(), ClassifyError> {
+        let mut lower = None;
+        for name in meta::list_xattrs(upath).at(upath)? {
+            let XattrClass::Dropped { real } = meta::classify_xattr(&name) else { continue };
+            if self.kernel_labels.contains(&name) {
+                continue;
+            }
+            if lower.is_none() {
+                lower = Some(meta::xattrs_of_lower(lpath).at(lpath)?);
+            }
+            let value = meta::get_xattr(upath, &name).at(upath)?;
+            let same = lower.as_ref().is_some_and(|l| l.iter().any(|(n, v)| *n == name && *v == value));
+            if !same {
+                self.out.dropped_xattrs.push((p.to_path_buf(), real));
+            }
+        }
+        Ok(())
+    }
+
+    /// Add an object the commit moves in to the bytes it adds (a linked inode once).
+    fn count(&mut self, md: &Metadata) {
+        if md.nlink() > 1 && !md.is_dir() && !self.counted_inodes.insert(md.ino()) {
+            return;
+        }
+        self.out.bytes = self.out.bytes.saturating_add(md.blocks().saturating_mul(512));
     }
 
     fn delete(&mut self, p: PathBuf, old: Kind) {
@@ -270,6 +340,7 @@ impl Classifier<'_> {
         if u.nlink() > 1 && new == Kind::File {
             self.put_inodes.insert(u.ino());
         }
+        self.count(u);
         let upath = self.upper.join(&p);
         self.fixups_for(&p, u, || meta::list_xattrs(&upath))?;
         if new == Kind::Dir {
@@ -316,6 +387,7 @@ impl Classifier<'_> {
                     if u.nlink() > 1 && kind == Kind::File {
                         self.put_inodes.insert(u.ino());
                     }
+                    self.count(&u);
                     self.fixups_for(&p, &u, || meta::list_xattrs_at(handle.as_fd(), &dir, &name))?;
                     if kind == Kind::Dir {
                         self.new_subtree(&p)?;
@@ -343,10 +415,12 @@ impl Classifier<'_> {
         }
         for name in xattrs().at(&self.upper.join(p))? {
             match meta::classify_xattr(&name) {
-                XattrClass::User => {}
+                XattrClass::Committed => {}
                 XattrClass::Overlay => self.out.fixups.push(Fixup::RemoveXattr(p.to_path_buf(), name)),
-                XattrClass::Escaped { real } => {
-                    self.out.fixups.push(Fixup::Unescape { path: p.to_path_buf(), escaped: name, real })
+                XattrClass::Dropped { .. } if self.kernel_labels.contains(&name) => {}
+                XattrClass::Dropped { real } => {
+                    self.out.dropped_xattrs.push((p.to_path_buf(), real));
+                    self.out.fixups.push(Fixup::RemoveXattr(p.to_path_buf(), name));
                 }
             }
         }
@@ -359,7 +433,10 @@ impl Classifier<'_> {
         let visible = (u.mode() & meta::COMMIT_MODE_MASK) != (l.mode() & meta::COMMIT_MODE_MASK)
             || u.uid() != l.uid()
             || u.gid() != l.gid()
-            || meta::user_xattrs_of_upper(&upath).at(&upath)? != meta::xattrs_of_lower(&lpath).at(&lpath)?;
+            || meta::committed_xattrs_of_upper(&upath).at(&upath)?
+                != meta::committed_xattrs_of_lower(&lpath).at(&lpath)?;
+        // Only allowlisted attributes are copied onto the workspace directory.
+        self.report_drops(p, &upath, &lpath)?;
         // Copy-ups touch the upper directory's mtime too; only a real change of entries counts.
         let moved = self.entries_changed.contains(p) && (u.mtime() != l.mtime() || u.mtime_nsec() != l.mtime_nsec());
         if visible || moved {

@@ -1,17 +1,23 @@
-//! The commit executor: prepare, write the commit point, apply, finish. And recovery, which is
-//! the same apply run again.
+//! The commit executor: prepare, check, write the commit point, apply, finish. And recovery,
+//! which is the same apply run again.
 //!
 //! Crash windows and why each is safe:
 //! - before the record is durable: the workspace is untouched; recovery discards the tx;
 //! - after it: every step checks by inode whether it already happened, so applying the record
 //!   again (recovery) completes exactly the missing steps; replaced objects wait in the upper
 //!   layer (swapped there by `RENAME_EXCHANGE`) and deleted ones in the trash until cleanup;
-//! - after the final sync: the record is deleted ("applied") and the tx directory removed;
-//!   a crash in between leaves only garbage that recovery removes.
+//! - after the final sync: the record is moved into the transaction's directory as `applied`
+//!   (the "applied" mark); a crash before that directory is removed leaves garbage that
+//!   recovery removes, knowing from `applied` that the transaction landed.
+//!
+//! An error is no crash, but after the commit point it is handled like one (#14.1): nothing the
+//! record needs is removed, and the caller is told the change is committed and left for
+//! recovery ([`CommitError::Unfinished`]). What can be known to fail is checked before the
+//! commit point instead ([`crate::check`]): permissions, descriptors, space.
 
 use std::ffi::OsStr;
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
@@ -19,6 +25,7 @@ use rustix::fs::{AtFlags, OFlags, RenameFlags, Timestamps};
 
 use crate::beneath::{open_beneath, Beneath};
 use crate::changeset::{ChangeSet, Fixup};
+use crate::check::{self, Attrs, Denied, Permissions};
 use crate::journal::{self, CommitRecord, JournalError, JournalStep};
 use crate::meta::{self, Kind};
 use crate::plan::{self, Step};
@@ -29,10 +36,62 @@ pub enum CommitError {
     Io { step: &'static str, path: PathBuf, source: io::Error },
     #[error("{path} changed in the workspace during the transaction ({what}); nothing was applied")]
     Conflict { path: PathBuf, what: String },
+    #[error("cannot commit {}: {why}; nothing was applied", shown(path))]
+    NotPermitted { path: PathBuf, why: String },
+    #[error("{0}; nothing was applied")]
+    NoRoom(String),
     #[error(transparent)]
     Journal(#[from] JournalError),
     #[error("commit stopped by the crash-injection hook after {0} mutating calls")]
     Injected(usize),
+    /// Past the commit point: the transaction is committed, applying it stopped, and recovery
+    /// applies the rest (the record and everything it needs are kept).
+    #[error(
+        "the change is committed, but applying it stopped: {source}. It is finished by recovery, which \
+         every txbox command on this workspace runs first (or `txbox recover`){}",
+        needs(source)
+    )]
+    Unfinished { source: Box<CommitError> },
+}
+
+impl CommitError {
+    /// Whether the transaction passed its commit point (it lands, now or by recovery).
+    pub fn committed(&self) -> bool {
+        matches!(self, CommitError::Unfinished { .. })
+    }
+
+    /// The OS error underneath, if any.
+    pub fn errno(&self) -> Option<i32> {
+        match self {
+            CommitError::Io { source, .. } => source.raw_os_error(),
+            CommitError::Journal(JournalError::Io { source, .. } | JournalError::InPlace { source, .. }) => {
+                source.raw_os_error()
+            }
+            CommitError::Unfinished { source } => source.errno(),
+            _ => None,
+        }
+    }
+}
+
+fn shown(path: &Path) -> String {
+    let s = meta::display_rel(path);
+    if s.is_empty() {
+        "the workspace root".to_string()
+    } else {
+        format!("`{s}`")
+    }
+}
+
+/// What recovery needs to get past `e`, as a clause for a message ("" when nothing particular).
+pub fn needs(e: &CommitError) -> &'static str {
+    match e.errno() {
+        Some(libc::ENOSPC | libc::EDQUOT) => "; it needs free space on the workspace's filesystem",
+        Some(libc::EMFILE | libc::ENFILE) => "; it needs more file descriptors (raise `ulimit -n`)",
+        Some(libc::EACCES | libc::EPERM) => "; it needs permission to change the path named",
+        Some(libc::EROFS) => "; it needs the workspace's filesystem writable",
+        Some(libc::EIO) => "; the filesystem reported an I/O error: check the disk",
+        _ => "",
+    }
 }
 
 fn io_err<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> CommitError + 'a {
@@ -62,7 +121,9 @@ impl CrashHook {
         CrashHook { stop_after: Some(n), exit_process: false, progress: None, calls: 0 }
     }
 
-    fn tick(&mut self) -> Result<(), CommitError> {
+    /// One more point where a crash may strike: before a mutating call, or between two phases
+    /// a crash could separate (the audit append, the cleanup after a commit).
+    pub fn tick(&mut self) -> Result<(), CommitError> {
         self.calls += 1;
         if self.stop_after.is_some_and(|n| self.calls >= n) {
             if self.exit_process {
@@ -88,28 +149,45 @@ pub struct CommitTarget<'a> {
     pub record: &'a Path,
     /// Seals the record for its state directory (`StateDir::seal`).
     pub seal: &'a crate::seal::Seal,
+    /// Frees space when the filesystem is full (the state directory's reserve,
+    /// `StateDir::release_reserve`); true if it freed some, and the failed step is tried again.
+    pub relief: Option<&'a dyn Fn() -> bool>,
 }
 
 /// Commit `cs` (classified from `target.upper`) into the workspace. On Ok the change set is in
-/// the workspace and durable; on Err before the commit point nothing was changed.
-pub fn commit(target: &CommitTarget<'_>, cs: &ChangeSet, hook: &mut CrashHook) -> Result<(), CommitError> {
+/// the workspace and durable. On Err the transaction is not committed and nothing was changed,
+/// except for [`CommitError::Unfinished`]: committed, and recovery applies the rest.
+/// `at_commit_point` runs once the record is durable, before anything is applied (the audit
+/// entry is appended there, and made durable by the commit's own final flush).
+pub fn commit(
+    target: &CommitTarget<'_>,
+    cs: &ChangeSet,
+    hook: &mut CrashHook,
+    at_commit_point: &mut dyn FnMut(),
+) -> Result<(), CommitError> {
     let steps = plan::plan(cs);
     if steps.is_empty() {
         return Ok(());
     }
     // 1. Repair the upper layer so its objects can move as they are.
     apply_fixups(target.upper, &cs.fixups)?;
-    // 2. Record inode numbers, and check that the workspace still holds what we classified.
+    // 2. Record inode numbers, check that the workspace still holds what we classified and
+    //    that every step will be permitted.
     let mut ws = Beneath::open(target.workspace).map_err(io_err("open workspace", target.workspace))?;
     let mut up = Beneath::open(target.upper).map_err(io_err("open upper", target.upper))?;
+    let mut perms = Permissions::default();
     let mut jsteps = Vec::with_capacity(steps.len());
     for step in steps {
-        jsteps.push(identify(&mut ws, &mut up, step)?);
+        let js = identify(&mut ws, &mut up, step)?;
+        check_step(&mut ws, &mut up, target.upper, &js, &mut perms)?;
+        jsteps.push(js);
     }
+    // Applying resolves every path afresh: a handle kept from here would follow a directory
+    // someone moved meanwhile, wherever it went.
+    drop(up);
     // 3. Make the content durable before anything points at it.
     syncfs(target.upper)?;
-    std::fs::create_dir_all(target.trash).map_err(io_err("create trash", target.trash))?;
-    // 4. The commit point.
+    relieved(target, || std::fs::create_dir_all(target.trash).map_err(io_err("create trash", target.trash)))?;
     let record = CommitRecord {
         tx: target.tx.to_string(),
         workspace: target.workspace.to_path_buf(),
@@ -117,39 +195,125 @@ pub fn commit(target: &CommitTarget<'_>, cs: &ChangeSet, hook: &mut CrashHook) -
         trash: target.trash.to_path_buf(),
         steps: jsteps,
     };
+    // 4. Room to apply it: descriptors held until then, space (the reserve given up if need be).
+    let text = record.render(target.seal);
+    let fds = check::reserve_fds(ws.root()).map_err(CommitError::NoRoom)?;
+    ensure_space(target, &ws, &record, text.len())?;
+    drop(ws);
+    // 5. The commit point.
     hook.tick()?;
-    journal::write_durably(target.record, &record, target.seal)?;
-    // 5. Apply, 6. mark applied.
-    apply_record(&record, hook)?;
-    finish(target.record, hook)
+    match relieved(target, || Ok(journal::write_text_durably(target.record, &text)?)) {
+        Ok(()) => {}
+        Err(CommitError::Journal(e @ JournalError::InPlace { .. })) => {
+            return Err(CommitError::Unfinished { source: Box::new(e.into()) })
+        }
+        Err(e) => return Err(e),
+    }
+    // 6. Apply, 7. mark applied. From here on an error leaves the commit to recovery.
+    let applied = (|| {
+        hook.tick()?;
+        at_commit_point();
+        drop(fds);
+        if let Err(e) = apply_record(&record, hook) {
+            // Applying is idempotent: after space was freed, go again from the start.
+            let full = matches!(e.errno(), Some(libc::ENOSPC | libc::EDQUOT));
+            if !(full && target.relief.is_some_and(|r| r())) {
+                return Err(e);
+            }
+            apply_record(&record, hook)?;
+        }
+        finish(target.record, hook)
+    })();
+    match applied {
+        Ok(()) => Ok(()),
+        Err(e @ CommitError::Injected(_)) => Err(e),
+        Err(e) => Err(CommitError::Unfinished { source: Box::new(e) }),
+    }
 }
 
-/// Apply a commit record: every step at most once, whatever already happened.
+/// Run `f`; if it failed because the filesystem is full and `target.relief` freed space, once
+/// more.
+fn relieved<T>(target: &CommitTarget<'_>, mut f: impl FnMut() -> Result<T, CommitError>) -> Result<T, CommitError> {
+    match f() {
+        Err(e) if matches!(e.errno(), Some(libc::ENOSPC | libc::EDQUOT)) && target.relief.is_some_and(|r| r()) => f(),
+        r => r,
+    }
+}
+
+/// Refuse before the commit point when applying could run out of space: what the record and the
+/// workspace's directories may need, the state directory's reserve given up first.
+fn ensure_space(
+    target: &CommitTarget<'_>,
+    ws: &Beneath,
+    record: &CommitRecord,
+    record_bytes: usize,
+) -> Result<(), CommitError> {
+    let need = check::space_needed(record_bytes, &record.steps);
+    let avail = || check::available(ws.root()).map_err(io_err("statfs", target.workspace));
+    if avail()? >= need {
+        return Ok(());
+    }
+    if target.relief.is_some_and(|r| r()) && avail()? >= need {
+        return Ok(());
+    }
+    Err(CommitError::NoRoom(format!(
+        "the workspace's filesystem is full: applying this commit needs about {} KiB, {} KiB are free; free \
+         space and run it again",
+        need.div_ceil(1024),
+        avail()? / 1024
+    )))
+}
+
+/// Apply a commit record: every step at most once, whatever already happened (recovery).
 pub fn apply_record(record: &CommitRecord, hook: &mut CrashHook) -> Result<(), CommitError> {
     let mut ws = Beneath::open(&record.workspace).map_err(io_err("open workspace", &record.workspace))?;
     let mut up = Beneath::open(&record.upper).map_err(io_err("open upper", &record.upper))?;
     let trash = Beneath::open(&record.trash).map_err(io_err("open trash", &record.trash))?;
+    apply_steps(&mut ws, &mut up, &trash, record, hook)?;
+    syncfs(&record.workspace)
+}
+
+fn apply_steps(
+    ws: &mut Beneath,
+    up: &mut Beneath,
+    trash: &Beneath,
+    record: &CommitRecord,
+    hook: &mut CrashHook,
+) -> Result<(), CommitError> {
     let total = record.steps.len();
+    let privs = check::Privileges::current();
     for (i, js) in record.steps.iter().enumerate() {
-        apply_step(&mut ws, &mut up, &trash, record, js, hook)?;
+        apply_step(ws, up, trash, record, js, &privs, hook)?;
         if let Some(p) = hook.progress.filter(|_| i % 256 == 255 || i + 1 == total) {
             p(i + 1, total);
         }
     }
-    syncfs(&record.workspace)
+    Ok(())
 }
 
-/// Delete the record (the "applied" mark) durably.
+/// Mark the record applied, durably: it moves into its transaction's directory as `applied`
+/// (one rename, no more than deleting it cost), where recovery finds it if the process dies
+/// before cleaning up, and tells an applied transaction from an abandoned one.
 pub fn finish(record: &Path, hook: &mut CrashHook) -> Result<(), CommitError> {
     hook.tick()?;
-    match std::fs::remove_file(record) {
+    let Some(dir) = record.parent() else { return Ok(()) };
+    let id = record.file_name().and_then(|n| crate::layout::record_id(n)).map(|(id, _)| id.to_string());
+    let applied = id.and_then(|id| Some(dir.parent()?.join(crate::layout::TX).join(id).join(crate::layout::APPLIED)));
+    let moved = match &applied {
+        Some(to) => std::fs::rename(record, to),
+        None => Err(io::ErrorKind::NotFound.into()),
+    };
+    match moved {
         Ok(()) => {}
-        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-        Err(e) => return Err(io_err("remove commit record", record)(e)),
+        // No transaction directory to keep it in (or the record is gone already): delete it.
+        Err(e) if e.kind() == io::ErrorKind::NotFound => match std::fs::remove_file(record) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io_err("remove commit record", record)(e)),
+        },
+        Err(e) => return Err(io_err("mark commit record applied", record)(e)),
     }
-    if let Some(dir) = record.parent() {
-        std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io_err("sync journal dir", dir))?;
-    }
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io_err("sync journal dir", dir))?;
     Ok(())
 }
 
@@ -222,6 +386,7 @@ fn apply_step(
     trash: &Beneath,
     record: &CommitRecord,
     js: &JournalStep,
+    privs: &check::Privileges,
     hook: &mut CrashHook,
 ) -> Result<(), CommitError> {
     let path = js.step.path();
@@ -282,36 +447,81 @@ fn apply_step(
         }
         Step::DirMeta { .. } => {
             hook.tick()?;
-            copy_dir_meta(ws, &meta::join(&record.upper, path), path)?;
+            copy_dir_meta(ws, &meta::join(&record.upper, path), path, privs)?;
         }
     }
     Ok(())
 }
 
-/// Give the workspace directory `rel` the mode, owner, user xattrs and times of `upper_dir`.
-fn copy_dir_meta(ws: &mut Beneath, upper_dir: &Path, rel: &Path) -> Result<(), CommitError> {
+/// Check, before the commit point, that applying `js` will be permitted.
+fn check_step(
+    ws: &mut Beneath,
+    up: &mut Beneath,
+    upper: &Path,
+    js: &JournalStep,
+    perms: &mut Permissions,
+) -> Result<(), CommitError> {
+    let path = js.step.path();
+    let denied = |Denied(why): Denied| CommitError::NotPermitted { path: path.clone(), why };
+    match &js.step {
+        Step::DirMeta { .. } => {
+            let privs = *perms.privileges();
+            dir_meta_plan_for(ws, &meta::join(upper, path), path, &privs).map(drop)
+        }
+        _ => perms.check_rename(ws, up, js).map_err(io_err("check permissions", path))?.map_err(denied),
+    }
+}
+
+/// The workspace directory `rel`, opened, and what giving it the attributes of `upper_dir`
+/// takes (refused with `NotPermitted` when it cannot be done).
+fn dir_meta_plan_for(
+    ws: &mut Beneath,
+    upper_dir: &Path,
+    rel: &Path,
+    privs: &check::Privileges,
+) -> Result<(std::fs::Metadata, OwnedFd, check::DirMetaPlan), CommitError> {
     let u = std::fs::symlink_metadata(upper_dir).map_err(io_err("stat upper dir", upper_dir))?;
     let fd = open_beneath(ws.root(), rel, OFlags::RDONLY | OFlags::DIRECTORY).map_err(io_err("open dir", rel))?;
     let cur = rustix::fs::fstat(&fd).map_err(|e| io_err("stat dir", rel)(e.into()))?;
-    if (cur.st_uid, cur.st_gid) != (u.uid(), u.gid()) {
-        rustix::fs::fchown(
-            &fd,
-            Some(rustix::process::Uid::from_raw(u.uid())),
-            Some(rustix::process::Gid::from_raw(u.gid())),
-        )
-        .map_err(|e| io_err("chown dir", rel)(e.into()))?;
-    }
-    rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(u.mode() & meta::COMMIT_MODE_MASK))
-        .map_err(|e| io_err("chmod dir", rel)(e.into()))?;
-    sync_xattrs(&fd, upper_dir, rel)?;
-    let ts = |s: i64, ns: i64| rustix::fs::Timespec { tv_sec: s, tv_nsec: ns as _ };
-    let times =
-        Timestamps { last_access: ts(u.atime(), u.atime_nsec()), last_modification: ts(u.mtime(), u.mtime_nsec()) };
-    rustix::fs::futimens(&fd, &times).map_err(|e| io_err("set dir times", rel)(e.into()))
+    let plan = check::dir_meta_plan(
+        Attrs { uid: cur.st_uid, gid: cur.st_gid, mode: cur.st_mode },
+        Attrs { uid: u.uid(), gid: u.gid(), mode: u.mode() },
+        privs,
+        || check::xattrs_already(fd.as_fd(), &meta::committed_xattrs_of_upper(upper_dir)?),
+    )
+    .map_err(|Denied(why)| CommitError::NotPermitted { path: rel.to_path_buf(), why })?;
+    Ok((u, fd, plan))
 }
 
+/// Give the workspace directory `rel` the mode, owner, committed xattrs and times of `upper_dir`,
+/// as far as [`check::dir_meta_plan`] says this user may (it was checked before the commit
+/// point).
+fn copy_dir_meta(ws: &mut Beneath, upper_dir: &Path, rel: &Path, privs: &check::Privileges) -> Result<(), CommitError> {
+    let (u, fd, plan) = dir_meta_plan_for(ws, upper_dir, rel, privs)?;
+    if let Some((uid, gid)) = plan.chown {
+        rustix::fs::fchown(&fd, Some(rustix::process::Uid::from_raw(uid)), Some(rustix::process::Gid::from_raw(gid)))
+            .map_err(|e| io_err("chown dir", rel)(e.into()))?;
+    }
+    if let Some(mode) = plan.chmod {
+        rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(mode))
+            .map_err(|e| io_err("chmod dir", rel)(e.into()))?;
+    }
+    if plan.xattrs {
+        sync_xattrs(&fd, upper_dir, rel)?;
+    }
+    if plan.times {
+        let ts = |s: i64, ns: i64| rustix::fs::Timespec { tv_sec: s, tv_nsec: ns as _ };
+        let times =
+            Timestamps { last_access: ts(u.atime(), u.atime_nsec()), last_modification: ts(u.mtime(), u.mtime_nsec()) };
+        rustix::fs::futimens(&fd, &times).map_err(|e| io_err("set dir times", rel)(e.into()))?;
+    }
+    Ok(())
+}
+
+/// Make the workspace directory's allowlisted xattrs (`meta::is_committed_name`) those of the
+/// upper directory; others (the host's labels, ...) are neither copied nor removed.
 fn sync_xattrs(fd: &OwnedFd, upper_dir: &Path, rel: &Path) -> Result<(), CommitError> {
-    let want = meta::user_xattrs_of_upper(upper_dir).map_err(io_err("read upper xattrs", upper_dir))?;
+    let want = meta::committed_xattrs_of_upper(upper_dir).map_err(io_err("read upper xattrs", upper_dir))?;
     let mut buf = vec![0u8; 4096];
     let have: Vec<Vec<u8>> = match rustix::fs::flistxattr(fd, &mut buf) {
         Ok(n) => buf[..n].split(|b| *b == 0).filter(|s| !s.is_empty()).map(<[u8]>::to_vec).collect(),
@@ -320,7 +530,7 @@ fn sync_xattrs(fd: &OwnedFd, upper_dir: &Path, rel: &Path) -> Result<(), CommitE
     use std::os::unix::ffi::OsStrExt;
     for name in &have {
         let n = OsStr::from_bytes(name);
-        if !want.iter().any(|(w, _)| w.as_os_str() == n) && name.starts_with(b"user.") {
+        if !want.iter().any(|(w, _)| w.as_os_str() == n) && meta::is_committed_name(n) {
             rustix::fs::fremovexattr(fd, n).map_err(|e| io_err("remove xattr", rel)(e.into()))?;
         }
     }
@@ -344,16 +554,8 @@ pub fn apply_fixups(upper: &Path, fixups: &[Fixup]) -> Result<(), CommitError> {
                 let full = upper.join(p);
                 match rustix::fs::lremovexattr(&full, name.as_os_str()) {
                     Ok(()) | Err(rustix::io::Errno::NODATA) => {}
-                    Err(e) => return Err(io_err("remove overlay xattr", &full)(e.into())),
+                    Err(e) => return Err(io_err("remove xattr off the commit allowlist", &full)(e.into())),
                 }
-            }
-            Fixup::Unescape { path, escaped, real } => {
-                let full = upper.join(path);
-                let value = meta::get_xattr(&full, escaped).map_err(io_err("read escaped xattr", &full))?;
-                rustix::fs::lsetxattr(&full, real.as_os_str(), &value, rustix::fs::XattrFlags::empty())
-                    .map_err(|e| io_err("unescape xattr", &full)(e.into()))?;
-                rustix::fs::lremovexattr(&full, escaped.as_os_str())
-                    .map_err(|e| io_err("unescape xattr", &full)(e.into()))?;
             }
             Fixup::Chmod(p, mode) => {
                 use std::os::unix::fs::PermissionsExt;

@@ -53,6 +53,10 @@ pub enum JournalError {
     Damaged { path: PathBuf, what: String },
     #[error("journal record {path} is refused: {why}")]
     Refused { path: PathBuf, why: String },
+    /// Written and in place, but syncing its directory failed: it may or may not be durable,
+    /// and recovery will apply it if it is there.
+    #[error("journal record {path} is in place but its directory could not be synced: {source}")]
+    InPlace { path: PathBuf, source: std::io::Error },
 }
 
 fn hex_path(p: &Path) -> String {
@@ -72,6 +76,21 @@ fn unhex_path(s: &str) -> Option<PathBuf> {
 }
 
 impl CommitRecord {
+    /// What the record changes, counted by step: creations, replacements, removals (for the
+    /// audit entry recovery writes; directory attributes are not counted).
+    pub fn counts(&self) -> crate::audit::Counts {
+        let mut c = crate::audit::Counts::default();
+        for js in &self.steps {
+            match js.step {
+                Step::Create { .. } => c.added += 1,
+                Step::Replace { .. } => c.modified += 1,
+                Step::Remove { .. } => c.deleted += 1,
+                Step::DirMeta { .. } => {}
+            }
+        }
+        c
+    }
+
     /// The record's text, sealed with `seal` for its transaction.
     pub fn render(&self, seal: &Seal) -> String {
         let mut body = String::new();
@@ -158,17 +177,36 @@ pub fn parse(text: &[u8], origin: &Path, seal: &Seal, id: &str) -> Result<Commit
 /// Write `record` durably at `path`: temporary file, fsync, rename, fsync of the directory.
 /// When this returns Ok the transaction is committed, whatever happens next.
 pub fn write_durably(path: &Path, record: &CommitRecord, seal: &Seal) -> Result<(), JournalError> {
+    write_text_durably(path, &record.render(seal))
+}
+
+/// [`write_durably`] for a record already rendered ([`CommitRecord::render`]).
+pub fn write_text_durably(path: &Path, text: &str) -> Result<(), JournalError> {
     let io = |source| JournalError::Io { path: path.to_path_buf(), source };
     let dir = path.parent().unwrap_or(Path::new("."));
     let mut tmp_name = path.as_os_str().to_owned();
     tmp_name.push(crate::layout::TMP_SUFFIX);
     let tmp = PathBuf::from(tmp_name);
-    let mut f = std::fs::File::create(&tmp).map_err(io)?;
-    f.write_all(record.render(seal).as_bytes()).map_err(io)?;
-    f.sync_all().map_err(io)?;
-    drop(f);
-    std::fs::rename(&tmp, path).map_err(io)?;
-    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io)?;
+    let written = (|| {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(text.as_bytes())?;
+        f.sync_all()?;
+        drop(f);
+        std::fs::rename(&tmp, path)
+    })();
+    if let Err(e) = written {
+        // Not committed: leave no half-written record behind (a full disk, say).
+        let _ = std::fs::remove_file(&tmp);
+        return Err(io(e));
+    }
+    if let Err(e) = std::fs::File::open(dir).and_then(|d| d.sync_all()) {
+        // In place but maybe not durable: take it back if we can, so that "not committed" stays
+        // true; if not even that works, recovery will find it and apply it.
+        return Err(match std::fs::remove_file(path) {
+            Ok(()) => io(e),
+            Err(_) => JournalError::InPlace { path: path.to_path_buf(), source: e },
+        });
+    }
     Ok(())
 }
 

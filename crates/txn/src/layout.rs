@@ -6,9 +6,10 @@
 //!   elsewhere            state directories in use on other filesystems (sealed lines)
 //! STATE = BASE when it is on the workspace's filesystem (else see `candidates`)
 //!   txbox-state          the marker: this directory was made by txbox (sealed)
-//!   tx/<id>/             a transaction: meta, owner.lock, upper, work, trash   (a run)
+//!   tx/<id>/             a transaction: meta, owner.lock, upper, work, trash,  (a run)
+//!                                       applied (its commit record, once applied)
 //!                                       meta, owner.lock, status, steps/N/{upper,work},
-//!                                       fingerprints, last_step              (a session)
+//!                                       fingerprints, last_step, hold        (a session)
 //!   tx/.spare-<n>        an empty run's directory kept for the next run
 //!   gone/<id>            retired transaction directories, deleted by a collector
 //!   journal/<id>.commit  commit records (sealed)
@@ -16,6 +17,8 @@
 //!   locks/gc.lock        held by the collector of `gone`
 //!   warm/                warm sandbox servers' sockets (crate sandbox, through `StateDir::warm_dir`)
 //!   audit.log            the hash-chained audit log
+//!   audit.head           its head record: the last entry's number, hash and offset (sealed)
+//!   reserve              space held back for commits on a full filesystem
 //! ```
 //!
 //! Owns: the names above, the kinds and statuses of transactions, the base directory and the
@@ -44,6 +47,11 @@ pub const LOCKS: &str = "locks";
 pub const WARM: &str = "warm";
 pub const RETIRED: &str = "gone";
 pub const AUDIT: &str = "audit.log";
+pub const AUDIT_HEAD: &str = "audit.head";
+/// A file of [`RESERVE_BYTES`] allocated blocks, given up when the filesystem is full so that
+/// a commit (a deletion freeing space, say) can still be applied.
+pub const RESERVE: &str = "reserve";
+pub const RESERVE_BYTES: u64 = 4 << 20;
 /// The directories every state directory has.
 pub const SUBDIRS: [&str; 4] = [TX, JOURNAL, LOCKS, RETIRED];
 /// The collector's lock (in `locks`).
@@ -59,12 +67,16 @@ pub const OWNER_LOCK: &str = "owner.lock";
 pub const UPPER: &str = "upper";
 pub const WORK: &str = "work";
 pub const TRASH: &str = "trash";
+/// A transaction's commit record once applied: moved here from the journal.
+pub const APPLIED: &str = "applied";
 pub const STEPS: &str = "steps";
 pub const STATUS: &str = "status";
 pub const FINGERPRINTS: &str = "fingerprints";
 pub const LAST_STEP: &str = "last_step";
 /// A session's `--allow-host` items from `begin` (sealed), for every step.
 pub const ALLOW_HOSTS: &str = "allow_hosts";
+/// Why a held transaction waits for a person (sealed): what the commit-time policy found.
+pub const HOLD: &str = "hold";
 pub const DIFF_PREFIX: &str = "diff-";
 
 pub const RECORD_SUFFIX: &str = ".commit";
@@ -111,6 +123,9 @@ pub enum Status {
     Open,
     /// Its commit began: a crash before the commit record means it is to be discarded.
     Committing,
+    /// The commit-time policy held it for a person (`txbox approve`, or `rollback`); no more
+    /// steps run in it.
+    Held,
 }
 
 impl Status {
@@ -118,6 +133,7 @@ impl Status {
         match self {
             Status::Open => "open",
             Status::Committing => "committing",
+            Status::Held => "held",
         }
     }
 
@@ -125,6 +141,7 @@ impl Status {
         match s {
             "open" => Some(Status::Open),
             "committing" => Some(Status::Committing),
+            "held" => Some(Status::Held),
             _ => None,
         }
     }
@@ -186,6 +203,41 @@ pub fn steps_root(state_root: &Path, id: &str, workspace: &Path) -> Option<PathB
         return Some(state_root.join(TX).join(id).join(STEPS));
     }
     Some(layers_next_to(workspace)?.join(id))
+}
+
+/// One overlay layer of a transaction: its id, its step (a session's; None for a run) and
+/// whether it is the upper directory (else the work directory).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LayerName {
+    pub id: String,
+    pub step: Option<u32>,
+    pub upper: bool,
+}
+
+/// Which layer `rel` (a path relative to a state directory) is, if it is one:
+/// `tx/<id>/{upper,work}` (a run) or `tx/<id>/steps/<n>/{upper,work}` (a session's step), with
+/// a valid id and a plain decimal step. A warm server lays overlays only on these.
+pub fn layer_name(rel: &Path) -> Option<LayerName> {
+    let parts: Vec<&str> = rel
+        .components()
+        .map(|c| match c {
+            Component::Normal(n) => n.to_str(),
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    let part = |p: &str| match p {
+        UPPER => Some(true),
+        WORK => Some(false),
+        _ => None,
+    };
+    let (id, step, upper) = match parts.as_slice() {
+        [TX, id, p] => (*id, None, part(p)?),
+        [TX, id, STEPS, n, p] if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) && !n.starts_with('0') => {
+            (*id, Some(n.parse().ok()?), part(p)?)
+        }
+        _ => return None,
+    };
+    valid_id(id).then(|| LayerName { id: id.to_string(), step, upper })
 }
 
 /// `<parent>/.<name>.txbox-layers` for a workspace.
@@ -341,6 +393,30 @@ mod tests {
         }
         for bad in ["w", "/w/../etc", "./w", ""] {
             assert!(!is_normal_absolute(Path::new(bad)), "{bad}");
+        }
+    }
+
+    #[test]
+    fn layers_are_named_by_transaction_and_step() {
+        let id = "0123456789abcdef";
+        let l = |s: &str| layer_name(Path::new(s));
+        assert_eq!(l(&format!("tx/{id}/upper")), Some(LayerName { id: id.into(), step: None, upper: true }));
+        assert_eq!(
+            l(&format!("tx/{id}/steps/12/work")),
+            Some(LayerName { id: id.into(), step: Some(12), upper: false })
+        );
+        for bad in [
+            format!("tx/{id}/trash"),
+            format!("tx/{id}/steps/01/upper"),
+            format!("tx/{id}/steps/x/upper"),
+            format!("tx/{id}/../{id}/upper"),
+            format!("tx/{id}/upper/sub"),
+            "tx/.spare-0/upper".to_string(),
+            "journal/upper".to_string(),
+            format!("/tx/{id}/upper"),
+            "gone/0123456789abcdef/upper".to_string(),
+        ] {
+            assert_eq!(l(&bad), None, "{bad}");
         }
     }
 

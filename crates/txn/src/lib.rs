@@ -3,6 +3,7 @@
 //! - [`changeset`] classifies an upper layer against the workspace (reads only);
 //! - [`plan`] orders the steps of a commit (pure);
 //! - [`journal`] writes the commit record, the single durable commit point;
+//! - [`check`] says, before the commit point, whether applying will be permitted and has room;
 //! - [`commit`] prepares, commits and applies, idempotently; recovery re-applies records;
 //! - [`layout`] names everything in the state directory and chooses where it lives;
 //!   [`state`] keeps it (nothing read back is trusted: [`seal`] authenticates it);
@@ -14,6 +15,7 @@
 pub mod audit;
 pub mod beneath;
 pub mod changeset;
+pub mod check;
 pub mod commit;
 pub mod fsx;
 pub mod hex;
@@ -35,8 +37,11 @@ pub use state::{StateDir, StateError, TxDir};
 /// What recovery did with one transaction.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Recovered {
-    /// A commit record was found and applied to the end.
-    RolledForward { tx: String, workspace: PathBuf },
+    /// A commit record was found and applied to the end. `committed_ms`: when it was written.
+    RolledForward { tx: String, workspace: PathBuf, changes: audit::Counts, committed_ms: u64 },
+    /// A transaction whose commit had been applied but whose process died before cleaning up
+    /// (perhaps before its audit entry): removed, and known to have landed.
+    Landed { tx: String, workspace: PathBuf, changes: audit::Counts, committed_ms: u64 },
     /// A transaction without commit record whose process is gone: discarded.
     Discarded { tx: String },
 }
@@ -45,8 +50,15 @@ pub enum Recovered {
 pub enum RecoverError {
     #[error(transparent)]
     State(#[from] StateError),
-    #[error(transparent)]
-    Commit(#[from] CommitError),
+    #[error(
+        "recovery cannot apply transaction {tx} (commit record {}): {source}. Until it is applied the \
+         workspace {} holds part of it{}; once that is fixed, `txbox recover` (or any txbox command on \
+         the workspace) finishes it",
+        record.display(),
+        workspace.display(),
+        commit::needs(source)
+    )]
+    Apply { tx: String, record: PathBuf, workspace: PathBuf, source: Box<CommitError> },
     #[error(transparent)]
     Journal(#[from] journal::JournalError),
 }
@@ -95,16 +107,38 @@ pub fn recover_counting(
                 }
             }
         };
-        commit::apply_record(&record, hook)?;
-        commit::finish(&record_path, hook)?;
+        let committed_ms = mtime_ms(&record_path);
+        let failed = |source| RecoverError::Apply {
+            tx: record.tx.clone(),
+            record: record_path.clone(),
+            workspace: record.workspace.clone(),
+            source: Box::new(source),
+        };
+        commit::apply_record(&record, hook).map_err(failed)?;
+        commit::finish(&record_path, hook).map_err(failed)?;
         state.remove_tx(&record.tx)?;
-        out.push(Recovered::RolledForward { tx: record.tx, workspace: record.workspace });
+        let changes = record.counts();
+        out.push(Recovered::RolledForward { tx: record.tx, workspace: record.workspace, changes, committed_ms });
     }
-    for tx in state.discard_abandoned(&mut stats.looked_at)? {
-        out.push(Recovered::Discarded { tx });
+    for a in state.discard_abandoned(&mut stats.looked_at)? {
+        out.push(match a.landed {
+            Some((record, committed_ms)) => {
+                Recovered::Landed { changes: record.counts(), tx: a.id, workspace: record.workspace, committed_ms }
+            }
+            None => Recovered::Discarded { tx: a.id },
+        });
     }
     if workspace.is_none() {
         state.collect_retired()?;
     }
     Ok(out)
+}
+
+/// A file's mtime in ms since the epoch (0 if unknown).
+fn mtime_ms(path: &Path) -> u64 {
+    std::fs::symlink_metadata(path)
+        .ok()
+        .and_then(|m| m.modified().ok())
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_millis() as u64)
 }

@@ -59,34 +59,58 @@ pub fn is_whiteout(md: &Metadata) -> bool {
     md.file_type().is_char_device() && md.rdev() == 0
 }
 
-/// The xattr prefixes under which overlayfs stores its own bookkeeping.
-const OVERLAY_PREFIXES: [&[u8]; 2] = [b"user.overlay.", b"trusted.overlay."];
+/// The prefix of overlayfs's own xattrs. Every overlay txbox mounts uses `userxattr` (root's
+/// too), so overlay's bookkeeping is `user.overlay.*` and nothing else; `trusted.overlay.*`
+/// names in an upper layer were set by the command itself.
+const OVERLAY_PREFIX: &[u8] = b"user.overlay.";
+/// How overlayfs stores a name that itself starts with its prefix (`user.overlay.x` set by a
+/// command is `user.overlay.overlay.x` in the upper layer).
+const ESCAPED_PREFIX: &[u8] = b"user.overlay.overlay.";
+/// The POSIX ACLs, the only `system.*` attributes a commit carries.
+const POSIX_ACLS: [&[u8]; 2] = [b"system.posix_acl_access", b"system.posix_acl_default"];
 
-/// How one extended attribute found in an upper layer must be treated when committing.
+/// What a commit does with one extended attribute found on an object of an upper layer. Only
+/// an allowlist is committed: a `security.capability` set inside would otherwise give any
+/// user who runs the file its capabilities, and an `user.overlay.*` name would be interpreted
+/// by every later overlay whose lower layer is the workspace (a file marked as a redirect or a
+/// whiteout becomes unreadable and undeletable there).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum XattrClass {
-    /// An ordinary attribute of the user's: commit as is.
-    User,
-    /// overlayfs's own (`user.overlay.opaque`, `.origin`, `.impure`, ...): never commit.
+    /// On the allowlist, committed as is: `user.*` but `user.overlay.*`, and the POSIX ACLs
+    /// `system.posix_acl_access` and `system.posix_acl_default`.
+    Committed,
+    /// overlayfs's own bookkeeping (`user.overlay.opaque`, `.origin`, `.impure`, ...):
+    /// removed before the commit, never reported.
     Overlay,
-    /// A user attribute whose name itself starts with an overlay prefix; overlayfs stores it
-    /// escaped (`user.overlay.overlay.x` holds the user's `user.overlay.x`). Commit it unescaped.
-    Escaped { real: OsString },
+    /// Anything else: removed before the commit and reported. `security.*` (capabilities,
+    /// SELinux, SMACK, IMA and EVM labels), `trusted.*`, other `system.*` and other
+    /// namespaces, and the `user.overlay.*` names a command set, which overlayfs stores
+    /// escaped: `real` is the name as the command set it.
+    Dropped { real: OsString },
 }
 
+/// How a name found in an upper layer (written through a `userxattr` overlay) is committed.
 pub fn classify_xattr(name: &OsStr) -> XattrClass {
     let b = name.as_bytes();
-    for prefix in OVERLAY_PREFIXES {
-        if let Some(rest) = b.strip_prefix(prefix) {
-            if let Some(inner) = rest.strip_prefix(b"overlay.") {
-                let mut real = prefix.to_vec();
-                real.extend_from_slice(inner);
-                return XattrClass::Escaped { real: OsString::from_vec(real) };
-            }
-            return XattrClass::Overlay;
-        }
+    if let Some(inner) = b.strip_prefix(ESCAPED_PREFIX) {
+        let mut real = OVERLAY_PREFIX.to_vec();
+        real.extend_from_slice(inner);
+        return XattrClass::Dropped { real: OsString::from_vec(real) };
     }
-    XattrClass::User
+    if b.starts_with(OVERLAY_PREFIX) {
+        return XattrClass::Overlay;
+    }
+    if is_committed_name(name) {
+        XattrClass::Committed
+    } else {
+        XattrClass::Dropped { real: name.to_os_string() }
+    }
+}
+
+/// Whether a name is on the commit allowlist (the name as the command sees it).
+pub fn is_committed_name(name: &OsStr) -> bool {
+    let b = name.as_bytes();
+    (b.starts_with(b"user.") && !b.starts_with(OVERLAY_PREFIX)) || POSIX_ACLS.contains(&b)
 }
 
 /// List the names of the extended attributes of `path` (not following a final symlink).
@@ -171,22 +195,33 @@ pub fn get_xattr(path: &Path, name: &OsStr) -> io::Result<Vec<u8>> {
     }
 }
 
-/// The user-visible xattrs of an object in an upper layer: overlay's own dropped, escaped ones
-/// unescaped. Sorted by name, so two sets compare with `==`.
-pub fn user_xattrs_of_upper(path: &Path) -> io::Result<Vec<(OsString, Vec<u8>)>> {
+/// The xattrs a commit carries of an object in an upper layer ([`XattrClass::Committed`]),
+/// sorted by name, so two sets compare with `==`.
+pub fn committed_xattrs_of_upper(path: &Path) -> io::Result<Vec<(OsString, Vec<u8>)>> {
     let mut out = Vec::new();
     for name in list_xattrs(path)? {
-        match classify_xattr(&name) {
-            XattrClass::User => out.push((name.clone(), get_xattr(path, &name)?)),
-            XattrClass::Escaped { real } => out.push((real, get_xattr(path, &name)?)),
-            XattrClass::Overlay => {}
+        if classify_xattr(&name) == XattrClass::Committed {
+            out.push((name.clone(), get_xattr(path, &name)?));
         }
     }
     out.sort();
     Ok(out)
 }
 
-/// The xattrs of an object in the real workspace, sorted by name.
+/// The xattrs of an object in the real workspace that a commit would carry, sorted by name:
+/// what a committed object's [`committed_xattrs_of_upper`] is compared with.
+pub fn committed_xattrs_of_lower(path: &Path) -> io::Result<Vec<(OsString, Vec<u8>)>> {
+    let mut out = Vec::new();
+    for name in list_xattrs(path)? {
+        if is_committed_name(&name) {
+            out.push((name.clone(), get_xattr(path, &name)?));
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Every xattr of an object, sorted by name (copies of layers keep them all).
 pub fn xattrs_of_lower(path: &Path) -> io::Result<Vec<(OsString, Vec<u8>)>> {
     let mut out = Vec::new();
     for name in list_xattrs(path)? {
@@ -290,14 +325,39 @@ mod tests {
     }
 
     #[test]
-    fn overlay_xattrs_are_told_apart() {
-        assert_eq!(classify_xattr(OsStr::new("user.mime")), XattrClass::User);
-        assert_eq!(classify_xattr(OsStr::new("user.overlay.opaque")), XattrClass::Overlay);
-        assert_eq!(classify_xattr(OsStr::new("trusted.overlay.origin")), XattrClass::Overlay);
-        assert_eq!(
-            classify_xattr(OsStr::new("user.overlay.overlay.note")),
-            XattrClass::Escaped { real: OsString::from("user.overlay.note") }
-        );
-        assert_eq!(classify_xattr(OsStr::new("security.selinux")), XattrClass::User);
+    fn only_the_allowlist_is_committed() {
+        let class = |n: &str| classify_xattr(OsStr::new(n));
+        let dropped = |n: &str| XattrClass::Dropped { real: OsString::from(n) };
+        for kept in ["user.mime", "user.", "user.overlayish", "system.posix_acl_access", "system.posix_acl_default"] {
+            assert_eq!(class(kept), XattrClass::Committed, "{kept}");
+        }
+        for own in ["user.overlay.opaque", "user.overlay.origin", "user.overlay.uuid", "user.overlay."] {
+            assert_eq!(class(own), XattrClass::Overlay, "{own}");
+        }
+        for never in [
+            "security.capability",
+            "security.selinux",
+            "security.SMACK64",
+            "security.SMACK64EXEC",
+            "security.ima",
+            "security.evm",
+            "security.apparmor",
+            "trusted.x",
+            "trusted.overlay.opaque",
+            "trusted.overlay.overlay.redirect",
+            "system.nfs4_acl",
+            "system.posix_acl_accessX",
+            "btrfs.compression",
+            "User.x",
+            "",
+        ] {
+            assert_eq!(class(never), dropped(never), "{never}");
+        }
+        // The command's own `user.overlay.*` names, stored escaped, are dropped under the
+        // name the command used, at any depth of escaping.
+        assert_eq!(class("user.overlay.overlay.redirect"), dropped("user.overlay.redirect"));
+        assert_eq!(class("user.overlay.overlay.overlay.x"), dropped("user.overlay.overlay.x"));
+        assert!(!is_committed_name(OsStr::new("user.overlay.redirect")));
+        assert!(is_committed_name(OsStr::new("user.note")));
     }
 }

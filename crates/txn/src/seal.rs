@@ -195,6 +195,8 @@ pub enum Domain {
     Fingerprints,
     Record,
     Registry,
+    Hold,
+    AuditHead,
     AllowHosts,
 }
 
@@ -207,6 +209,8 @@ impl Domain {
             Domain::Fingerprints => b"txbox fingerprints v1",
             Domain::Record => b"txbox commit record v2",
             Domain::Registry => b"txbox registry v1",
+            Domain::Hold => b"txbox hold v1",
+            Domain::AuditHead => b"txbox audit head v1",
             Domain::AllowHosts => b"txbox allow-hosts v1",
         }
     }

@@ -58,6 +58,10 @@ pub enum StateError {
     Forged { path: PathBuf, fix: &'static str },
     #[error("a session name must be 1 to {max} printable characters, got {0:?}", max = MAX_NAME)]
     BadName(String),
+    #[error(
+        "transaction {0} is committed and waits for recovery to apply it: its layers stay until then          (`txbox recover`)"
+    )]
+    Committed(String),
 }
 
 impl From<PathError> for StateError {
@@ -432,6 +436,20 @@ impl StateDir {
         self.root.join(layout::AUDIT)
     }
 
+    pub fn audit_head_path(&self) -> PathBuf {
+        self.root.join(layout::AUDIT_HEAD)
+    }
+
+    /// The audit log, opened for appending (an error if it cannot be written).
+    pub fn audit_log(&self) -> Result<crate::audit::Log, crate::audit::AuditError> {
+        crate::audit::Log::open(&self.audit_path(), &self.audit_head_path(), self.seal())
+    }
+
+    /// Check the audit log against its chain and head record.
+    pub fn verify_audit(&self) -> Result<crate::audit::Report, crate::audit::AuditError> {
+        crate::audit::verify(&self.audit_path(), &self.audit_head_path(), self.seal())
+    }
+
     /// Where warm sandbox servers keep their sockets.
     pub fn warm_dir(&self) -> PathBuf {
         self.root.join(layout::WARM)
@@ -748,6 +766,18 @@ impl StateDir {
 
     /// Create a session transaction's directory (no layers yet).
     pub fn create_session(&self, workspace: &Path, name: Option<&str>) -> Result<String, StateError> {
+        self.create_session_with(workspace, name, None)
+    }
+
+    /// [`create_session`](Self::create_session), recording `strict_since`: for a session with
+    /// strict isolation, the workspace's commit generation when it began (sealed in its meta,
+    /// so the check at commit cannot be switched off on disk).
+    pub fn create_session_with(
+        &self,
+        workspace: &Path,
+        name: Option<&str>,
+        strict_since: Option<u64>,
+    ) -> Result<String, StateError> {
         if let Some(n) = name {
             if n.is_empty() || n.len() > MAX_NAME || n.chars().any(char::is_control) {
                 return Err(StateError::BadName(n.to_string()));
@@ -757,7 +787,12 @@ impl StateDir {
         let dir = self.tx_dir(&id);
         let tx = self.dir(layout::TX)?;
         rustix::fs::mkdirat(&tx, id.as_str(), Mode::from_raw_mode(0o700)).map_err(at(&dir, "create"))?;
-        let meta = TxMeta { workspace: workspace.to_path_buf(), kind: TxKind::Session, name: name.map(str::to_string) };
+        let meta = TxMeta {
+            workspace: workspace.to_path_buf(),
+            kind: TxKind::Session,
+            name: name.map(str::to_string),
+            strict_since,
+        };
         // Meta first: from then on the session is one `list` shows and `rollback` removes,
         // whatever a crash leaves of the rest.
         self.write_meta(&id, &meta, true)?;
@@ -777,6 +812,12 @@ impl StateDir {
     pub fn retire_tx(&self, id: &str) -> Result<bool, StateError> {
         if !valid_id(id) {
             return Err(StateError::UnknownTx(id.to_string()));
+        }
+        // A transaction with a commit record is committed: its layers are what the record
+        // applies, and only recovery, having applied it, may remove them (#14.1).
+        let record = Path::new(layout::JOURNAL).join(layout::record_name(id));
+        if rustix::fs::statat(self.fd(), &record, AtFlags::SYMLINK_NOFOLLOW).is_ok() {
+            return Err(StateError::Committed(id.to_string()));
         }
         let (tx, gone) = (self.dir(layout::TX)?, self.dir(layout::RETIRED)?);
         match fsx::rename_noreplace(tx.as_fd(), OsStr::new(id), gone.as_fd(), OsStr::new(id)) {
@@ -891,7 +932,7 @@ impl StateDir {
     /// leftovers of a killed `run`, or of a session commit cut short before its commit
     /// record. Each is taken under its owner lock and moved aside before it is deleted, so
     /// concurrent recoveries never fight over one. `looked_at` counts the entries examined.
-    pub fn discard_abandoned(&self, looked_at: &mut usize) -> Result<Vec<String>, StateError> {
+    pub fn discard_abandoned(&self, looked_at: &mut usize) -> Result<Vec<Abandoned>, StateError> {
         let mut out = Vec::new();
         for id in self.tx_ids()? {
             *looked_at += 1;
@@ -929,14 +970,75 @@ impl StateDir {
             // O(1) in what it deletes; the collector does the rest. The lock was taken through
             // the directory seen above: if it has moved since (its run recycled it as a
             // spare and let go), there is nothing here to discard.
+            // Its commit was applied if its record was marked so: the process died after its
+            // commit, before cleaning up (and perhaps before its audit entry).
+            let landed = self.applied_record(dir.as_fd(), &id);
             self.drop_outside_layers(&id);
             let moved = self.retire_tx(&id)?;
             drop(lock);
             if moved {
-                out.push(id);
+                out.push(Abandoned { id, landed });
             }
         }
         Ok(out)
+    }
+
+    /// The record a transaction's commit left in its directory once applied
+    /// ([`layout::APPLIED`]), if it verifies, with its time (ms since the epoch).
+    fn applied_record(&self, dir: BorrowedFd<'_>, id: &str) -> Option<(CommitRecord, u64)> {
+        let text = fsx::read_small(dir, Path::new(layout::APPLIED), LARGE).ok()?;
+        let st = rustix::fs::statat(dir, layout::APPLIED, AtFlags::SYMLINK_NOFOLLOW).ok()?;
+        let record = journal::parse(&text, &self.tx_dir(id).join(layout::APPLIED), self.seal(), id).ok()?;
+        let ms = u64::try_from(st.st_mtime).unwrap_or(0) * 1000 + st.st_mtime_nsec / 1_000_000;
+        Some((record, ms))
+    }
+
+    /// The state directory's space reserve, tended at the start of every transaction: given up
+    /// when less than it is free (so that the transaction, a deletion freeing space say, has
+    /// room: #14.1), made again once the filesystem has room to spare. Costs a `statfs` and,
+    /// when space is plentiful, a `stat`; making it, once, a `fallocate`.
+    pub fn tend_reserve(&self) {
+        let Ok(avail) = crate::check::available(self.fd()) else { return };
+        if avail < layout::RESERVE_BYTES {
+            self.release_reserve();
+        } else if avail > 8 * layout::RESERVE_BYTES
+            && rustix::fs::statat(self.fd(), layout::RESERVE, AtFlags::SYMLINK_NOFOLLOW).is_err()
+        {
+            self.make_reserve();
+        }
+    }
+
+    /// Give up the space reserve if less than it is free (before a commit: its log lines,
+    /// record and directories need room too).
+    pub fn release_reserve_if_low(&self) {
+        if crate::check::available(self.fd()).is_ok_and(|a| a < layout::RESERVE_BYTES) {
+            self.release_reserve();
+        }
+    }
+
+    /// Give up the space reserve; true if there was one (space was freed).
+    pub fn release_reserve(&self) -> bool {
+        rustix::fs::unlinkat(self.fd(), layout::RESERVE, AtFlags::empty()).is_ok()
+    }
+
+    /// Make the reserve: an unnamed file (`O_TMPFILE`, so a crash leaves nothing behind) whose
+    /// blocks are allocated, then linked into place.
+    fn make_reserve(&self) {
+        let flags = OFlags::WRONLY | OFlags::TMPFILE | OFlags::CLOEXEC;
+        let Ok(fd) = rustix::fs::openat(self.fd(), ".", flags, Mode::from_raw_mode(0o600)) else { return };
+        if rustix::fs::fallocate(&fd, rustix::fs::FallocateFlags::empty(), 0, layout::RESERVE_BYTES).is_err() {
+            return;
+        }
+        use std::os::fd::AsRawFd;
+        let proc_path = format!("/proc/self/fd/{}", fd.as_raw_fd());
+        // Another process may have made one meanwhile (EEXIST): then ours goes with its fd.
+        let _ = rustix::fs::linkat(
+            rustix::fs::CWD,
+            proc_path.as_str(),
+            self.fd(),
+            layout::RESERVE,
+            AtFlags::SYMLINK_FOLLOW,
+        );
     }
 
     /// Keep the directory of a transaction that left nothing in it (a run that wrote nothing,
@@ -1072,6 +1174,14 @@ fn reusable(dir: &Path) -> bool {
     empty_upper && clean_work && real_dirs
 }
 
+/// A transaction recovery retired: its process was gone and it had no commit record.
+#[derive(Debug, Clone)]
+pub struct Abandoned {
+    pub id: String,
+    /// Its applied commit record and when it was written: the transaction landed.
+    pub landed: Option<(CommitRecord, u64)>,
+}
+
 /// A transaction's directory, created and owned by this process.
 #[derive(Debug)]
 pub struct TxDir {
@@ -1090,6 +1200,8 @@ pub struct TxMeta {
     pub kind: TxKind,
     /// A session's name, given at `begin`.
     pub name: Option<String>,
+    /// Strict isolation: the workspace's commit generation when the session began.
+    pub strict_since: Option<u64>,
 }
 
 impl TxMeta {
@@ -1097,6 +1209,9 @@ impl TxMeta {
         let mut s = format!("workspace {}\nkind {}\n", path_to_hex(&self.workspace), self.kind.as_str());
         if let Some(n) = &self.name {
             s.push_str(&format!("name {}\n", hex(n.as_bytes())));
+        }
+        if let Some(g) = self.strict_since {
+            s.push_str(&format!("strict {g}\n"));
         }
         s
     }
@@ -1106,11 +1221,27 @@ impl TxMeta {
         let mut lines = body.lines();
         let workspace = path_from_hex(lines.next()?.strip_prefix("workspace ")?)?;
         let kind = TxKind::parse(lines.next()?.strip_prefix("kind ")?)?;
-        let name = match lines.next() {
-            Some(l) => Some(String::from_utf8(crate::hex::unhex(l.strip_prefix("name ")?)?).ok()?),
+        let mut next = lines.next();
+        let name = match next.and_then(|l| l.strip_prefix("name ")) {
+            Some(h) => {
+                next = lines.next();
+                Some(String::from_utf8(crate::hex::unhex(h)?).ok()?)
+            }
             None => None,
         };
-        (layout::is_normal_absolute(&workspace) && lines.next().is_none()).then_some(TxMeta { workspace, kind, name })
+        let strict_since = match next {
+            Some(l) => {
+                next = lines.next();
+                Some(l.strip_prefix("strict ")?.parse().ok()?)
+            }
+            None => None,
+        };
+        (layout::is_normal_absolute(&workspace) && next.is_none()).then_some(TxMeta {
+            workspace,
+            kind,
+            name,
+            strict_since,
+        })
     }
 }
 
@@ -1140,7 +1271,11 @@ impl TxDir {
             // overlay after answering and share-locks `work` until then: wait for that.
             fsx::wait_unlocked(&work).map_err(at(&work, "wait for the warm server to release"))?;
         }
-        state.write_meta(&id, &TxMeta { workspace: workspace.to_path_buf(), kind, name: None }, false)?;
+        state.write_meta(
+            &id,
+            &TxMeta { workspace: workspace.to_path_buf(), kind, name: None, strict_since: None },
+            false,
+        )?;
         let ws_md = std::fs::metadata(workspace).map_err(at(workspace, "stat workspace"))?;
         if !reused {
             std::fs::DirBuilder::new().mode(ws_md.mode() & 0o7777).create(&upper).map_err(at(&upper, "create"))?;
@@ -1151,6 +1286,69 @@ impl TxDir {
         crate::session::mirror_root(&upper, &ws_md).map_err(at(&upper, "mirror workspace root"))?;
         let trash = dir.join(layout::TRASH);
         Ok(TxDir { id, dir, upper, work, trash, _owner: owner })
+    }
+}
+
+/// Held transactions (the commit-time policy's `hold`): why they wait, and a run made a
+/// session so that `diff`, `approve` and `rollback` take it from there.
+impl StateDir {
+    /// Record durably (sealed) why session `id` is held. The text is the caller's.
+    pub fn set_hold(&self, id: &str, text: &str) -> Result<(), StateError> {
+        let dir = self.dir(&format!("{}/{id}", layout::TX))?;
+        // A sealed body is whole lines.
+        let body = if text.ends_with('\n') { text.to_string() } else { format!("{text}\n") };
+        let sealed = self.seal().seal(Domain::Hold, id, &body);
+        fsx::replace(dir.as_fd(), layout::HOLD, sealed.as_bytes(), true)
+            .map_err(|e| PathError::new(&self.tx_dir(id).join(layout::HOLD), "write", e).into())
+    }
+
+    /// Why session `id` is held, if it is (None: it never was). A record that does not verify
+    /// is refused.
+    pub fn hold(&self, id: &str) -> Result<Option<String>, StateError> {
+        let rel = Self::tx_rel(id, layout::HOLD);
+        let bytes = match fsx::read_small(self.fd(), &rel, SMALL) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(PathError::new(&self.root.join(&rel), "read", e).into()),
+        };
+        let forged = || StateError::Forged { path: self.root.join(&rel), fix: "roll the transaction back" };
+        let body = self.seal().open(Domain::Hold, id, &bytes).ok_or_else(forged)?;
+        Ok(Some(body.trim_end_matches('\n').to_string()))
+    }
+
+    /// Keep a run whose commit was held as a session of one step, under the same id: its upper
+    /// and work become step 1's, `fps` (taken under the workspace lock when it was held) its
+    /// base, `hold` why it waits. The meta, written last and durably, is the moment it becomes
+    /// a session; a crash before leaves a run, which recovery discards as any other.
+    pub fn hold_run(&self, tx: &TxDir, workspace: &Path, fps: &Fingerprints, hold: &str) -> Result<(), StateError> {
+        let id = tx.id.as_str();
+        // A warm server may still have the run's overlay mounted: wait until it lets go.
+        fsx::wait_unlocked(&tx.work).map_err(at(&tx.work, "wait for the warm server to release"))?;
+        let steps = self.steps_root(id, workspace)?;
+        let step = steps.join("1");
+        std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&step).map_err(at(&step, "create"))?;
+        let from = self.dir(&format!("{}/{id}", layout::TX))?;
+        let to = rustix::fs::open(
+            &step,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(at(&step, "open"))?;
+        for name in [layout::UPPER, layout::WORK] {
+            fsx::rename_noreplace(from.as_fd(), OsStr::new(name), to.as_fd(), OsStr::new(name))
+                .map_err(at(&tx.dir.join(name), "move into step 1"))?;
+        }
+        self.set_last_step(id, 1)?;
+        self.save_fingerprints(id, fps)?;
+        self.set_hold(id, hold)?;
+        self.set_status(id, Status::Held)?;
+        // A held run waits for a person, who judges it later: only overlaps with its own paths
+        // (the fingerprints) refuse the approval, not strict isolation's "anything committed".
+        self.write_meta(
+            id,
+            &TxMeta { workspace: workspace.to_path_buf(), kind: TxKind::Session, name: None, strict_since: None },
+            true,
+        )
     }
 }
 

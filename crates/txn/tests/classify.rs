@@ -59,7 +59,7 @@ fn an_opaque_directory_replaces_the_lower_one_entirely() {
     assert!(!cs.changes.iter().any(|c| c.path == Path::new("d/same")), "identical entry reported: {cs:#?}");
     // The directory itself stays (its attributes are copied over), but overlay's opaque
     // marker is not among the attributes a commit copies.
-    let copied = txbox_txn::meta::user_xattrs_of_upper(&f.upper.join("d")).unwrap();
+    let copied = txbox_txn::meta::committed_xattrs_of_upper(&f.upper.join("d")).unwrap();
     assert!(copied.iter().all(|(n, _)| n != "user.overlay.opaque"), "{copied:?}");
 }
 
@@ -78,7 +78,7 @@ fn copied_up_but_unchanged_files_are_not_changes() {
 }
 
 #[test]
-fn overlay_xattrs_are_dropped_and_escaped_ones_restored() {
+fn overlay_xattrs_and_the_commands_own_overlay_names_are_removed() {
     let f = Fixture::new("xattrs");
     write(&f.lower.join("f"), "old");
     write(&f.upper.join("f"), "new");
@@ -94,15 +94,14 @@ fn overlay_xattrs_are_dropped_and_escaped_ones_restored() {
         "{:#?}",
         cs.fixups
     );
+    // The command's own `user.overlay.mine` (stored escaped) would be read by every later
+    // overlay of the workspace: removed, and reported under the name the command used.
     assert!(
-        cs.fixups.contains(&Fixup::Unescape {
-            path: "f".into(),
-            escaped: OsString::from("user.overlay.overlay.mine"),
-            real: OsString::from("user.overlay.mine")
-        }),
+        cs.fixups.contains(&Fixup::RemoveXattr("f".into(), OsString::from("user.overlay.overlay.mine"))),
         "{:#?}",
         cs.fixups
     );
+    assert_eq!(cs.dropped_xattrs, vec![(PathBuf::from("f"), OsString::from("user.overlay.mine"))]);
     assert!(!cs.fixups.iter().any(|x| matches!(x, Fixup::RemoveXattr(_, n) if n == "user.plain")));
 }
 
@@ -139,14 +138,11 @@ fn overlay_xattrs_and_setuid_bits_inside_new_directories_are_repaired() {
         cs.fixups
     );
     assert!(
-        cs.fixups.contains(&Fixup::Unescape {
-            path: "gen/sub/y".into(),
-            escaped: OsString::from("user.overlay.overlay.mine"),
-            real: OsString::from("user.overlay.mine")
-        }),
+        cs.fixups.contains(&Fixup::RemoveXattr("gen/sub/y".into(), OsString::from("user.overlay.overlay.mine"))),
         "{:#?}",
         cs.fixups
     );
+    assert_eq!(cs.dropped_xattrs, vec![(PathBuf::from("gen/sub/y"), OsString::from("user.overlay.mine"))]);
     assert!(cs.fixups.contains(&Fixup::Chmod("gen/sub/y".into(), 0o755)), "{:#?}", cs.fixups);
     assert!(!cs.fixups.iter().any(|x| matches!(x, Fixup::RemoveXattr(_, n) if n == "user.plain")));
 }
@@ -213,4 +209,193 @@ fn the_state_directory_is_never_part_of_a_change_set() {
     let cs = f.classify();
     assert_eq!(cs.added, vec![PathBuf::from("real")]);
     assert!(!cs.changes.iter().any(|c| c.path.starts_with(".txbox")));
+}
+
+fn set_xattr(p: &Path, name: &str, v: &[u8]) -> bool {
+    rustix::fs::lsetxattr(p, name, v, rustix::fs::XattrFlags::empty()).is_ok()
+}
+
+fn dropped(cs: &ChangeSet) -> Vec<(String, String)> {
+    cs.dropped_xattrs
+        .iter()
+        .map(|(p, n)| (p.to_string_lossy().into_owned(), n.to_string_lossy().into_owned()))
+        .collect()
+}
+
+fn removes(cs: &ChangeSet, path: &str, name: &str) -> bool {
+    cs.fixups.contains(&Fixup::RemoveXattr(path.into(), OsString::from(name)))
+}
+
+/// Names only root may set (file capabilities, `trusted.*`, `security.*` labels): set
+/// directly on a hand-made upper layer, every kind of object the commit moves in loses them,
+/// and each is reported. The allowlisted ones (`user.*`, POSIX ACLs) stay.
+#[test]
+fn only_allowlisted_xattrs_are_committed_on_every_kind_of_object() {
+    if !txbox_txn_is_root() {
+        eprintln!("SKIP privileged xattr names: setting security.* and trusted.* needs root");
+        return;
+    }
+    let f = Fixture::new("allowlist");
+    write(&f.lower.join("replaced"), "old");
+    write(&f.lower.join("dir/keep"), "k");
+    write(&f.upper.join("new"), "new");
+    write(&f.upper.join("replaced"), "new content");
+    write(&f.upper.join("tree/sub/deep"), "deep");
+    std::fs::create_dir_all(f.upper.join("dir")).unwrap();
+    set_mtime(&f.upper.join("dir"), &std::fs::metadata(f.lower.join("dir")).unwrap());
+    // A file capability in the kernel's own format (v2: magic, permitted, inheritable).
+    let cap = [0x01, 0x00, 0x00, 0x02, 0x00, 0x20, 0x00, 0x00, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0];
+    let never = [
+        ("security.capability", &cap[..]),
+        ("security.selinux", b"system_u:object_r:shadow_t:s0\0"),
+        ("security.SMACK64", b"_"),
+        ("security.ima", b"\x03\x02"),
+        ("trusted.x", b"t"),
+        ("trusted.overlay.redirect", b"/etc"),
+    ];
+    let objects = ["new", "replaced", "tree", "tree/sub", "tree/sub/deep", "dir", ""];
+    for rel in objects {
+        let p = if rel.is_empty() { f.upper.clone() } else { f.upper.join(rel) };
+        for (name, v) in never {
+            // A capability only fits a regular file; labels on the upper root would be
+            // taken for the host LSM's (see `labels_on_the_upper_root_are_the_hosts_lsm_labels`).
+            if (name == "security.capability" && !p.is_file()) || (rel.is_empty() && name.starts_with("security.")) {
+                continue;
+            }
+            assert!(set_xattr(&p, name, v), "{rel}: set {name}");
+        }
+        assert!(set_xattr(&p, "user.kept", rel.as_bytes()));
+    }
+    let cs = f.classify();
+    let got = dropped(&cs);
+    for rel in objects {
+        let p = if rel.is_empty() { f.upper.clone() } else { f.upper.join(rel) };
+        for (name, _) in never {
+            if (name == "security.capability" && !p.is_file()) || (rel.is_empty() && name.starts_with("security.")) {
+                continue;
+            }
+            assert!(got.contains(&(rel.to_string(), name.to_string())), "{rel} {name} not reported: {got:?}");
+            // Directories present on both sides only get allowlisted names copied over;
+            // objects moved in lose the others first.
+            if !matches!(rel, "dir" | "") {
+                assert!(removes(&cs, rel, name), "{rel} {name} not removed: {:#?}", cs.fixups);
+            }
+        }
+        assert!(!removes(&cs, rel, "user.kept") && !got.iter().any(|(_, n)| n == "user.kept"));
+    }
+    let dir_attrs = txbox_txn::meta::committed_xattrs_of_upper(&f.upper.join("dir")).unwrap();
+    assert_eq!(dir_attrs, vec![(OsString::from("user.kept"), b"dir".to_vec())]);
+}
+
+fn txbox_txn_is_root() -> bool {
+    rustix::process::geteuid().is_root()
+}
+
+/// Labels the host's LSM gives every new file are on the transaction's own upper root too:
+/// they are the LSM's to keep, neither removed nor reported (file capabilities never are).
+#[test]
+fn labels_on_the_upper_root_are_the_hosts_lsm_labels() {
+    if !txbox_txn_is_root() {
+        eprintln!("SKIP LSM labels: setting security.* needs root");
+        return;
+    }
+    let f = Fixture::new("lsm-labels");
+    assert!(set_xattr(&f.upper, "security.selinux", b"unconfined_u:object_r:user_tmp_t:s0\0"));
+    write(&f.upper.join("new"), "n");
+    assert!(set_xattr(&f.upper.join("new"), "security.selinux", b"unconfined_u:object_r:user_tmp_t:s0\0"));
+    assert!(set_xattr(&f.upper.join("new"), "security.SMACK64", b"x"));
+    let cs = f.classify();
+    assert_eq!(dropped(&cs), vec![("new".to_string(), "security.SMACK64".to_string())]);
+    assert!(!removes(&cs, "new", "security.selinux"));
+}
+
+/// The command's `user.overlay.*` names (opaque, redirect, origin, metacopy, whiteout: what a
+/// later overlay would act on) are never committed, on files, new directories and directories
+/// present on both sides; a plain `user.*` name is committed exactly.
+#[test]
+fn the_commands_overlay_names_never_reach_the_workspace() {
+    let f = Fixture::new("overlay-names");
+    write(&f.lower.join("dir/x"), "x");
+    write(&f.upper.join("new"), "n");
+    write(&f.upper.join("newdir/inner"), "i");
+    std::fs::create_dir_all(f.upper.join("dir")).unwrap();
+    set_mtime(&f.upper.join("dir"), &std::fs::metadata(f.lower.join("dir")).unwrap());
+    let names = ["redirect", "opaque", "origin", "metacopy", "whiteout", "overlay.deeper"];
+    for rel in ["new", "newdir", "newdir/inner", "dir"] {
+        for n in names {
+            assert!(set_xattr(&f.upper.join(rel), &format!("user.overlay.overlay.{n}"), b"y"));
+        }
+        assert!(set_xattr(&f.upper.join(rel), "user.plain", b"v"));
+    }
+    let cs = f.classify();
+    let got = dropped(&cs);
+    for rel in ["new", "newdir", "newdir/inner", "dir"] {
+        for n in names {
+            assert!(got.contains(&(rel.to_string(), format!("user.overlay.{n}"))), "{rel} {n}: {got:?}");
+            if rel != "dir" {
+                assert!(removes(&cs, rel, &format!("user.overlay.overlay.{n}")), "{rel} {n}");
+            }
+        }
+    }
+    // The directory on both sides changes (a new attribute) and carries only the plain one.
+    assert!(has(&cs, "dir", ChangeOp::DirMeta { visible: true }), "{cs:#?}");
+    let dir_attrs = txbox_txn::meta::committed_xattrs_of_upper(&f.upper.join("dir")).unwrap();
+    assert_eq!(dir_attrs, vec![(OsString::from("user.plain"), b"v".to_vec())]);
+    // An escaped opaque marker is the command's, not overlay's: the directory is merged.
+    assert!(!cs.changes.iter().any(|c| c.path == Path::new("dir/x")), "{cs:#?}");
+}
+
+/// A `trusted.overlay.opaque` set by the command (as root) does not make a directory replace
+/// the workspace's: only overlay's own `userxattr` marker does.
+#[test]
+fn only_overlays_own_marker_makes_a_directory_opaque() {
+    if !txbox_txn_is_root() {
+        eprintln!("SKIP trusted.overlay.opaque: setting trusted.* needs root");
+        return;
+    }
+    let f = Fixture::new("trusted-opaque");
+    write(&f.lower.join("d/keep"), "k");
+    std::fs::create_dir_all(f.upper.join("d")).unwrap();
+    assert!(set_xattr(&f.upper.join("d"), "trusted.overlay.opaque", b"y"));
+    write(&f.upper.join("d/new"), "n");
+    let cs = f.classify();
+    assert!(!cs.deleted.contains(&PathBuf::from("d/keep")), "{cs:#?}");
+    assert!(dropped(&cs).contains(&("d".to_string(), "trusted.overlay.opaque".to_string())));
+}
+
+/// An unchanged copy-up is not committed, but what the command set on it off the allowlist is
+/// still reported; what the workspace object already carried is not.
+#[test]
+fn drops_on_unchanged_copies_are_reported_and_inherited_ones_are_not() {
+    let f = Fixture::new("noop-drops");
+    write(&f.lower.join("a"), "a");
+    write(&f.lower.join("b"), "b");
+    assert!(set_xattr(&f.lower.join("b"), "user.overlay.overlay.x", b"old damage"));
+    copy_up(&f, "a");
+    copy_up(&f, "b");
+    assert!(set_xattr(&f.upper.join("a"), "user.overlay.overlay.redirect", b"/x"));
+    assert!(set_xattr(&f.upper.join("b"), "user.overlay.overlay.x", b"old damage"));
+    let cs = f.classify();
+    assert!(cs.changes.is_empty(), "{cs:#?}");
+    assert_eq!(dropped(&cs), vec![("a".to_string(), "user.overlay.redirect".to_string())]);
+}
+
+/// The bytes a commit adds: allocated blocks of what moves in, a sparse file's data only,
+/// `fallocate`d space in full, a hard-linked inode once, unchanged copies not at all.
+#[test]
+fn bytes_count_allocated_blocks_of_what_the_commit_moves_in() {
+    let f = Fixture::new("bytes");
+    write(&f.lower.join("same"), &"s".repeat(100_000));
+    copy_up(&f, "same");
+    let sparse = std::fs::File::create(f.upper.join("sparse")).unwrap();
+    sparse.set_len(1 << 30).unwrap();
+    let big = std::fs::File::create(f.upper.join("fallocated")).unwrap();
+    rustix::fs::fallocate(&big, rustix::fs::FallocateFlags::empty(), 0, 8 << 20).unwrap();
+    write(&f.upper.join("tree/a"), &"a".repeat(10_000));
+    std::fs::hard_link(f.upper.join("tree/a"), f.upper.join("tree/b")).unwrap();
+    let cs = f.classify();
+    let blocks = |p: &str| std::fs::symlink_metadata(f.upper.join(p)).unwrap().blocks() * 512;
+    let want = blocks("sparse") + blocks("fallocated") + blocks("tree") + blocks("tree/a");
+    assert_eq!(cs.bytes, want, "{cs:#?}");
+    assert!(blocks("fallocated") >= 8 << 20 && blocks("sparse") < 1 << 20);
 }

@@ -90,6 +90,16 @@ fn build(root: &Path) -> Option<(PathBuf, StateDir, String)> {
 }
 
 fn commit_with(ws: &Path, state: &StateDir, id: &str, hook: &mut CrashHook) -> Result<(), CommitError> {
+    commit_calling(ws, state, id, hook, &mut || {})
+}
+
+fn commit_calling(
+    ws: &Path,
+    state: &StateDir,
+    id: &str,
+    hook: &mut CrashHook,
+    at_commit_point: &mut dyn FnMut(),
+) -> Result<(), CommitError> {
     let tx = state.tx_dir(id);
     let upper = tx.join("upper");
     let cs = txbox_txn::classify(&upper, ws, &HashSet::new()).unwrap();
@@ -101,8 +111,9 @@ fn commit_with(ws: &Path, state: &StateDir, id: &str, hook: &mut CrashHook) -> R
         trash: &tx.join("trash"),
         record: &record,
         seal: state.seal(),
+        relief: None,
     };
-    commit::commit(&target, &cs, hook)
+    commit::commit(&target, &cs, hook, at_commit_point)
 }
 
 #[test]
@@ -119,6 +130,7 @@ fn a_commit_cut_at_every_step_recovers_to_old_or_new() {
     assert!(new.contains_key(b"gen/g7.txt".as_slice()) && !new.contains_key(b"doomed".as_slice()));
     let total = full.calls();
     assert!(total > 10, "a realistic commit makes many mutating calls, saw {total}");
+    eprintln!("cutting a commit of {total} mutating calls at each of them");
     let (mut saw_old, mut saw_new) = (0, 0);
     for n in 1..=total {
         let root = base.join(format!("n{n}"));
@@ -191,5 +203,43 @@ fn recovery_refuses_a_created_name_someone_else_took() {
         "recovery took a foreign gen for its own"
     );
     assert_eq!(std::fs::read_to_string(ws.join("gen")).unwrap(), "someone else's\n");
+    let _ = std::fs::remove_dir_all(&base);
+}
+
+/// An error after the commit point is no crash but is handled like one (#14.1): the commit says
+/// it is committed and unfinished, keeps its record and everything the record needs, recovery
+/// refuses (saying what it needs) while the cause lasts, and applies the rest once it is gone.
+/// Before the fix the transaction directory was deleted and the record pointed at nothing.
+#[test]
+fn an_error_after_the_commit_point_leaves_the_commit_to_recovery() {
+    let base = PathBuf::from(format!("/var/tmp/txbox-crash4-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&base);
+    let Some((ws, state, id)) = build(&base.join("reference")) else { return };
+    commit_with(&ws, &state, &id, &mut CrashHook::default()).unwrap();
+    let new = digest(&ws);
+    let (ws, state, id) = build(&base.join("cut")).unwrap();
+    // Something moves a directory the commit is about to change, right after its commit point.
+    let (src, aside) = (ws.join("src"), base.join("cut/src-aside"));
+    let err =
+        commit_calling(&ws, &state, &id, &mut CrashHook::default(), &mut || std::fs::rename(&src, &aside).unwrap());
+    match &err {
+        Err(e @ CommitError::Unfinished { .. }) => {
+            assert!(e.committed() && e.to_string().contains("recover"), "{e}");
+        }
+        other => panic!("expected a commit left to recovery, got {other:?}"),
+    }
+    assert_eq!(state.pending_records().unwrap().len(), 1, "the record was not kept");
+    assert!(state.tx_dir(&id).join("upper").is_dir(), "the layers the record needs were removed");
+    assert!(state.remove_tx(&id).is_err(), "a committed transaction's layers could be removed");
+    // While the cause lasts, recovery says what it cannot do, and changes nothing more.
+    let half = digest(&ws);
+    let e = txbox_txn::recover(&state, None, &mut CrashHook::default()).unwrap_err().to_string();
+    assert!(e.contains(&id) && e.contains("txbox recover"), "{e}");
+    assert_eq!(digest(&ws), half);
+    std::fs::rename(&aside, &src).unwrap();
+    let done = txbox_txn::recover(&state, None, &mut CrashHook::default()).unwrap();
+    assert!(matches!(done.as_slice(), [txbox_txn::Recovered::RolledForward { .. }]), "{done:?}");
+    assert_eq!(digest(&ws), new, "recovery did not finish the commit");
+    assert!(state.pending_records().unwrap().is_empty() && !state.tx_dir(&id).exists());
     let _ = std::fs::remove_dir_all(&base);
 }

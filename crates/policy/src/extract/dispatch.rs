@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use super::flags::{basename, canon_argv};
 use super::programs::{is_interp, is_shell};
-use super::wrappers::{wrapper_inner, Inner};
+use super::wrappers::{wrapper_inner, wrapper_target, Inner, Target};
 use super::{hooks, Cmd, Extractor, Feature, Raw, MAX_DEPTH};
 use crate::paths;
 use crate::words::{EWord, Var};
@@ -30,8 +30,7 @@ impl Extractor<'_> {
         let mut argv: Vec<String> = raw.words.iter().map(|w| w.text.clone()).collect();
         argv[0] = prog.clone();
         let mut dyn_at: Vec<Option<usize>> = raw.words.iter().map(|w| w.dyn_at).collect();
-        // Everything but the wrapper/shell handling uses the canonical argv.
-        let raw_argv = argv.clone();
+        // Everything but the wrapper/shell handling (which reads `raw.words`) uses the canonical argv.
         canon_argv(&mut argv, &mut dyn_at);
         let mut cmd = Cmd {
             argv,
@@ -170,6 +169,9 @@ impl Extractor<'_> {
         }
         if let Some(inner) = wrapper_inner(&prog, rest) {
             cmd.features.push(Feature::Wrapper);
+            if wrapper_target(&prog, rest) == Some(Target::Named) {
+                cmd.features.push(Feature::NonRootUser);
+            }
             let inner_words: Vec<EWord> = match inner {
                 Inner::Words(k) => {
                     // The wrapper's argv ends with the inner program; with a shell's `-c` too,
@@ -188,9 +190,25 @@ impl Extractor<'_> {
                     cmd.dyn_at = d;
                     rest[k..].to_vec()
                 }
-                Inner::Shell(code) => {
+                Inner::Shell(code, at) => {
                     self.push(cmd);
-                    self.shell_code(code, Vec::new());
+                    self.shell_code(&hooks::value_word(code, at), Vec::new());
+                    return;
+                }
+                Inner::ShellArgs(k) => {
+                    // The user's shell (whichever it is) runs the arguments, as `sh ARGS` would.
+                    let mut words = vec![EWord::lit("sh")];
+                    words.extend(rest[k..].iter().cloned());
+                    self.push(cmd);
+                    self.command(Raw {
+                        words,
+                        redirects: raw.redirects,
+                        stdin_from: raw.stdin_from,
+                        input: raw.input,
+                        stdin_other: raw.stdin_other,
+                        features: Vec::new(),
+                        feeds: raw.feeds,
+                    });
                     return;
                 }
                 Inner::None => {
@@ -205,7 +223,10 @@ impl Extractor<'_> {
                     inner_words.remove(0);
                 }
             }
-            if prog == "watch" && inner_words.len() > 1 && !raw_argv.iter().any(|a| a == "-x" || a == "--exec") {
+            if prog == "watch"
+                && inner_words.len() > 1
+                && !raw.words.iter().any(|w| w.text == "-x" || w.text == "--exec")
+            {
                 // watch runs its arguments through `sh -c`.
                 let joined = inner_words.iter().map(|w| w.text.clone()).collect::<Vec<_>>().join(" ");
                 let srcs: Vec<String> = inner_words.iter().flat_map(|w| w.sources.clone()).collect();

@@ -174,8 +174,8 @@ impl Extractor<'_> {
 
     /// Record the files `c` writes with downloaded content, and mark `c` when it runs one.
     pub(super) fn follow_downloads(&mut self, c: &mut Cmd) {
-        let prog = c.program().to_string();
         if !self.downloads.is_empty() || !self.download_trees.is_empty() {
+            let prog = c.program().to_string();
             let mut run: Vec<&str> = Vec::new();
             if c.path.contains('/') {
                 run.push(&c.path);
@@ -209,14 +209,16 @@ impl Extractor<'_> {
             }
         }
         self.follow_unpacking(c);
-        let fetched = if DOWNLOADERS.contains(&prog.as_str()) {
-            Some(prog.clone())
-        } else if passes_through(&prog) {
+        let prog = c.program();
+        let fetched = if DOWNLOADERS.contains(&prog) {
+            Some(prog.to_string())
+        } else if passes_through(prog) {
             c.stdin_from.iter().find(|p| DOWNLOADERS.contains(&p.as_str())).cloned()
         } else {
             None
         };
         let Some(by) = fetched else { return };
+        let prog = c.program().to_string();
         let mut files: Vec<String> =
             c.redirects.iter().filter(|r| r.write && r.dyn_at.is_none()).map(|r| r.target.clone()).collect();
         for o in crate::writes::written(&c.argv) {

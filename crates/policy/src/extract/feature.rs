@@ -15,11 +15,20 @@ pub(crate) enum Feature {
     FindAction,
     /// A wrapper that runs another command (`sudo`, `env`, `timeout`, …).
     Wrapper,
+    /// A wrapper that runs its command as a user named literally who is not root
+    /// (`su - postgres`, `sudo -u www-data -i`): no privilege is gained.
+    NonRootUser,
 }
 
 impl Feature {
-    pub const ALL: &'static [Feature] =
-        &[Feature::ForkBomb, Feature::Interactive, Feature::FindDelete, Feature::FindAction, Feature::Wrapper];
+    pub const ALL: &'static [Feature] = &[
+        Feature::ForkBomb,
+        Feature::Interactive,
+        Feature::FindDelete,
+        Feature::FindAction,
+        Feature::Wrapper,
+        Feature::NonRootUser,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -28,6 +37,7 @@ impl Feature {
             Feature::FindDelete => "find-delete",
             Feature::FindAction => "find-action",
             Feature::Wrapper => "wrapper",
+            Feature::NonRootUser => "non-root-user",
         }
     }
 

@@ -66,20 +66,25 @@ fn long_equiv(prog: &str, flag: &str) -> Option<&'static str> {
 /// Canonicalise flags of an argv in place (program already a basename).
 pub(super) fn canon_argv(argv: &mut Vec<String>, dyn_at: &mut Vec<Option<usize>>) {
     let Some(prog) = argv.first().cloned() else { return };
+    // Without a flag there is nothing to rewrite (and no allocation for the common case).
+    if !argv.iter().skip(1).any(|a| a.starts_with('-')) {
+        return;
+    }
     let bundle = !NO_BUNDLE.contains(&prog.as_str());
     let mut out = Vec::with_capacity(argv.len());
     let mut dout = Vec::with_capacity(argv.len());
     let mut ended = false;
-    for (k, a) in argv.iter().enumerate() {
-        let d = dyn_at.get(k).copied().flatten();
+    let dyn_at_in = std::mem::take(dyn_at);
+    for (k, a) in std::mem::take(argv).into_iter().enumerate() {
+        let d = dyn_at_in.get(k).copied().flatten();
         if k == 0 || ended || d.is_some() {
-            out.push(a.clone());
+            out.push(a);
             dout.push(d);
             continue;
         }
         if a == "--" {
             ended = true;
-            out.push(a.clone());
+            out.push(a);
             dout.push(None);
             continue;
         }
@@ -107,13 +112,13 @@ pub(super) fn canon_argv(argv: &mut Vec<String>, dyn_at: &mut Vec<Option<usize>>
             continue;
         }
         if a.starts_with('-') && a.len() == 2 {
-            if let Some(e) = long_equiv(&prog, a) {
+            if let Some(e) = long_equiv(&prog, &a) {
                 out.push(e.to_string());
                 dout.push(None);
                 continue;
             }
         }
-        out.push(a.clone());
+        out.push(a);
         dout.push(d);
     }
     *argv = out;

@@ -120,12 +120,20 @@ fn option_values(words: &[EWord], short: &[&str], long: &[&str]) -> Vec<EWord> {
     out
 }
 
+/// `hay.find(needle)`, without setting up `str::find`'s searcher (hundreds of instructions)
+/// where `needle` cannot occur: an interpreter's arguments are each searched for a dozen calls,
+/// and most are short words like `--seed` that hold none.
+fn find(hay: &str, needle: &str) -> Option<usize> {
+    let possible = needle.len() <= hay.len() && needle.as_bytes().first().is_none_or(|b| hay.as_bytes().contains(b));
+    possible.then(|| hay.find(needle)).flatten()
+}
+
 /// Quoted string literals that follow one of `calls` (`system("…")`, `` `…` ``).
 fn call_literals(code: &str, calls: &[&str]) -> Vec<String> {
     let mut out = Vec::new();
     for call in calls {
         let mut from = 0;
-        while let Some(i) = code[from..].find(call) {
+        while let Some(i) = find(&code[from..], call) {
             let after = from + i + call.len();
             from = after;
             let rest = code[after..].trim_start_matches(|c: char| c == '(' || c.is_whitespace() || c == '[');
@@ -158,7 +166,7 @@ fn call_literals(code: &str, calls: &[&str]) -> Vec<String> {
     }
     // Perl's `qx(…)`, `qx{…}`, `qx/…/` run a shell.
     let mut from = 0;
-    while let Some(i) = code[from..].find("qx") {
+    while let Some(i) = find(&code[from..], "qx") {
         let at = from + i + 2;
         from = at;
         let Some(open) = code[at..].chars().next() else { break };

@@ -6,7 +6,7 @@ use std::io::IoSlice;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::Duration;
 
 use rustix::fs::{FlockOperation, Mode, OFlags};
@@ -14,8 +14,7 @@ use rustix::net::{
     AddressFamily, SendAncillaryBuffer, SendAncillaryMessage, SendFlags, SocketAddrUnix, SocketFlags, SocketType,
 };
 
-use super::server::{ServerArgs, RESOURCES};
-use super::wire::{Answer, Request, FIXED_FDS, MAX_LAYERS};
+use super::wire::{with_suffix, Answer, Request, ServerArgs, FIXED_FDS, MAX_LAYERS, RESOURCES};
 use crate::SandboxSpec;
 
 /// How long a server may take to say whether it runs a command (it mounts the overlay first).
@@ -50,14 +49,14 @@ impl Conn {
     }
 }
 
-pub(crate) fn with_suffix(p: &Path, suffix: &str) -> PathBuf {
-    let mut s = p.as_os_str().to_os_string();
-    s.push(suffix);
-    PathBuf::from(s)
-}
-
 /// Hand `spec`'s command to the server on `socket`, with `stdio` as its stdin, stdout, stderr.
-pub fn claim(socket: &Path, spec: &SandboxSpec, stdio: [BorrowedFd<'_>; 3]) -> Result<Conn, NotWarm> {
+/// `env`: the command's environment (`KEY=VALUE`); `None`: this process's.
+pub fn claim(
+    socket: &Path,
+    spec: &SandboxSpec,
+    stdio: [BorrowedFd<'_>; 3],
+    env: Option<&[OsString]>,
+) -> Result<Conn, NotWarm> {
     if spec.layers.len() > MAX_LAYERS {
         return Err(NotWarm::Unsuitable);
     }
@@ -90,7 +89,8 @@ pub fn claim(socket: &Path, spec: &SandboxSpec, stdio: [BorrowedFd<'_>; 3]) -> R
     for p in [&spec.workspace, &spec.upper, &spec.work].into_iter().chain(spec.layers.iter()) {
         dirs.push(open_dir(p).map_err(|e| refused(&format!("open {}", p.display()), e))?);
     }
-    let req = Request { spec: spec.clone(), env: environment(), umask: umask(), rlimits: rlimits() };
+    let env = env.map_or_else(environment, <[OsString]>::to_vec);
+    let req = Request { binary: super::binary_id(), spec: spec.clone(), env, umask: umask(), rlimits: rlimits() };
     let frame = req.encode();
     let mut fds: Vec<BorrowedFd<'_>> = stdio.to_vec();
     fds.extend(dirs.iter().map(|d| d.as_fd()));
@@ -101,8 +101,14 @@ pub fn claim(socket: &Path, spec: &SandboxSpec, stdio: [BorrowedFd<'_>; 3]) -> R
         return Err(NotWarm::Unsuitable);
     }
     let sent = rustix::net::sendmsg(&stream, &[IoSlice::new(&frame)], &mut control, SendFlags::NOSIGNAL)
-        .map_err(|e| refused("sending the request", e))?;
-    write_all(&stream, &frame[sent..]).map_err(|e| refused("sending the request", e))?;
+        .and_then(|sent| write_all(&stream, &frame[sent..]));
+    if let Err(e) = sent {
+        // A server that refuses who is asking says so before it reads the request.
+        return Err(match read_line(&stream).ok().as_deref().and_then(Answer::parse) {
+            Some(Answer::Refuse(why)) => NotWarm::Refused(why),
+            _ => refused("sending the request", e),
+        });
+    }
     drop(dirs);
     let _ =
         rustix::net::sockopt::set_socket_timeout(&stream, rustix::net::sockopt::Timeout::Recv, Some(ANSWER_TIMEOUT));
@@ -197,15 +203,23 @@ pub fn spawn(exe: &Path, socket: &Path, state: &Path, idle: Duration, spec: &San
     }
     // Only what the sandbox is built from: the run's command must not linger in `ps`.
     let args = ServerArgs { socket: socket.to_path_buf(), state: state.to_path_buf(), idle, spec: spec.sandbox_only() };
-    let mut child = std::process::Command::new(exe)
-        .arg0("txbox-warm")
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg0("txbox-warm")
         .arg("__warm")
         .args(args.to_args())
         .current_dir("/")
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()?;
+        .stderr(std::process::Stdio::null());
+    // SAFETY: between fork and exec, one async-signal-safe syscall. Nothing the caller left
+    // open lives on in the server (a pipe it holds would never see its end).
+    unsafe {
+        cmd.pre_exec(|| {
+            crate::fds::cloexec_from(3);
+            Ok(())
+        });
+    }
+    let mut child = cmd.spawn()?;
     // The first process forks the server and leaves at once.
     child.wait()?;
     Ok(())

@@ -27,63 +27,21 @@ use rustix::net::{
     AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SocketAddrUnix, SocketFlags, SocketType,
 };
 
-use super::client::with_suffix;
-use super::wire::{Answer, Request, FIXED_FDS, MAX_LAYERS, MAX_REQUEST};
+use super::wire::{resource, with_suffix, Answer, Report, Request, ServerArgs, FIXED_FDS, MAX_LAYERS, MAX_REQUEST};
+use super::{LayerName, StateLayout};
 use crate::spec::{MountPlan, SandboxSpec, WarmPlan};
 use crate::stage2::{self, at, errno, mount, Pins, StepError};
+use crate::supervisor::{Guard, Handoff, Sandbox};
 
 /// How often an idle server checks that it is still wanted.
 const TICK: Duration = Duration::from_secs(1);
 /// How long a client may take to send its request once connected.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// What `txbox __warm` was started with.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServerArgs {
-    pub socket: PathBuf,
-    /// The state directory, where every transaction's upper and work directories live.
-    pub state: PathBuf,
-    pub idle: Duration,
-    /// The spec of the run that started the server: what its sandbox is built from.
-    pub spec: SandboxSpec,
-}
-
-impl ServerArgs {
-    pub fn to_args(&self) -> Vec<OsString> {
-        let mut a = vec![
-            OsString::from("--socket"),
-            self.socket.clone().into_os_string(),
-            OsString::from("--state"),
-            self.state.clone().into_os_string(),
-            OsString::from("--idle"),
-            OsString::from(self.idle.as_secs().to_string()),
-        ];
-        a.extend(self.spec.to_args());
-        a
-    }
-
-    pub fn from_args(args: &[OsString]) -> Result<ServerArgs, String> {
-        match args {
-            [s, socket, t, state, i, idle, rest @ ..] if s == "--socket" && t == "--state" && i == "--idle" => {
-                let idle = idle.to_str().and_then(|t| t.parse::<u64>().ok()).ok_or("bad --idle")?;
-                let spec = SandboxSpec::from_args(rest).map_err(|e| e.to_string())?;
-                Ok(ServerArgs {
-                    socket: PathBuf::from(socket),
-                    state: PathBuf::from(state),
-                    idle: Duration::from_secs(idle),
-                    spec,
-                })
-            }
-            _ => Err("usage: __warm --socket PATH --state DIR --idle SECS SPEC…".into()),
-        }
-    }
-}
-
 /// Entry point of `txbox __warm`. Never returns. Nobody reads its output: a server that cannot
-/// start simply is not there, and its clients build their own sandboxes. `retired`: where, in
-/// the state directory, finished transactions leave directories for it to delete when idle
-/// (the caller knows the state directory's layout; this crate does not).
-pub fn main(args: &[OsString], retired: &Path) -> ! {
+/// start simply is not there, and its clients build their own sandboxes. `layout`: what the
+/// caller knows of the state directory (this crate does not).
+pub fn main(args: &[OsString], layout: StateLayout) -> ! {
     let Ok(args) = ServerArgs::from_args(args) else { stage2::exit(2) };
     // The spawner waits for this first process only; the server proper is its child, which
     // leaves the spawner's session so terminal signals do not reach it.
@@ -97,7 +55,7 @@ pub fn main(args: &[OsString], retired: &Path) -> ! {
     let _ = rustix::process::chdir("/");
     // Its name in `ps`/`top` (the command line says the rest).
     let _ = rustix::thread::set_name(c"txbox-warm");
-    match serve(&args, retired) {
+    match serve(&args, layout) {
         Ok(()) => stage2::exit(0),
         Err(_) => stage2::exit(1),
     }
@@ -118,7 +76,7 @@ fn record_failure(dir: &OwnedFd, name: &OsString, e: &StepError) {
 
 /// The host side of the server (S in the module diagram). The order of the steps is the
 /// documentation.
-fn serve(args: &ServerArgs, retired: &Path) -> Result<(), StepError> {
+fn serve(args: &ServerArgs, layout: StateLayout) -> Result<(), StepError> {
     // 1. One server per socket: the lock is held by this process and its init for their lives.
     let lock_path = with_suffix(&args.socket, ".lock");
     let lock =
@@ -133,7 +91,7 @@ fn serve(args: &ServerArgs, retired: &Path) -> Result<(), StepError> {
     let dir_fd = rustix::fs::open(dir, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
         .map_err(at(format!("open {}", dir.display())))?;
     let name = args.socket.file_name().map(|n| n.to_os_string()).unwrap_or_default();
-    let served = listen_build_and_serve(args, retired, &dir_fd, &name);
+    let served = listen_build_and_serve(args, layout, &dir_fd, &name);
     if let Err(e) = &served {
         record_failure(&dir_fd, &name, e);
     }
@@ -144,7 +102,7 @@ fn serve(args: &ServerArgs, retired: &Path) -> Result<(), StepError> {
 /// Steps 2 to 5 of `serve`: listen, build the sandbox, let its init serve until it is done.
 fn listen_build_and_serve(
     args: &ServerArgs,
-    retired: &Path,
+    layout: StateLayout,
     dir_fd: &OwnedFd,
     name: &OsString,
 ) -> Result<(), StepError> {
@@ -162,11 +120,25 @@ fn listen_build_and_serve(
         name: name.clone(),
         ino: inode(&args.socket),
     };
-    // 3. Namespaces, private copies of the two trees every transaction's layers come from,
+    // 3. What keeps host unix sockets out of reach (crate::supervisor), as in a cold sandbox;
+    //    namespaces, private copies of the two trees every transaction's layers come from,
     //    and every mount that does not depend on the transaction.
+    let supervisor = match Guard::for_kernel() {
+        Guard::Supervisor => Some(crate::supervisor::Process::start(Sandbox {
+            workspace: spec.workspace.clone(),
+            host_network: spec.host_network,
+            userns: spec.userns,
+        })?),
+        Guard::Landlock => None,
+    };
+    // Who a client is: its pid namespace, counted in the host's procfs, which the sandbox's
+    // covers once init mounts it.
+    let host_proc = rustix::fs::open("/proc", OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+        .map_err(at("open the host's /proc"))?;
+    let me = Me { binary: super::binary_id(), host_proc, layer: layout.layer };
     stage2::enter_namespaces(spec)?;
     crate::net::warm_open(spec);
-    let roots = Roots::clone_from(&args.state, &spec.workspace, retired)?;
+    let roots = Roots::clone_from(&args.state, &spec.workspace, layout.retired)?;
     let plan = MountPlan::for_warm(spec);
     let mut pins = Pins::default();
     for p in plan.base.sources() {
@@ -178,6 +150,7 @@ fn listen_build_and_serve(
     drop(pins);
     // 4. What each secret outside the workspace looks like from inside, now that it is hidden.
     let hidden = Hidden::now(spec);
+
     // It works here after all: forget an earlier failure.
     let mut failed = name.clone();
     failed.push(".failed");
@@ -189,8 +162,9 @@ fn listen_build_and_serve(
     if pid < 0 {
         return Err(StepError { step: "fork init".into(), errno: rustix::io::Errno::from_raw_os_error(errno()) });
     }
+    let (supervisor, handoff) = supervisor.map_or((None, None), |(p, h)| (Some(p), Some(h)));
     if pid == 0 {
-        let code = match init(spec, &plan, &roots, &listener, &bound, &hidden, args.idle) {
+        let code = match init(spec, &plan, &roots, &listener, &bound, &hidden, &me, args.idle, handoff) {
             Ok(()) => 0,
             Err(e) => {
                 record_failure(&bound.dir, &bound.name, &e);
@@ -200,8 +174,15 @@ fn listen_build_and_serve(
         bound.remove_if_ours();
         stage2::exit(code);
     }
-    drop(listener);
+    drop((listener, handoff));
+    // 6. The supervisor serves init's filter for every transaction, and leaves with init.
+    if let Some(s) = &supervisor {
+        s.watch(pid);
+    }
     let _ = stage2::wait_for(pid);
+    if let Some(s) = supervisor {
+        s.wait();
+    }
     Ok(())
 }
 
@@ -296,26 +277,117 @@ fn same_object(a: &OwnedFd, b: &OwnedFd) -> bool {
 /// secret that appears later was never covered: either way the secret would show here, so a
 /// difference makes the server stop serving (the run then builds its own sandbox, which hides
 /// the secret as it is now).
-struct Hidden(Vec<(PathBuf, Option<(u64, u64)>)>);
+///
+/// Looking at every secret for every request costs a `stat` each (a hundred, with the rule of
+/// `crate::secrets`); so the directories where they are, or would appear, are watched
+/// (inotify, for the names that matter), and the secrets are looked at only when one of those
+/// names moved. Without inotify (no instance left), every request looks.
+struct Hidden {
+    paths: Vec<(PathBuf, Option<(u64, u64)>)>,
+    watch: std::cell::RefCell<Option<Watch>>,
+}
 
 impl Hidden {
     fn now(spec: &SandboxSpec) -> Hidden {
-        Hidden(
-            spec.hide
-                .iter()
-                .filter(|h| !h.starts_with(&spec.workspace))
-                .map(|h| (h.clone(), Self::identity(h)))
-                .collect(),
-        )
+        let paths: Vec<PathBuf> = spec.hide.iter().filter(|h| !h.starts_with(&spec.workspace)).cloned().collect();
+        // Watching first: whatever moves while the identities are taken is seen.
+        let watch = Watch::of(&paths);
+        let paths = paths.into_iter().map(|h| {
+            let id = Self::identity(&h);
+            (h, id)
+        });
+        Hidden { paths: paths.collect(), watch: std::cell::RefCell::new(watch) }
     }
 
+    /// What `p` is from inside: the cover over it (followed through a symlink, as the cover
+    /// itself was mounted where the link points).
     fn identity(p: &Path) -> Option<(u64, u64)> {
-        rustix::fs::lstat(p).ok().map(|st| (st.st_dev, st.st_ino))
+        rustix::fs::stat(p).ok().map(|st| (st.st_dev, st.st_ino))
     }
 
     /// The first secret that is no longer what it was.
     fn changed(&self) -> Option<&Path> {
-        self.0.iter().find(|(p, was)| Self::identity(p) != *was).map(|(p, _)| p.as_path())
+        let Ok(mut watch) = self.watch.try_borrow_mut() else { return self.look() };
+        if watch.as_ref().is_some_and(|w| !w.stirred()) {
+            return None;
+        }
+        // Watch anew (a directory that appeared is watched now) before looking.
+        let paths: Vec<PathBuf> = self.paths.iter().map(|(p, _)| p.clone()).collect();
+        *watch = Watch::of(&paths);
+        self.look()
+    }
+
+    fn look(&self) -> Option<&Path> {
+        self.paths.iter().find(|(p, was)| Self::identity(p) != *was).map(|(p, _)| p.as_path())
+    }
+}
+
+/// inotify watches on the directories that hold the hidden paths (or the nearest one that
+/// exists, for a path whose directory does not), each for the names that lead to them.
+struct Watch {
+    fd: OwnedFd,
+    names: std::collections::HashMap<i32, Vec<OsString>>,
+}
+
+impl Watch {
+    fn of(paths: &[PathBuf]) -> Option<Watch> {
+        use rustix::fs::inotify;
+        let fd = inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK).ok()?;
+        let flags = inotify::WatchFlags::CREATE
+            | inotify::WatchFlags::DELETE
+            | inotify::WatchFlags::MOVED_FROM
+            | inotify::WatchFlags::MOVED_TO
+            | inotify::WatchFlags::DELETE_SELF
+            | inotify::WatchFlags::MOVE_SELF
+            | inotify::WatchFlags::ONLYDIR;
+        let mut names: std::collections::HashMap<i32, Vec<OsString>> = std::collections::HashMap::new();
+        for p in paths {
+            // A symlink's cover is where it points: that name matters too.
+            let target = rustix::fs::lstat(p)
+                .ok()
+                .filter(|st| st.st_mode & libc::S_IFMT == libc::S_IFLNK)
+                .and_then(|_| std::fs::canonicalize(p).ok());
+            for q in std::iter::once(p.clone()).chain(target) {
+                let (dir, name) = nearest_existing(&q)?;
+                let wd = inotify::add_watch(&fd, &dir, flags).ok()?;
+                names.entry(wd).or_default().push(name);
+            }
+        }
+        Some(Watch { fd, names })
+    }
+
+    /// Whether one of the watched names moved since the last call (or the kernel lost track).
+    fn stirred(&self) -> bool {
+        use rustix::fs::inotify::{ReadFlags, Reader};
+        let mut buf = [std::mem::MaybeUninit::uninit(); 4096];
+        let mut reader = Reader::new(&self.fd, &mut buf);
+        let mut moved = false;
+        loop {
+            match reader.next() {
+                Ok(ev) => {
+                    let lost =
+                        ReadFlags::QUEUE_OVERFLOW | ReadFlags::IGNORED | ReadFlags::DELETE_SELF | ReadFlags::MOVE_SELF;
+                    let named = ev.file_name().is_some_and(|n| {
+                        self.names.get(&ev.wd()).is_some_and(|v| v.iter().any(|x| x.as_bytes() == n.to_bytes()))
+                    });
+                    moved |= ev.events().intersects(lost) || named;
+                }
+                Err(rustix::io::Errno::AGAIN) => return moved,
+                Err(_) => return true,
+            }
+        }
+    }
+}
+
+/// The nearest directory above `p` that exists, and the name in it on the way to `p`.
+fn nearest_existing(p: &Path) -> Option<(PathBuf, OsString)> {
+    let mut child = p;
+    loop {
+        let parent = child.parent()?;
+        if rustix::fs::stat(parent).is_ok_and(|st| st.st_mode & libc::S_IFMT == libc::S_IFDIR) {
+            return Some((parent.to_path_buf(), child.file_name()?.to_os_string()));
+        }
+        child = parent;
     }
 }
 
@@ -345,7 +417,9 @@ fn inode(p: &Path) -> Option<u64> {
     rustix::fs::lstat(p).ok().map(|s| s.st_ino)
 }
 
-/// pid 1 of the warm sandbox: mount /proc, then serve requests one at a time.
+/// pid 1 of the warm sandbox: mount /proc, install the socket filter, then serve requests one
+/// at a time.
+#[allow(clippy::too_many_arguments)]
 fn init(
     spec: &SandboxSpec,
     plan: &WarmPlan,
@@ -353,20 +427,26 @@ fn init(
     listener: &OwnedFd,
     bound: &Bound,
     hidden: &Hidden,
+    me: &Me,
     idle: Duration,
+    handoff: Option<Handoff>,
 ) -> Result<(), StepError> {
     let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
-    // Not dumpable: no process of a command may read this one's memory or open its fds
-    // (`/proc/1/fd`), which include the listening socket and, during a run, the layers.
-    // SAFETY: prctl with integer arguments only.
-    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
     for op in &plan.base.init {
         mount(op, &Pins::default())?;
     }
+    if let Some(handoff) = handoff {
+        stage2::guard_sockets(handoff)?;
+    }
+    // Not dumpable: no process of a command may read this one's memory or open its fds
+    // (`/proc/1/fd`), which include the listening socket and, during a run, the layers. Only
+    // now: the supervisor took the listener from us with the rights of a debugger.
+    // SAFETY: prctl with integer arguments only.
+    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
     let seccomp = crate::seccomp::build()
         .map_err(|e| StepError { step: format!("seccomp: {e}"), errno: rustix::io::Errno::PERM })?;
     let stack = ChildStack::new()?;
-    let ready = Ready { base: spec, plan, roots, seccomp: &seccomp, stack: &stack, hidden };
+    let ready = Ready { base: spec, plan, roots, seccomp: &seccomp, stack: &stack, hidden, me };
     let mut last_used = Instant::now();
     let mut garbage = true;
     loop {
@@ -391,7 +471,7 @@ fn init(
             Err(e) => return Err(at("poll")(e)),
         }
         let Ok(conn) = rustix::net::accept_with(listener, SocketFlags::CLOEXEC) else { continue };
-        if let Err(why) = trusted(&conn) {
+        if let Err(why) = trusted(&conn, &me.host_proc) {
             say(&conn, &Answer::Refuse(why).line());
             continue;
         }
@@ -412,14 +492,72 @@ fn init(
     }
 }
 
-/// Only the user the server runs as (as seen in its user namespace) may use it.
-fn trusted(conn: &OwnedFd) -> Result<(), String> {
+/// What the server knows of itself and its host, for judging requests.
+struct Me {
+    /// This binary (`super::binary_id`), taken when the server started.
+    binary: String,
+    /// The procfs of the pid namespace the server was started in (the host's).
+    host_proc: OwnedFd,
+    /// Which layer of which transaction a path of the state directory is.
+    layer: fn(&Path) -> Option<LayerName>,
+}
+
+/// Only a txbox launcher of the user the server runs as may use it: a process of that user
+/// (as seen in its user namespace) outside every sandbox. A command runs in a pid namespace
+/// below the host's (every sandbox has one), so its depth, counted in the host's procfs from a
+/// pidfd of the peer (race-free: it names that very process), is more than one.
+fn trusted(conn: &OwnedFd, host_proc: &OwnedFd) -> Result<(), String> {
     let me = rustix::process::geteuid().as_raw();
     match super::peer_uid(conn.as_fd()) {
-        Ok(uid) if uid == me => Ok(()),
-        Ok(uid) => Err(format!("uid {uid} may not use the warm server of uid {me}")),
-        Err(e) => Err(format!("who is asking: {e}")),
+        Ok(uid) if uid == me => {}
+        Ok(uid) => return Err(format!("uid {uid} may not use the warm server of uid {me}")),
+        Err(e) => return Err(format!("who is asking: {e}")),
     }
+    let pidfd = match super::peer_pidfd(conn.as_fd()) {
+        Ok(fd) => fd,
+        // Before Linux 6.5 nothing says who it is beyond its user.
+        Err(rustix::io::Errno::NOPROTOOPT) => return Ok(()),
+        Err(e) => return Err(format!("who is asking: {e}")),
+    };
+    let path = format!("self/fdinfo/{}", pidfd.as_raw_fd());
+    let info = rustix::fs::openat(host_proc, path.as_str(), OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
+        .ok()
+        .and_then(|fd| {
+            let mut buf = vec![0u8; 4096];
+            rustix::io::read(&fd, &mut buf).ok().map(|n| String::from_utf8_lossy(&buf[..n]).into_owned())
+        })
+        .unwrap_or_default();
+    match super::pid_ns_depth(&info) {
+        Some(1) => Ok(()),
+        Some(n) => Err(format!("the client runs inside a sandbox ({n} pid namespaces deep)")),
+        None => Err("the client is gone".into()),
+    }
+}
+
+/// The layers of a request must be one transaction's, named as the state directory names them:
+/// upper and work of one run, or of one session step above that session's earlier steps'
+/// uppers, topmost first. The client cannot lay an overlay on anything else of the state
+/// directory (another transaction's layer would plant files in its next commit).
+fn one_transaction(state: &Path, spec: &SandboxSpec, layer: fn(&Path) -> Option<LayerName>) -> Result<(), String> {
+    let name = |p: &Path| {
+        p.strip_prefix(state)
+            .ok()
+            .and_then(layer)
+            .ok_or_else(|| format!("{} is not a transaction's layer", p.display()))
+    };
+    let (upper, work) = (name(&spec.upper)?, name(&spec.work)?);
+    if !upper.upper || work.upper || work.tx != upper.tx || work.step != upper.step {
+        return Err("upper and work are not one transaction's".into());
+    }
+    let mut above = upper.step;
+    for l in &spec.layers {
+        let n = name(l)?;
+        match (above, n.step) {
+            (Some(a), Some(s)) if n.tx == upper.tx && n.upper && s < a => above = Some(s),
+            _ => return Err(format!("{} is not an earlier step of the same session", l.display())),
+        }
+    }
+    Ok(())
 }
 
 fn say(conn: &OwnedFd, line: &str) {
@@ -481,6 +619,7 @@ struct Ready<'a> {
     seccomp: &'a seccompiler::BpfProgram,
     stack: &'a ChildStack,
     hidden: &'a Hidden,
+    me: &'a Me,
 }
 
 /// Serve one transaction. Returns whether the server may go on serving. `in_use` receives
@@ -489,7 +628,7 @@ struct Ready<'a> {
 /// a directory its run left empty for a later transaction (`TxDir::create` takes it as a
 /// spare), and waits for this lock first: two overlays must never share upper and work.
 fn serve_one(ready: &Ready<'_>, conn: &OwnedFd, in_use: &mut Option<OwnedFd>) -> bool {
-    let Ready { base, plan, roots, seccomp, stack, hidden } = *ready;
+    let Ready { base, plan, roots, seccomp, stack, hidden, me } = *ready;
     let (req, mut fds) = match receive(conn) {
         Ok(r) => r,
         Err(why) => {
@@ -497,6 +636,15 @@ fn serve_one(ready: &Ready<'_>, conn: &OwnedFd, in_use: &mut Option<OwnedFd>) ->
             return true;
         }
     };
+    if req.binary != me.binary {
+        // Another txbox binary (rebuilt, upgraded): this server retires.
+        say(conn, &Answer::Refuse("this server was started by another txbox binary".into()).line());
+        return false;
+    }
+    if let Err(why) = one_transaction(&roots.state_path, &req.spec, me.layer) {
+        say(conn, &Answer::Refuse(why).line());
+        return true;
+    }
     if !base.same_sandbox(&req.spec) {
         say(conn, &Answer::Refuse("this server was built for another sandbox".into()).line());
         return true;
@@ -568,7 +716,7 @@ fn serve_one(ready: &Ready<'_>, conn: &OwnedFd, in_use: &mut Option<OwnedFd>) ->
     }
     match status {
         Ok(line) => say(conn, &line),
-        Err(e) => say(conn, &format!("error {}\n", stage2::setup_failed(&e))),
+        Err(e) => say(conn, &Report::Error(stage2::setup_failed(&e)).line()),
     }
     true
 }
@@ -671,11 +819,7 @@ fn run_command(
     // What the command left running goes with it, as when a cold sandbox's init exits.
     kill_all();
     reap_all();
-    Ok(if libc::WIFSIGNALED(st) {
-        format!("signal {}\n", libc::WTERMSIG(st))
-    } else {
-        format!("exit {}\n", libc::WEXITSTATUS(st))
-    })
+    Ok(Report::of_wait_status(st).line())
 }
 
 /// SIGKILL to every process of this pid namespace but its init.
@@ -720,7 +864,7 @@ fn spawn(child: &Child<'_>, stack: &ChildStack) -> Result<i32, StepError> {
         if let Err(e) = prepare_child(c.req, c.stdio, c.seccomp) {
             // SAFETY: conn_fd is open in this process (close-on-exec only).
             let conn = unsafe { BorrowedFd::borrow_raw(c.conn_fd) };
-            let _ = rustix::io::write(conn, format!("error {}\n", stage2::setup_failed(&e)).as_bytes());
+            let _ = rustix::io::write(conn, Report::Error(stage2::setup_failed(&e)).line().as_bytes());
             stage2::exit(125);
         }
         stage2::exec_prepared(&c.command.argp, &c.command.cwd, Some(&c.command.envp))
@@ -808,7 +952,7 @@ fn prepare_child(req: &Request, stdio: &[i32], seccomp: &seccompiler::BpfProgram
     if !unsafe { crate::launch::install_fds(&[(stdio[0], 0), (stdio[1], 1), (stdio[2], 2)]) } {
         return Err(StepError { step: "install stdio".into(), errno: rustix::io::Errno::from_raw_os_error(errno()) });
     }
-    let _ = rustix::process::setsid();
+    crate::terminal::take(None)?;
     // SAFETY: no flag here changes state the standard library caches.
     unsafe {
         rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWIPC | rustix::thread::UnshareFlags::NEWUTS)
@@ -824,33 +968,53 @@ fn prepare_child(req: &Request, stdio: &[i32], seccomp: &seccompiler::BpfProgram
     stage2::confine(&req.spec, Some(seccomp))
 }
 
-/// The resource limits a client passes on, by number.
-pub(crate) const RESOURCES: [rustix::process::Resource; 16] = {
-    use rustix::process::Resource::*;
-    [Cpu, Fsize, Data, Stack, Core, Rss, Nproc, Nofile, Memlock, As, Locks, Sigpending, Msgqueue, Nice, Rtprio, Rttime]
-};
-
-fn resource(n: u32) -> Option<rustix::process::Resource> {
-    RESOURCES.iter().copied().find(|r| *r as u32 == n)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn server_arguments_round_trip() {
-        let spec = SandboxSpec::new("/w".into(), "/u".into(), "/k".into(), vec![OsString::from("true")]);
-        let a =
-            ServerArgs { socket: "/s/warm/0123.sock".into(), state: "/s".into(), idle: Duration::from_secs(60), spec };
-        assert_eq!(ServerArgs::from_args(&a.to_args()), Ok(a));
-        assert!(ServerArgs::from_args(&[OsString::from("--idle")]).is_err());
+    /// The state directory's naming, as txbox's own (txn::layout) has it.
+    fn layer(rel: &Path) -> Option<LayerName> {
+        let parts: Vec<&str> = rel.iter().filter_map(|c| c.to_str()).collect();
+        match parts.as_slice() {
+            ["tx", id, p @ ("upper" | "work")] => {
+                Some(LayerName { tx: id.to_string(), step: None, upper: *p == "upper" })
+            }
+            ["tx", id, "steps", n, p @ ("upper" | "work")] => {
+                Some(LayerName { tx: id.to_string(), step: n.parse().ok(), upper: *p == "upper" })
+            }
+            _ => None,
+        }
     }
 
     #[test]
-    fn resources_are_numbered_as_the_kernel_numbers_them() {
-        for (i, r) in RESOURCES.iter().enumerate() {
-            assert_eq!(*r as u32, i as u32, "{r:?}");
+    fn a_request_lays_overlays_on_one_transactions_layers_only() {
+        let spec = |upper: &str, work: &str, layers: &[&str]| {
+            let mut s = SandboxSpec::new("/w".into(), upper.into(), work.into(), vec![OsString::from("true")]);
+            s.layers = layers.iter().map(PathBuf::from).collect();
+            s
+        };
+        let ok = |s: &SandboxSpec| one_transaction(Path::new("/s"), s, layer);
+        assert_eq!(ok(&spec("/s/tx/a/upper", "/s/tx/a/work", &[])), Ok(()));
+        assert_eq!(
+            ok(&spec(
+                "/s/tx/a/steps/3/upper",
+                "/s/tx/a/steps/3/work",
+                &["/s/tx/a/steps/2/upper", "/s/tx/a/steps/1/upper"]
+            )),
+            Ok(())
+        );
+        for bad in [
+            spec("/s/journal", "/s/tx/a/work", &[]),
+            spec("/s/tx/a/upper", "/s/tx/b/work", &[]),
+            spec("/s/tx/a/work", "/s/tx/a/upper", &[]),
+            spec("/elsewhere/tx/a/upper", "/elsewhere/tx/a/work", &[]),
+            spec("/s/tx/a/upper", "/s/tx/a/work", &["/s/tx/b/steps/1/upper"]),
+            spec("/s/tx/a/steps/2/upper", "/s/tx/a/steps/2/work", &["/s/tx/b/steps/1/upper"]),
+            spec("/s/tx/a/steps/2/upper", "/s/tx/a/steps/2/work", &["/s/tx/a/steps/1/work"]),
+            spec("/s/tx/a/steps/2/upper", "/s/tx/a/steps/2/work", &["/s/tx/a/steps/1/upper", "/s/tx/a/steps/1/upper"]),
+            spec("/s/tx/a/steps/2/upper", "/s/tx/a/steps/3/work", &[]),
+        ] {
+            assert!(ok(&bad).is_err(), "{bad:?}");
         }
     }
 }

@@ -5,21 +5,28 @@
 //! client → server   u32 length (LE) + body, with SCM_RIGHTS fds on the first bytes:
 //!                   stdin, stdout, stderr, workspace, upper, work, layers… (O_PATH for the dirs)
 //!                   body = items, each u32 length (LE) + bytes:
-//!                   "txbox-warm/1", umask (octal), rlimits ("RES:CUR:MAX;…", "-" = infinity),
+//!                   "txbox-warm/2", the client's binary (`warm::binary_id`), umask (octal),
+//!                   rlimits ("RES:CUR:MAX;…", "-" = infinity),
 //!                   N, N spec arguments (SandboxSpec::to_args), the environment ("K=V"…),
 //!                   "end" (so a cut anywhere is noticed)
 //! server → client   "ok\n" (the command starts) or "refuse REASON\n" (nothing was done:
-//!                   run it elsewhere), then, as stage 2 reports: "exit N\n" | "signal N\n" |
-//!                   "error MESSAGE\n", then end of stream
+//!                   run it elsewhere), then a `Report`, as stage 2 writes it on its report
+//!                   pipe: "exit N\n" | "signal N\n" | "error MESSAGE\n", then end of stream
 //! client → server   end of stream (shutdown) at any time: kill the command
 //! ```
+//!
+//! Also the server's command line (`ServerArgs`), the names beside its socket
+//! (`with_suffix`) and the resource limits a request carries (`RESOURCES`): what client and
+//! server both need lives here, so neither depends on the other.
 
 use std::ffi::OsString;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use crate::SandboxSpec;
 
-const VERSION: &[u8] = b"txbox-warm/1";
+const VERSION: &[u8] = b"txbox-warm/2";
 const END: &[u8] = b"end";
 
 /// The largest request a server reads (a long script and a large environment fit easily).
@@ -34,6 +41,8 @@ pub const MAX_LAYERS: usize = 200;
 /// One command for a warm sandbox.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Request {
+    /// The client's binary: a server of another one does not serve it.
+    pub binary: String,
     pub spec: SandboxSpec,
     /// The caller's environment, `KEY=VALUE`, which the command gets instead of the server's.
     pub env: Vec<OsString>,
@@ -64,6 +73,7 @@ impl Request {
         let spec = self.spec.to_args();
         let mut items: Vec<Vec<u8>> = vec![
             VERSION.to_vec(),
+            self.binary.as_bytes().to_vec(),
             format!("{:o}", self.umask).into_bytes(),
             rlimits.join(";").into_bytes(),
             spec.len().to_string().into_bytes(),
@@ -100,11 +110,12 @@ impl Request {
         items.pop();
         let mut it = items.into_iter();
         if it.next() != Some(VERSION) {
-            return Err(bad("not a txbox-warm/1 request"));
+            return Err(bad("not a txbox-warm/2 request"));
         }
         let text = |b: Option<&[u8]>, what: &str| -> Result<String, WireError> {
             String::from_utf8(b.ok_or_else(|| bad(what))?.to_vec()).map_err(|_| bad(what))
         };
+        let binary = text(it.next(), "binary")?;
         let umask = u32::from_str_radix(&text(it.next(), "umask")?, 8).map_err(|_| bad("umask"))?;
         let mut rlimits = Vec::new();
         for part in text(it.next(), "rlimits")?.split(';').filter(|p| !p.is_empty()) {
@@ -123,7 +134,120 @@ impl Request {
         }
         let spec = SandboxSpec::from_args(&spec_args).map_err(|e| WireError(e.to_string()))?;
         let env = it.map(|e| OsString::from_vec(e.to_vec())).collect();
-        Ok(Request { spec, env, umask, rlimits })
+        Ok(Request { binary, spec, env, umask, rlimits })
+    }
+}
+
+/// What `txbox __warm` was started with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerArgs {
+    pub socket: PathBuf,
+    /// The state directory, where every transaction's upper and work directories live.
+    pub state: PathBuf,
+    pub idle: Duration,
+    /// The spec of the run that started the server: what its sandbox is built from.
+    pub spec: SandboxSpec,
+}
+
+impl ServerArgs {
+    pub fn to_args(&self) -> Vec<OsString> {
+        let mut a = vec![
+            OsString::from("--socket"),
+            self.socket.clone().into_os_string(),
+            OsString::from("--state"),
+            self.state.clone().into_os_string(),
+            OsString::from("--idle"),
+            OsString::from(self.idle.as_secs().to_string()),
+        ];
+        a.extend(self.spec.to_args());
+        a
+    }
+
+    pub fn from_args(args: &[OsString]) -> Result<ServerArgs, String> {
+        match args {
+            [s, socket, t, state, i, idle, rest @ ..] if s == "--socket" && t == "--state" && i == "--idle" => {
+                let idle = idle.to_str().and_then(|t| t.parse::<u64>().ok()).ok_or("bad --idle")?;
+                let spec = SandboxSpec::from_args(rest).map_err(|e| e.to_string())?;
+                Ok(ServerArgs {
+                    socket: PathBuf::from(socket),
+                    state: PathBuf::from(state),
+                    idle: Duration::from_secs(idle),
+                    spec,
+                })
+            }
+            _ => Err("usage: __warm --socket PATH --state DIR --idle SECS SPEC…".into()),
+        }
+    }
+}
+
+/// `SOCKET` + `suffix`: the server's lock (`.lock`), the busy lock a client holds while served
+/// (`.busy`), the reason a server could not start (`.failed`).
+pub(crate) fn with_suffix(p: &Path, suffix: &str) -> PathBuf {
+    let mut s = p.as_os_str().to_os_string();
+    s.push(suffix);
+    PathBuf::from(s)
+}
+
+/// The resource limits a client passes on, by number.
+pub(crate) const RESOURCES: [rustix::process::Resource; 16] = {
+    use rustix::process::Resource::*;
+    [Cpu, Fsize, Data, Stack, Core, Rss, Nproc, Nofile, Memlock, As, Locks, Sigpending, Msgqueue, Nice, Rtprio, Rttime]
+};
+
+pub(crate) fn resource(n: u32) -> Option<rustix::process::Resource> {
+    RESOURCES.iter().copied().find(|r| *r as u32 == n)
+}
+
+/// How a command ended, as stage 2 reports it on its report pipe and a warm server on its
+/// connection: one line each.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Report {
+    Exit(i32),
+    Signal(i32),
+    /// The sandbox could not be built or the command not started (nothing ran).
+    Error(String),
+}
+
+impl Report {
+    /// From a `waitpid` status.
+    pub fn of_wait_status(st: i32) -> Report {
+        if libc::WIFSIGNALED(st) {
+            Report::Signal(libc::WTERMSIG(st))
+        } else {
+            Report::Exit(libc::WEXITSTATUS(st))
+        }
+    }
+
+    pub fn line(&self) -> String {
+        match self {
+            Report::Exit(c) => format!("exit {c}\n"),
+            Report::Signal(s) => format!("signal {s}\n"),
+            Report::Error(why) => format!("error {}\n", why.replace('\n', " ")),
+        }
+    }
+
+    pub fn parse(line: &str) -> Option<Report> {
+        let line = line.strip_suffix('\n').unwrap_or(line);
+        let num = |s: &str| s.trim().parse::<i32>().ok();
+        if let Some(why) = line.strip_prefix("error ") {
+            return Some(Report::Error(why.to_string()));
+        }
+        if let Some(c) = line.strip_prefix("exit ").and_then(num) {
+            return Some(Report::Exit(c));
+        }
+        line.strip_prefix("signal ").and_then(num).map(Report::Signal)
+    }
+
+    /// What a stream of report lines says: the first error, else the last fate.
+    pub fn of_stream(text: &str) -> Option<Report> {
+        let mut fate = None;
+        for r in text.lines().filter_map(Report::parse) {
+            match r {
+                Report::Error(_) => return Some(r),
+                r => fate = Some(r),
+            }
+        }
+        fate
     }
 }
 
@@ -169,6 +293,7 @@ mod tests {
         spec.layers = vec![PathBuf::from("/s/tx/1/steps/1/upper")];
         spec.hide = vec!["/s".into()];
         Request {
+            binary: "0123456789abcdef".into(),
             spec,
             env: vec![
                 OsString::from("PATH=/usr/bin:/bin"),
@@ -203,8 +328,36 @@ mod tests {
             assert!(r.is_err(), "a body cut at {cut} of {} was accepted: {r:?}", body.len());
         }
         let mut other = body.to_vec();
-        other[4..16].copy_from_slice(b"txbox-warm/2");
-        assert_eq!(Request::decode(&other), Err(bad("not a txbox-warm/1 request")));
+        other[4..16].copy_from_slice(b"txbox-warm/1");
+        assert_eq!(Request::decode(&other), Err(bad("not a txbox-warm/2 request")));
+    }
+
+    #[test]
+    fn server_arguments_round_trip() {
+        let spec = SandboxSpec::new("/w".into(), "/u".into(), "/k".into(), vec![OsString::from("true")]);
+        let a =
+            ServerArgs { socket: "/s/warm/0123.sock".into(), state: "/s".into(), idle: Duration::from_secs(60), spec };
+        assert_eq!(ServerArgs::from_args(&a.to_args()), Ok(a));
+        assert!(ServerArgs::from_args(&[OsString::from("--idle")]).is_err());
+    }
+
+    #[test]
+    fn resources_are_numbered_as_the_kernel_numbers_them() {
+        for (i, r) in RESOURCES.iter().enumerate() {
+            assert_eq!(*r as u32, i as u32, "{r:?}");
+        }
+    }
+    #[test]
+    fn reports_are_single_lines_and_an_error_wins() {
+        for r in [Report::Exit(0), Report::Exit(7), Report::Signal(9), Report::Error("at `mount`: EPERM".into())] {
+            assert_eq!(Report::parse(&r.line()), Some(r));
+        }
+        assert_eq!(Report::Error("two\nlines".into()).line(), "error two lines\n");
+        assert_eq!(Report::of_stream("exit 1\nexit 3\n"), Some(Report::Exit(3)));
+        assert_eq!(Report::of_stream("exit 0\nerror setup\nsignal 9\n"), Some(Report::Error("setup".into())));
+        assert_eq!(Report::of_stream("ok\ngarbage\n"), None);
+        assert_eq!(Report::of_wait_status(9), Report::Signal(9));
+        assert_eq!(Report::of_wait_status(3 << 8), Report::Exit(3));
     }
 
     #[test]

@@ -45,17 +45,42 @@ impl Drop for Scratch {
     }
 }
 
-/// The binary under test, copied where an unprivileged user can execute it.
+/// The binary under test, copied where an unprivileged user can execute it. One copy per
+/// build (named by the binary's size and mtime), shared by every test process, and a hard link
+/// where it can be: a copy per process left ~150 MB behind for each test binary run and filled
+/// the disk.
 pub fn binary() -> PathBuf {
     static BIN: OnceLock<PathBuf> = OnceLock::new();
     BIN.get_or_init(|| {
         let src = PathBuf::from(env!("CARGO_BIN_EXE_txbox"));
-        let dir = PathBuf::from(format!("/var/tmp/txbox-it-bin-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let md = std::fs::metadata(&src).unwrap();
+        let top = PathBuf::from("/var/tmp/txbox-it-bin");
+        let dir = top.join(format!("{}-{}.{}", md.len(), md.mtime(), md.mtime_nsec()));
         let dst = dir.join("txbox");
-        std::fs::copy(&src, &dst).unwrap();
-        std::fs::set_permissions(&dst, std::fs::Permissions::from_mode(0o755)).unwrap();
+        if !dst.exists() {
+            for d in [&top, &dir] {
+                std::fs::create_dir_all(d).unwrap();
+                std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+            }
+            // Link (or copy, across filesystems) aside, then rename: another test process may
+            // be doing the same.
+            let tmp = dir.join(format!(".txbox-{}", std::process::id()));
+            let _ = std::fs::remove_file(&tmp);
+            if std::fs::hard_link(&src, &tmp).is_err() {
+                std::fs::copy(&src, &tmp).unwrap();
+            }
+            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
+            std::fs::rename(&tmp, &dst).unwrap();
+            // Copies of builds older than a day are of no use to anyone.
+            let old = |e: &std::fs::DirEntry| {
+                e.metadata().is_ok_and(|m| m.modified().is_ok_and(|t| t.elapsed().is_ok_and(|a| a.as_secs() > 86400)))
+            };
+            for e in std::fs::read_dir(&top).unwrap().flatten() {
+                if e.path() != dir && old(&e) {
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
         dst
     })
     .clone()

@@ -300,6 +300,10 @@ fn records_are_checked_before_anything_is_applied() -> R {
     let saved = std::fs::read(&path)?;
     let id = tx.id.clone();
     drop(tx);
+    // A committed transaction's layers stay until its record is applied (#14.1).
+    assert!(matches!(state.remove_tx(&id), Err(StateError::Committed(_))));
+    assert!(state.tx_dir(&id).is_dir());
+    std::fs::remove_file(&path)?;
     state.remove_tx(&id)?;
     std::fs::write(&path, &saved)?;
     assert!(matches!(state.read_record(&path), Err(StateError::Journal(JournalError::Refused { .. }))));
