@@ -196,6 +196,13 @@ fn package_managers_and_git_fetch_through_the_proxy() {
             all_reached_registry(&v, "curl");
             let via = if flags.is_empty() { "http" } else { "tunnel" };
             assert_eq!(connections(&v)[0]["via"], via, "curl {flags}: {v}");
+            // The proxy that parsed these requests says how it was confined (it serves only
+            // once confined: a failure to confine is the run's error).
+            let confined = v["network"]["proxy"].as_str().unwrap_or("");
+            assert!(
+                confined.contains("seccomp allow-list") && confined.contains("no capabilities"),
+                "curl {flags}: {v}"
+            );
         }
 
         // cargo: root's toolchain (rustup in /root) is not the test user's to run.
@@ -282,8 +289,14 @@ fn refusals_are_clear_and_recorded() {
         let (out, v) = run_json(who, &s, &["--allow-host", &listed, "-c", &cmd], &[]);
         assert!(v["stdout"].as_str().unwrap_or("").starts_with("200"), "{}\n{v}", describe(&out));
 
-        // Without --json, run says it on stderr after the command.
+        // The audit entry has the same connections as the result.
         let ws = s.ws.to_str().unwrap().to_string();
+        let log = txbox_env(who, &s, &["--json", "log", "-C", &ws, "-n", "1"], &[]);
+        let entries: Value = serde_json::from_slice(&log.stdout).unwrap();
+        assert_eq!(entries[0]["tx"], v["tx"], "{entries}");
+        assert_eq!(entries[0]["network"]["connections"], v["network"]["connections"], "{entries}\n{v}");
+
+        // Without --json, run says it on stderr after the command.
         let cmd = hidden_curl(&s, "127.0.0.3:9", "");
         let out = txbox_env(who, &s, &["run", "-C", &ws, "--allow-host", &allow, "-c", &cmd], &[]);
         let stderr = String::from_utf8_lossy(&out.stderr);
@@ -402,6 +415,83 @@ fn a_session_keeps_the_hosts_it_began_with() {
         let out = txbox_env(who, &s, &["commit", &tx], &[]);
         assert!(out.status.success(), "{}", describe(&out));
         assert!(s.ws.join("page").exists());
+    }
+}
+
+/// A running stand-in for the caller's own proxy (`standin_upstream.py`), which sends every
+/// request to `target` whatever host it names, and logs request lines.
+struct Upstream {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Upstream {
+    fn start(dir: &Path, target: &str) -> Upstream {
+        std::fs::create_dir_all(dir).unwrap();
+        let script = dir.join("standin_upstream.py");
+        std::fs::write(&script, include_str!("standin_upstream.py")).unwrap();
+        let log = dir.join("requests.log");
+        let mut child = Command::new("python3")
+            .arg(&script)
+            .arg(&log)
+            .arg(target)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap()).read_line(&mut line).unwrap();
+        let port = line.trim().parse().unwrap_or_else(|_| panic!("the stand-in upstream said {line:?}"));
+        Upstream { child, port, log }
+    }
+
+    fn requests(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Upstream {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if let Some(dir) = self.log.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// The caller's own proxy is chained: with `http_proxy`/`https_proxy` set for txbox, allowed
+/// connections go through it (plain HTTP forwarded, tunnels by CONNECT), so a name only the
+/// upstream can resolve works; refused ones never reach it.
+#[test]
+fn the_callers_upstream_proxy_is_chained() {
+    let pid = std::process::id();
+    let reg = Registry::start(Path::new(&format!("/var/tmp/txbox-it-registry-{pid}-f")), REGISTRY_HOST);
+    let up = Upstream::start(Path::new(&format!("/var/tmp/txbox-it-upstream-{pid}")), &reg.allow());
+    let upstream = format!("http://127.0.0.1:{}", up.port);
+    let env = [("http_proxy", upstream.as_str()), ("https_proxy", upstream.as_str()), ("no_proxy", "")];
+    // A name that resolves nowhere: only the upstream can take it to the stand-in.
+    let name = format!("pkgs.upstream.invalid:{}", reg.port);
+    for who in identities() {
+        let s = scratch_for(who, "net-upstream");
+        for (flags, via, line) in
+            [("", "http", format!("GET http://{name}/simple/ ")), ("-p", "tunnel", format!("CONNECT {name} "))]
+        {
+            let curl = format!("curl -sSf {flags} -o /dev/null -w '%{{http_code}}' http://{name}/simple/");
+            let (out, v) = run_json(who, &s, &["--allow-host", &name, "-c", &curl], &env);
+            committed(&out, &v, "curl through the upstream");
+            assert_eq!(v["stdout"], "200", "curl {flags}: {v}");
+            let c = &connections(&v)[0];
+            assert_eq!((c["via"].as_str(), c["upstream"].as_bool()), (Some(via), Some(true)), "{c}");
+            assert!(up.requests().contains(&line), "{line:?} not in {:?}", up.requests());
+        }
+        // Refused by txbox: the upstream never hears of it.
+        let other = format!("other.upstream.invalid:{}", reg.port);
+        let cmd = hidden_curl(&s, &other, "");
+        let (out, v) = run_json(who, &s, &["--allow-host", &name, "-c", &cmd], &env);
+        assert!(v["stdout"].as_str().unwrap_or("").starts_with("403"), "{}\n{v}", describe(&out));
+        assert!(!up.requests().contains("other.upstream.invalid"), "{}", up.requests());
     }
 }
 
