@@ -153,6 +153,9 @@ impl Drop for Running {
 
 /// `txbox __netproxy`: B, which forks P. Never returns.
 pub fn main() -> ! {
+    // Only what `start` installed stays open: a descriptor txbox's caller left open (a host
+    // file, a directory) must not reach P, which parses what the sandbox sends.
+    close_from(REPORT_FD + 1);
     let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
     // A session of its own: the terminal's signals are not for it (it dies with txbox), and
     // with the scheduler's autogroups it gets a share of the CPU of its own rather than one
@@ -189,6 +192,20 @@ pub fn main() -> ! {
             exit(0)
         }
         _ => fail(&format!("fork: {}", std::io::Error::last_os_error())),
+    }
+}
+
+/// Close every descriptor from `first` on (`close_range`, else one by one up to the limit).
+fn close_from(first: i32) {
+    // SAFETY: close_range takes integers only; the descriptors closed are this process's own,
+    // and nothing in it uses them (it has just been exec'd).
+    if unsafe { libc::syscall(libc::SYS_close_range, first as u32, u32::MAX, 0u32) } == 0 {
+        return;
+    }
+    let max = rustix::process::getrlimit(rustix::process::Resource::Nofile).current.unwrap_or(1024).min(1 << 20);
+    for fd in first..max as i32 {
+        // SAFETY: as above; EBADF for numbers that are not open.
+        unsafe { libc::close(fd) };
     }
 }
 

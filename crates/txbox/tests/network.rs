@@ -495,6 +495,73 @@ fn the_callers_upstream_proxy_is_chained() {
     }
 }
 
+/// The processes of `txbox __netproxy` (the broker and the proxy it forked) under `txbox`.
+fn proxy_processes(txbox: u32) -> Vec<u32> {
+    let parent = |pid: u32| -> Option<u32> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok()
+    };
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if !cmdline.starts_with(b"txbox-netproxy\0__netproxy") {
+            continue;
+        }
+        let up = parent(pid);
+        if up == Some(txbox) || up.and_then(parent) == Some(txbox) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Nothing txbox's caller left open reaches the proxy's processes, which parse what the
+/// sandbox sends: a descriptor the caller passed to txbox (here fd 7, a host file) is not among
+/// theirs.
+#[test]
+fn the_proxy_inherits_no_descriptor_from_txboxs_caller() {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let s = Scratch::new("net-fds");
+    let marker = s.root.join("inherited-marker");
+    std::fs::write(&marker, "x").unwrap();
+    let file = std::fs::File::open(&marker).unwrap();
+    let raw = file.as_raw_fd();
+    let ws = s.ws.to_str().unwrap().to_string();
+    let mut cmd = txbox_command(As::Me);
+    cmd.arg("--state-dir").arg(&s.state).args(["run", "-C", &ws, "--allow-host", "192.0.2.1", "--", "sleep", "60"]);
+    cmd.stdout(Stdio::null()).stderr(Stdio::null());
+    // SAFETY: dup2 between fork and exec; it clears close-on-exec on fd 7, as a careless caller would.
+    unsafe {
+        cmd.pre_exec(move || if libc::dup2(raw, 7) < 0 { Err(std::io::Error::last_os_error()) } else { Ok(()) });
+    }
+    let mut child = cmd.spawn().unwrap();
+    let links = |pid: u32| -> Vec<PathBuf> {
+        std::fs::read_dir(format!("/proc/{pid}/fd"))
+            .map(|d| d.flatten().filter_map(|e| std::fs::read_link(e.path()).ok()).collect())
+            .unwrap_or_default()
+    };
+    // Wait for both processes (no time is asserted: the run sleeps far longer than this loop).
+    let mut found = Vec::new();
+    for _ in 0..400 {
+        found = proxy_processes(child.id());
+        if found.len() == 2 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(25));
+    }
+    let txbox_has_it = links(child.id()).contains(&marker);
+    let leaked: Vec<(u32, Vec<PathBuf>)> = found.iter().map(|p| (*p, links(*p))).collect();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(found.len(), 2, "the broker and the proxy: {found:?}");
+    assert!(txbox_has_it, "txbox itself was given the descriptor");
+    for (pid, fds) in leaked {
+        assert!(!fds.contains(&marker), "{pid} has the caller's descriptor: {fds:?}");
+    }
+}
+
 /// Opt-in, not in CI: this machine's own registries, through `@pypi`. Names that resolve to
 /// non-public addresses here (a mirror on a private network) are listed as the refusal says.
 #[test]
