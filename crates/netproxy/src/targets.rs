@@ -1,8 +1,11 @@
-//! Network targets visible in a command line: the `http(s)://` and `ws(s)://` URLs in its words
-//! (anywhere in a word, so `python -c "urlopen('https://x/')"` counts). The engine denies a
-//! command whose visible target is outside its allowlist before anything runs, saying which
-//! `--allow-host` would allow it. What a program computes at run time is the proxy's to refuse.
-//! Pure.
+//! Network targets visible in a command line: the `http(s)://` and `ws(s)://` URLs in the words
+//! of a program that connects to what its arguments name ([`connects_to_its_urls`]: download
+//! tools, package managers, git's network subcommands, and interpreters, whose inline code may
+//! fetch what it names: `python -c "urlopen('https://x/')"` counts), anywhere in a word. A URL
+//! given to anything else (`echo`, `sed`, `git commit -m`) is text, not a target. The engine
+//! denies a command whose visible target is outside its allowlist before anything runs, saying
+//! which `--allow-host` would allow it; what a program computes at run time, or a target this
+//! misses, is the proxy's to refuse. Pure.
 
 use crate::allow::{Host, Via};
 
@@ -12,7 +15,8 @@ pub struct Target {
     pub host: Host,
     pub port: u16,
     pub via: Via,
-    /// The URL as written (up to its authority).
+    /// The URL as written, up to its authority, without credentials (`user:password@` is
+    /// never repeated in a reason or a log).
     pub url: String,
 }
 
@@ -48,7 +52,7 @@ pub fn in_word(word: &str) -> Vec<Target> {
         let hostport = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
         let (host, port) = split(hostport, port);
         if let (Ok(host), Some(port)) = (Host::parse(host), port) {
-            out.push(Target { host, port, via, url: format!("{}://{authority}", &word[scheme_start..i]) });
+            out.push(Target { host, port, via, url: format!("{}://{hostport}", &word[scheme_start..i]) });
         }
     }
     out
@@ -71,10 +75,44 @@ fn split(hostport: &str, default: u16) -> (&str, Option<u16>) {
     }
 }
 
-/// The targets of every command (argv lists), loopback left out, each once.
+/// Whether `argv`'s program connects to the URLs its arguments name: download tools, package
+/// managers, git's network subcommands, and interpreters (inline code, or a script given a
+/// URL). Anything else that mentions a URL (`echo`, `printf`, `sed`, `grep`, `git commit -m`)
+/// only handles text.
+pub fn connects_to_its_urls(argv: &[String]) -> bool {
+    let Some(first) = argv.first() else { return false };
+    let name = first.rsplit('/').next().unwrap_or(first);
+    // `python3.12`, `pip3`: the name without its version.
+    let base = name.trim_end_matches(|c: char| c.is_ascii_digit() || c == '.' || c == '-');
+    match base {
+        "curl" | "wget" | "http" | "https" | "xh" | "aria2c" | "pip" | "uv" | "pipx" | "poetry" | "npm" | "npx"
+        | "pnpm" | "yarn" | "bun" | "cargo" | "go" | "gem" | "bundle" | "composer" => true,
+        "python" | "node" | "nodejs" | "deno" | "ruby" | "perl" | "php" => true,
+        "git" => git_connects(&argv[1..]),
+        _ => false,
+    }
+}
+
+/// git's subcommand (after its global options) is one that talks to a remote.
+fn git_connects(args: &[String]) -> bool {
+    let mut words = args.iter();
+    while let Some(w) = words.next() {
+        match w.as_str() {
+            "-C" | "-c" | "--git-dir" | "--work-tree" | "--namespace" | "--exec-path" | "--config-env" => {
+                words.next();
+            }
+            w if w.starts_with('-') => {}
+            sub => return matches!(sub, "clone" | "fetch" | "pull" | "push" | "ls-remote" | "submodule" | "archive"),
+        }
+    }
+    false
+}
+
+/// The targets of every command (argv lists) that connects to its URLs, loopback left out,
+/// each once.
 pub fn in_commands(commands: &[Vec<String>]) -> Vec<Target> {
     let mut out: Vec<Target> = Vec::new();
-    for argv in commands {
+    for argv in commands.iter().filter(|a| connects_to_its_urls(a)) {
         for word in argv.iter().skip(1) {
             for t in in_word(word) {
                 if !is_loopback(&t.host) && !out.iter().any(|o| o.host == t.host && o.port == t.port && o.via == t.via)
@@ -114,6 +152,43 @@ mod tests {
         assert!(hp("https://").is_empty());
         assert!(hp("https://x.example:0/").is_empty());
         assert!(hp("see a.example/x").is_empty());
+    }
+
+    fn words(v: &[&str]) -> Vec<String> {
+        v.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn only_programs_that_connect_name_targets() {
+        let url = "https://a.example/x";
+        for yes in [
+            &["curl", "-fsS", url][..],
+            &["/usr/bin/wget", url],
+            &["git", "clone", url],
+            &["git", "-C", "dir", "-c", "http.x=1", "fetch", url],
+            &["pip3", "install", "--index-url", url, "x"],
+            &["python3.12", "-c", "import urllib.request as u; u.urlopen('https://a.example/x')"],
+            &["npm", "install", "--registry", url],
+        ] {
+            assert_eq!(in_commands(&[words(yes)]).len(), 1, "{yes:?}");
+        }
+        for no in [
+            &["echo", url][..],
+            &["printf", "%s\n", url],
+            &["sed", "-i", "s|http://old.example|https://a.example|", "f"],
+            &["grep", "-r", url, "."],
+            &["git", "commit", "-m", "see https://a.example/x"],
+            &["git", "remote", "add", "origin", url],
+            &["git", "-C", "clone", "log", url],
+        ] {
+            assert!(in_commands(&[words(no)]).is_empty(), "{no:?}");
+        }
+    }
+
+    #[test]
+    fn credentials_are_not_repeated() {
+        let t = in_word("https://alice:hunter2@a.example:8443/x");
+        assert_eq!(t[0].url, "https://a.example:8443");
     }
 
     #[test]

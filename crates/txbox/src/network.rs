@@ -66,8 +66,9 @@ pub fn preset_rules(preset: txbox_netproxy::Preset, base: Option<&Path>) -> Vec<
 /// The rule id of a denial for a visible network target.
 pub const RULE: &str = "network.allowlist";
 
-/// Deny a command that names (in a URL of its words) a host its network does not reach, before
-/// it runs. None: nothing visible, or everything visible is allowed (or loopback, the
+/// Deny, before it runs, a command whose program connects to what it names
+/// (`txbox_netproxy::targets`) and that names, in a URL of its words, a host its network does
+/// not reach. None: nothing visible, or everything visible is allowed (or loopback, the
 /// sandbox's own). A preset that cannot be expanded is left for the run to report.
 pub fn visible_denial(
     commands: &[Vec<String>],
