@@ -781,16 +781,18 @@ fn requests_may_only_narrow_the_operators_allowlist() {
     }
     assert!(!s.ws.join("a").exists());
     // Nothing asked: the ceiling, no more.
-    let (st, v) = run(json!({"command": "echo http://192.0.2.1/ http://a.pkgs.example/"}));
+    // An interpreter's words are targets (its code may fetch them); this one only prints.
+    let py = |urls: &str| format!("python3 -c \"print('{urls}')\"");
+    let (st, v) = run(json!({"command": py("http://192.0.2.1/ http://a.pkgs.example/")}));
     assert_eq!((st, v["outcome"].as_str()), (200, Some("committed")), "{v}");
-    let (st, v) = run(json!({"command": "echo http://192.0.2.3/"}));
+    let (st, v) = run(json!({"command": py("http://192.0.2.3/")}));
     assert_eq!((st, v["decision"]["rule"].as_str()), (200, Some("network.allowlist")), "{v}");
     // Narrower: a host under the ceiling's wildcard; or nothing at all.
-    let (st, v) = run(json!({"command": "echo http://a.pkgs.example/", "allow_hosts": ["a.pkgs.example"]}));
+    let (st, v) = run(json!({"command": py("http://a.pkgs.example/"), "allow_hosts": ["a.pkgs.example"]}));
     assert_eq!((st, v["outcome"].as_str()), (200, Some("committed")), "{v}");
-    let (st, v) = run(json!({"command": "echo http://192.0.2.1/", "allow_hosts": ["a.pkgs.example"]}));
+    let (st, v) = run(json!({"command": py("http://192.0.2.1/"), "allow_hosts": ["a.pkgs.example"]}));
     assert_eq!(v["decision"]["rule"], "network.allowlist", "{st} {v}");
-    let (st, v) = run(json!({"command": "echo http://192.0.2.1/", "allow_hosts": []}));
+    let (st, v) = run(json!({"command": py("http://192.0.2.1/"), "allow_hosts": []}));
     assert_eq!(v["decision"]["rule"], "network.allowlist", "{st} {v}");
     // The same over MCP.
     let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",

@@ -399,22 +399,26 @@ fn a_session_keeps_the_hosts_it_began_with() {
     let reg =
         Registry::start(Path::new(&format!("/var/tmp/txbox-it-registry-{}-e", std::process::id())), REGISTRY_HOST);
     for who in identities() {
-        let s = scratch_for(who, "net-session");
-        let ws = s.ws.to_str().unwrap().to_string();
-        let out = txbox_env(who, &s, &["begin", "-C", &ws, "--allow-host", &reg.allow()], &[]);
-        assert!(out.status.success(), "{}", describe(&out));
-        let tx = String::from_utf8_lossy(&out.stdout).trim().to_string();
-        let curl = format!("curl -sSf -o page {}/simple/", reg.url());
-        let out = txbox_env(who, &s, &["--json", "exec", &tx, "-c", &curl], &[]);
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-        assert_eq!(v["outcome"], "pending", "{}", describe(&out));
-        all_reached_registry(&v, "exec");
-        let out = txbox_env(who, &s, &["--json", "exec", &tx, "-c", "curl -sS https://other.invalid/"], &[]);
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-        assert_eq!(v["decision"]["rule"], "network.allowlist", "{v}");
-        let out = txbox_env(who, &s, &["commit", &tx], &[]);
-        assert!(out.status.success(), "{}", describe(&out));
-        assert!(s.ws.join("page").exists());
+        // A proxied step builds its own sandbox whether warm servers are on or off.
+        for warm in ["1", "0"] {
+            let env = [("TXBOX_WARM", warm)];
+            let s = scratch_for(who, "net-session");
+            let ws = s.ws.to_str().unwrap().to_string();
+            let out = txbox_env(who, &s, &["begin", "-C", &ws, "--allow-host", &reg.allow()], &env);
+            assert!(out.status.success(), "{}", describe(&out));
+            let tx = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            let curl = format!("curl -sSf -o page {}/simple/", reg.url());
+            let out = txbox_env(who, &s, &["--json", "exec", &tx, "-c", &curl], &env);
+            let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert_eq!(v["outcome"], "pending", "warm={warm}: {}", describe(&out));
+            all_reached_registry(&v, "exec");
+            let out = txbox_env(who, &s, &["--json", "exec", &tx, "-c", "curl -sS https://other.invalid/"], &env);
+            let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert_eq!(v["decision"]["rule"], "network.allowlist", "{v}");
+            let out = txbox_env(who, &s, &["commit", &tx], &env);
+            assert!(out.status.success(), "{}", describe(&out));
+            assert!(s.ws.join("page").exists());
+        }
     }
 }
 
