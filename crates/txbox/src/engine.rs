@@ -10,7 +10,8 @@ use txbox_policy::{Action, CommitAction, Context, Decision, Policy};
 use txbox_sandbox::warm::NotWarm;
 use txbox_sandbox::{Finished, LaunchOptions, SandboxSpec, WarmUse};
 use txbox_txn::audit::{self, Counts};
-use txbox_txn::commit::{CommitError, CommitTarget};
+use txbox_txn::commit::{CommitError, CommitTarget, Durability};
+use txbox_txn::durable::{Flush, Fsync};
 use txbox_txn::layout::TxKind;
 use txbox_txn::meta::display_rel;
 use txbox_txn::retain::{self, KeepOptions, Retention};
@@ -241,6 +242,8 @@ pub struct Limits {
     /// Bytes the command may write into its upper layer.
     pub max_write: Option<u64>,
     pub host_network: bool,
+    /// `--allow-host` items (network by allowlist; ignored with `host_network`).
+    pub allow_hosts: Vec<txbox_netproxy::Spec>,
 }
 
 /// Where a command's stdio goes.
@@ -277,6 +280,19 @@ fn warm_socket(state: &StateDir, spec: &SandboxSpec) -> Option<PathBuf> {
     txbox_sandbox::warm::fits(&p).then_some(p)
 }
 
+/// A command's fate and what it did with the network.
+pub(crate) struct Executed {
+    pub finished: Finished,
+    pub network: Option<crate::network::Summary>,
+}
+
+impl std::ops::Deref for Executed {
+    type Target = Finished;
+    fn deref(&self) -> &Finished {
+        &self.finished
+    }
+}
+
 /// Other users' state directories at the root of the workspace's filesystem
 /// (`.txbox-state-<uid>`). Only root can read another user's (they are 0700), so only root's
 /// runs look (this user's own is hidden with the state directory).
@@ -303,7 +319,7 @@ pub(crate) fn execute(
     limits: &Limits,
     policy_file: Option<&Path>,
     pass_env: &[String],
-) -> Result<Finished, txbox_sandbox::SandboxError> {
+) -> Result<Executed, txbox_sandbox::SandboxError> {
     let argv = match command {
         Command::Argv(a) | Command::Script { argv: a, .. } => a.clone(),
         Command::Shell(s) => txbox_sandbox::shell_argv(s),
@@ -328,6 +344,9 @@ pub(crate) fn execute(
     // sparse file's may exceed what it allocates, and an fallocate past it would just fail
     // while the command goes on to exit 0): the watcher and the change-set check hold it.
     spec.max_procs = crate::limits::default_procs(limits);
+    let exe = Path::new("/proc/self/exe");
+    let (plan, expansion) = crate::network::plan(limits.host_network, &limits.allow_hosts, Some(env.state.base()));
+    let net = crate::network::Session::start(plan, exe, &mut spec).map_err(txbox_sandbox::SandboxError::Setup)?;
     let mut watch = crate::limits::Watcher::new(layers.upper, limits)?;
     spec.sync = watch.needs_sync();
     let opts = LaunchOptions {
@@ -336,10 +355,11 @@ pub(crate) fn execute(
         null_stdin: io == Io::Api,
         output_limit_kills: limits.max_output.is_some(),
         timeout: limits.timeout,
-        warm: warm_socket(&env.state, &spec),
+        // A proxied run makes its own network namespace (and its listener in it).
+        warm: if spec.proxy_port.is_some() { None } else { warm_socket(&env.state, &spec) },
+        net_handoff: net.handoff(),
         env: Some(crate::environ::for_command(pass_env)),
     };
-    let exe = Path::new("/proc/self/exe");
     let mut finished = txbox_sandbox::launch(exe, &spec, &opts, &mut watch)?;
     if let (WarmUse::Cold(NotWarm::Absent), Some(socket)) = (&finished.warm, &opts.warm) {
         // No server for sandboxes like this one yet: start one for the next runs. Failing to
@@ -351,7 +371,8 @@ pub(crate) fn execute(
     }
     // Dropping the watcher kills anything left in its cgroup and removes it.
     drop(watch);
-    Ok(finished)
+    let network = net.finish(finished.net_attempts, expansion);
+    Ok(Executed { finished, network })
 }
 
 /// Run one command as one transaction.
@@ -364,8 +385,18 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
     let env = Env::open(&req.workspace, req.state_dir.as_deref())?;
     let cwd = env.cwd_for(&req.cwd);
 
-    // 1. Policy: a denial runs nothing.
-    let evaluation = evaluate(&req.policy, &req.command, &policy_context(&env.workspace, &cwd));
+    // 1. Policy: a denial runs nothing. A network target the command names outside its
+    //    allowlist is denied here too (`crate::network`).
+    let mut evaluation = evaluate(&req.policy, &req.command, &policy_context(&env.workspace, &cwd));
+    let limits = crate::network::with_policy_hosts(&req.limits, &req.policy, &[]).map_err(EngineError::Usage)?;
+    if evaluation.decision.action != Action::Deny {
+        let base = Some(env.state.base());
+        if let Some(d) =
+            crate::network::visible_denial(&evaluation.commands, limits.host_network, &limits.allow_hosts, base)
+        {
+            evaluation.decision = d;
+        }
+    }
     timeline.mark("policy");
     if evaluation.decision.action == Action::Deny {
         let mut r = RunResult::new(txbox_txn::state::new_tx_id(), evaluation.decision);
@@ -389,7 +420,7 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
     r.no_longer_undoable = yielded;
 
     // 4. Execute in the sandbox, with default limits where the request gives none.
-    let limits = crate::limits::with_defaults(&req.limits, &env.workspace);
+    let limits = crate::limits::with_defaults(&limits, &env.workspace);
     let layers = Layers { lower: Vec::new(), upper: &tx.upper, work: &tx.work };
     let finished =
         match execute(&env, &cwd, &req.command, layers, req.io, &limits, req.policy_file.as_deref(), &req.pass_env) {
@@ -691,10 +722,32 @@ pub(crate) fn commit_upper(
     let budget = crate::retention::budget().map_err(|e| other(&e))?;
     // The command may have filled the disk: undo data yields before the commit needs room.
     let yielded = env.yield_if_low();
+    let root = &env.state.root;
+    let mut before = Vec::new();
+    // Every commit is logged with its id (undo finds commits there), durable before the record:
+    // a strict session's base generation (in its durable meta) must never meet a log that lost
+    // lines and counts again from below it.
     let generation = env.state.log_commit_of(&env.workspace, Some(t.id), &ours).map_err(|e| other(&e))?;
+    before.push(Flush::data(root, &StateDir::commit_log_rel(&env.workspace)));
+    if generation == 1 {
+        before.push(Flush::dir(root, Path::new(txbox_txn::layout::LOCKS)));
+    }
     // Retention (what undo needs, taken before the commit point) is best effort: a commit that
-    // cannot be retained is committed all the same, and says it is not undoable.
+    // cannot be retained is committed all the same, and says it is not undoable. Its
+    // `retain-pre` is flushed with the commit's own flushes before the record.
     let prepared = budget.enabled().then(|| retain::prepare(&env.state, t.id, &env.workspace, &cs));
+    if matches!(prepared, Some(Ok(()))) {
+        let tx_rel = Path::new(txbox_txn::layout::TX).join(t.id);
+        before.push(Flush::data(root, &tx_rel.join(txbox_txn::layout::RETAIN_PRE)));
+        before.push(Flush::dir(root, &tx_rel));
+    }
+    let mut after = vec![
+        Flush::data(root, Path::new(txbox_txn::layout::AUDIT)),
+        Flush::data(root, Path::new(txbox_txn::layout::AUDIT_HEAD)),
+    ];
+    if audit.fresh {
+        after.push(Flush::dir(root, Path::new("")));
+    }
     let record = env.state.record_path(t.id);
     let relief = || env.state.release_reserve();
     let target = CommitTarget {
@@ -710,7 +763,9 @@ pub(crate) fn commit_upper(
         hook.progress = Some(crate::progress::commit_step);
     }
     let keep = retain::record_keep_path(&env.state, t.id);
-    let result = txbox_txn::commit::commit(&target, &cs, hook, &mut || audit.committed(&cs));
+    let mut fsync = Fsync;
+    let mut durability = Durability { before, after, flusher: &mut fsync };
+    let result = txbox_txn::commit::commit_with(&target, &cs, hook, &mut || audit.committed(&cs), &mut durability);
     crate::progress::finish();
     if result.is_err() && !record.exists() && !keep.exists() {
         // It failed before its commit point: say so in the commit log, so that undo does not
@@ -843,6 +898,7 @@ fn entry_of(env: &Env, command: &Command, r: &RunResult) -> audit::Entry {
         signal: r.signal,
         changes: r.changes.counts(),
         duration_ms: r.duration_ms,
+        network: r.network.as_ref().and_then(|n| serde_json::to_value(n).ok()),
         ..audit::Entry::default()
     }
 }
@@ -863,26 +919,39 @@ pub(crate) fn audit(env: &Env, command: &Command, r: &mut RunResult, started: In
 
 /// The audit of a transaction that may commit: the log is opened before the commit point (a
 /// log that cannot be written refuses the commit: nothing changed), and the entry is appended
-/// at the commit point, where the commit's final flush makes it durable with the change.
+/// at the commit point, and the commit's flush after applying makes it durable with the change.
 pub(crate) struct CommitAudit<'a> {
     env: &'a Env,
     command: &'a Command,
     started: Instant,
     template: audit::Entry,
     log: Option<audit::Log>,
+    /// The log or its head was empty when opened (maybe just created): the commit flushes
+    /// the state directory too, for their names.
+    fresh: bool,
     /// Set once the commit's entry was appended (Ok) or could not be (why).
     written: Option<Result<(), String>>,
 }
 
 impl<'a> CommitAudit<'a> {
     pub(crate) fn new(env: &'a Env, command: &'a Command, r: &RunResult, started: Instant) -> CommitAudit<'a> {
-        CommitAudit { env, command, started, template: entry_of(env, command, r), log: None, written: None }
+        CommitAudit {
+            env,
+            command,
+            started,
+            template: entry_of(env, command, r),
+            log: None,
+            fresh: false,
+            written: None,
+        }
     }
 
     /// Before the commit point: open the log, or say why the commit cannot be audited.
     fn prepare(&mut self) -> Result<(), String> {
         match self.env.state.audit_log() {
             Ok(log) => {
+                let empty = |p: PathBuf| std::fs::symlink_metadata(p).map_or(true, |m| m.len() == 0);
+                self.fresh = empty(self.env.state.audit_path()) || empty(self.env.state.audit_head_path());
                 self.log = Some(log);
                 Ok(())
             }

@@ -64,6 +64,9 @@ pub struct Entry {
     pub signal: Option<i32>,
     pub changes: Counts,
     pub duration_ms: f64,
+    /// What the command did with the network (txbox's `network` result object), if anything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<serde_json::Value>,
     pub prev: String,
 }
 
@@ -180,8 +183,8 @@ impl Log {
     }
 
     /// Append `entry`, chaining it to the last line, and move the head record on. Returns the
-    /// entry as written. `durable` fsyncs both (a commit does not ask: its own final flush of
-    /// the filesystem covers them).
+    /// entry as written. `durable` fsyncs both (a commit does not ask: its flush after applying
+    /// holds them, `durable::after_apply`).
     pub fn append(&mut self, mut entry: Entry, durable: bool) -> Result<Entry, AuditError> {
         let path = self.path.clone();
         let err = io_err(&path);

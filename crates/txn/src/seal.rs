@@ -204,6 +204,7 @@ pub enum Domain {
     RetainPre,
     Hold,
     AuditHead,
+    AllowHosts,
 }
 
 impl Domain {
@@ -220,6 +221,7 @@ impl Domain {
             Domain::RetainPre => b"txbox retain pre v1",
             Domain::Hold => b"txbox hold v1",
             Domain::AuditHead => b"txbox audit head v1",
+            Domain::AllowHosts => b"txbox allow-hosts v1",
         }
     }
 }

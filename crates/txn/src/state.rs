@@ -207,11 +207,18 @@ impl StateDir {
         }
         let seal = Seal::new(key, &identity(fd.as_fd(), root)?);
         Self::check_marker(fd.as_fd(), root, &seal)?;
+        let mut made = false;
         for sub in layout::SUBDIRS {
             match rustix::fs::mkdirat(&fd, sub, Mode::from_raw_mode(0o700)) {
-                Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                Ok(()) => made = true,
+                Err(rustix::io::Errno::EXIST) => {}
                 Err(e) => return Err(PathError::new(&root.join(sub), "create", e.into()).into()),
             }
+        }
+        // Once: a commit flushes the directories it uses below these, never the root itself
+        // (`durable::before_record`).
+        if made {
+            fsx::sync_dir(fd.as_fd()).map_err(at(root, "sync"))?;
         }
         // Comparisons with the workspace need the real path (parents may be symlinks; the
         // root itself is not, it was opened O_NOFOLLOW).
@@ -531,7 +538,12 @@ impl StateDir {
     }
 
     fn commit_log(&self, workspace: &Path) -> PathBuf {
-        self.root.join(layout::LOCKS).join(layout::commit_log_name(workspace))
+        self.root.join(Self::commit_log_rel(workspace))
+    }
+
+    /// The workspace's commit log, relative to the state directory (a commit flushes it).
+    pub fn commit_log_rel(workspace: &Path) -> PathBuf {
+        Path::new(layout::LOCKS).join(layout::commit_log_name(workspace))
     }
 
     /// The workspace's commit generation: how many transactions txbox has committed into it.
@@ -825,6 +837,32 @@ impl StateDir {
         let dir = self.dir(&format!("{}/{id}", layout::TX))?;
         fsx::replace(dir.as_fd(), layout::LAST_STEP, n.to_string().as_bytes(), false)
             .map_err(|e| PathError::new(&self.tx_dir(id).join(layout::LAST_STEP), "write", e).into())
+    }
+
+    /// A session's `--allow-host` items from `begin` (none if it was begun without). Forged or
+    /// damaged: refused, never read as a different list.
+    pub fn allow_hosts(&self, id: &str) -> Result<Vec<String>, StateError> {
+        let rel = Self::tx_rel(id, layout::ALLOW_HOSTS);
+        let path = self.root.join(&rel);
+        let bytes = match fsx::read_small(self.fd(), &rel, SMALL) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(PathError::new(&path, "read", e).into()),
+        };
+        let body = self
+            .seal()
+            .open(Domain::AllowHosts, id, &bytes)
+            .ok_or_else(|| StateError::Forged { path: path.clone(), fix: "roll the transaction back" })?;
+        Ok(body.lines().map(str::to_string).collect())
+    }
+
+    /// Record a session's `--allow-host` items (sealed, one per line; an item has no newline).
+    pub fn set_allow_hosts(&self, id: &str, items: &[String]) -> Result<(), StateError> {
+        let dir = self.dir(&format!("{}/{id}", layout::TX))?;
+        let body: String = items.iter().map(|i| format!("{}\n", i.replace('\n', " "))).collect();
+        let text = self.seal().seal(Domain::AllowHosts, id, &body);
+        fsx::replace(dir.as_fd(), layout::ALLOW_HOSTS, text.as_bytes(), true)
+            .map_err(|e| PathError::new(&self.tx_dir(id).join(layout::ALLOW_HOSTS), "write", e).into())
     }
 
     /// Block until this process is the only one working on transaction `id`.
