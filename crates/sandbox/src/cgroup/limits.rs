@@ -40,7 +40,7 @@ impl Exceeded {
         self.memory || (self.memory_limit_hit && term_signal == Some(libc::SIGKILL))
     }
 
-    /// The `limit_exceeded` name (DESIGN §3): `memory` before `pids`.
+    /// The `limit_exceeded` name (docs/DESIGN.md §4): `memory` before `pids`.
     pub fn limit_name(&self, term_signal: Option<i32>) -> Option<&'static str> {
         if self.memory_killed(term_signal) {
             Some("memory")

@@ -18,6 +18,8 @@
 //! Also the server's command line (`ServerArgs`), the names beside its socket
 //! (`with_suffix`) and the resource limits a request carries (`RESOURCES`): what client and
 //! server both need lives here, so neither depends on the other.
+//!
+//! May not make a syscall.
 
 use std::ffi::OsString;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
