@@ -56,6 +56,11 @@ pub(crate) trait Kernel {
     fn write_proc(&mut self, path: &'static str, text: &str) -> Result<(), StepError>;
     fn set_hostname(&mut self);
     fn loopback_up(&mut self) -> Result<(), StepError>;
+    /// The counters of packets the new network namespace had no route for (`crate::net`).
+    fn net_attempts(&mut self, spec: &SandboxSpec) -> Option<crate::net::Attempts>;
+    /// With network by allowlist: listen in the new namespace, hand the listener to the proxy,
+    /// set the proxy variables.
+    fn hand_over_proxy(&mut self, spec: &SandboxSpec) -> Result<(), StepError>;
     /// Open a host object a later mount may cover.
     fn pin(&mut self, pins: &mut Pins, path: &Path) -> Result<(), StepError>;
     fn mount(&mut self, op: &MountOp, pins: &Pins) -> Result<(), StepError>;
@@ -153,6 +158,16 @@ impl Kernel for Linux {
 
     fn loopback_up(&mut self) -> Result<(), StepError> {
         crate::stage2::loopback_up()
+    }
+
+    fn net_attempts(&mut self, spec: &SandboxSpec) -> Option<crate::net::Attempts> {
+        crate::net::Attempts::open(spec)
+    }
+
+    fn hand_over_proxy(&mut self, spec: &SandboxSpec) -> Result<(), StepError> {
+        crate::net::hand_over_listener(spec)?;
+        crate::net::apply_env(spec);
+        Ok(())
     }
 
     fn pin(&mut self, pins: &mut Pins, path: &Path) -> Result<(), StepError> {
@@ -365,6 +380,13 @@ mod tests {
         fn loopback_up(&mut self) -> Result<(), StepError> {
             self.note("loopback")
         }
+        fn net_attempts(&mut self, _: &SandboxSpec) -> Option<crate::net::Attempts> {
+            self.ok("net_attempts");
+            None
+        }
+        fn hand_over_proxy(&mut self, spec: &SandboxSpec) -> Result<(), StepError> {
+            self.note(format!("hand_over_proxy {:?}", spec.proxy_port))
+        }
         fn pin(&mut self, _: &mut Pins, path: &Path) -> Result<(), StepError> {
             self.note(format!("pin {}", path.display()))
         }
@@ -526,6 +548,17 @@ mod tests {
         t.before("pin", "mount");
         // The user namespace's owner keeps its capabilities: nothing to drop.
         assert!(!t.has("drop_capability"));
+    }
+
+    #[test]
+    fn the_proxy_listens_in_the_new_namespace_before_the_view_is_built() {
+        let mut s = spec();
+        s.proxy_port = Some(3128);
+        let t = command_path(&s);
+        assert_eq!(t.0[0], format!("close_inherited [3, 4, 5, {}]", crate::net::NET_FD));
+        t.before("unshare", "net_attempts");
+        t.before("unshare", "hand_over_proxy Some(3128)");
+        t.before("hand_over_proxy", "mount");
     }
 
     #[test]

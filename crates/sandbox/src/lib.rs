@@ -7,6 +7,7 @@
 //!   over `kernel::Kernel` (the syscall seam, whose recording fake pins the order in tests);
 //! - [`step`]: the one error of a setup step (step, path, errno); `reap`: every wait loop;
 //! - [`launch`]: the host side that starts it, captures output and enforces the timeout;
+//! - [`net`]: the proxy's listener inside the sandbox, and counting attempts to reach the network;
 //! - [`warm`]: sandboxes built ahead of time by a server and reused, one transaction at a time;
 //! - [`supervisor`]: no host unix socket is reachable from inside (Landlock, or a seccomp
 //!   supervisor that performs `connect` and sends by address after a check);
@@ -21,6 +22,7 @@ pub mod fds;
 mod kernel;
 pub mod landlock;
 pub mod launch;
+pub mod net;
 mod reap;
 pub mod seccomp;
 pub mod secrets;

@@ -77,6 +77,9 @@ pub(crate) fn start<K: Kernel>(k: &mut K, spec: &SandboxSpec) -> i32 {
     if spec.terminal {
         keep.push(PTY_FD as u32);
     }
+    if spec.proxy_port.is_some() {
+        keep.push(crate::net::NET_FD as u32);
+    }
     k.close_inherited(&keep);
     // If txbox dies, so do we (and with us, through pid 1, the whole sandbox).
     k.die_with_parent();
@@ -114,8 +117,11 @@ fn run<K: Kernel>(k: &mut K, spec: &SandboxSpec) -> Result<i32, StepError> {
     // 1. What keeps host unix sockets out of reach (crate::supervisor): with the supervisor,
     //    its process, started before the namespaces so that it stays in the host's.
     let supervisor = k.start_supervisor(spec)?;
-    // 1-2. New namespaces, the caller's ids mapped to themselves, loopback up.
+    // 1-2. New namespaces, the caller's ids mapped to themselves, loopback up; the proxy's
+    //      listener handed out, the proxy variables set (network by allowlist, `crate::net`).
     enter_namespaces(k, spec)?;
+    let mut attempts = k.net_attempts(spec);
+    k.hand_over_proxy(spec)?;
     // 3. Open every host object a later mount may cover (a workspace below /tmp, /dev/null),
     //    then run the mount plan.
     let mut pins = Pins::default();
@@ -147,13 +153,17 @@ fn run<K: Kernel>(k: &mut K, spec: &SandboxSpec) -> Result<i32, StepError> {
     };
     drop((terminal, handoff));
     // 5. Wait for init; its exit means the whole pid namespace is gone. The supervisor serves
-    //    init's filter meanwhile, and leaves with it.
+    //    init's filter meanwhile, and leaves with it. Then say whether the command tried to
+    //    reach the network it does not have.
     if let Some(s) = &supervisor {
         k.watch_supervisor(s, pid);
     }
     let status = k.wait(pid);
     if let Some(s) = supervisor {
         k.wait_supervisor(s);
+    }
+    if let Some(a) = attempts.as_mut() {
+        k.report(&a.since_last());
     }
     // 6. Unmount the workspace view now rather than when the namespace is torn down, so the
     //    upper layer is quiescent before txbox classifies it.

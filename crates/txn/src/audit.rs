@@ -64,6 +64,9 @@ pub struct Entry {
     pub signal: Option<i32>,
     pub changes: Counts,
     pub duration_ms: f64,
+    /// What the command did with the network (txbox's `network` result object), if anything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<serde_json::Value>,
     pub prev: String,
 }
 
