@@ -290,6 +290,32 @@ pub struct RollbackArgs {
     pub to: Option<u32>,
 }
 
+/// Undo (`POST /v1/tx/{id}/undo`).
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UndoBody {
+    /// Undo every commit after the transaction (the workspace returns to the state right after
+    /// it), not the transaction itself.
+    #[serde(default)]
+    pub to: bool,
+}
+
+/// The MCP tool `undo`.
+#[derive(Debug, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UndoArgs {
+    /// Workspace directory; may be omitted when the server serves only one (or `tx` is given).
+    #[serde(default)]
+    pub workspace: Option<String>,
+    /// Transaction id to undo (16 hex digits, from a result's `tx` or from `log`); default: the
+    /// workspace's last commit.
+    #[serde(default)]
+    pub tx: Option<String>,
+    /// Undo every commit after `tx` instead of `tx` itself.
+    #[serde(default)]
+    pub to: bool,
+}
+
 /// The audit log (`GET /v1/log?workspace=…&n=…`, the MCP tool `log`).
 #[derive(Debug, Default, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -611,6 +637,42 @@ impl Api {
     pub fn rollback(&self, tx: &str, to: Option<u32>) -> Result<RunResult, ApiError> {
         let state = self.locate(tx)?;
         Ok(session::rollback(&state, tx, to)?)
+    }
+
+    /// Undo a committed transaction of one of our workspaces (`to`: every commit after it); with
+    /// no id, the last commit of `workspace` (or of the only one served).
+    pub fn undo(&self, tx: Option<&str>, to: bool, workspace: Option<&str>) -> Result<RunResult, ApiError> {
+        use txbox_txn::undo::Target;
+        let target = match (tx, to) {
+            (Some(id), true) => Target::To(id.to_string()),
+            (Some(id), false) => Target::Tx(id.to_string()),
+            (None, true) => return Err(ApiError::usage("`to` needs a transaction id")),
+            (None, false) => Target::Last,
+        };
+        if let Some(id) = tx {
+            if !txbox_txn::state::valid_id(id) {
+                return Err(ApiError::not_found(format!("unknown transaction id `{id}`")));
+            }
+        }
+        // The transaction's own workspace when it is named and retained; it must be served here.
+        let retained_ws = tx.and_then(|id| {
+            self.workspaces.iter().find_map(|ws| {
+                let state = self.state_of(ws).ok()??;
+                txbox_txn::retain::entry::header(&state, id).ok().map(|(r, _)| r.workspace)
+            })
+        });
+        let workspace = match (retained_ws, workspace) {
+            (Some(w), _) if self.workspaces.contains(&w) => w,
+            (Some(w), _) => return Err(ApiError::forbidden(format!("workspace {} is not served here", w.display()))),
+            (None, requested) => self.workspace(requested)?,
+        };
+        let req = crate::undo::UndoRequest {
+            workspace,
+            state_dir: self.state_dir.clone(),
+            target,
+            judged_by: Some(self.policy.clone()),
+        };
+        Ok(capped(crate::undo::undo(&req)?))
     }
 
     /// The open transactions of one served workspace, or of all.

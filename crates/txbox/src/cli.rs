@@ -105,6 +105,11 @@ enum Sub {
     },
     /// List open transactions.
     List(WorkspaceArg),
+    /// Undo the workspace's last commit, or TX, or (--to TX) every commit after TX; itself a
+    /// transaction (undo it to redo). Refused with exit 3 if what it would touch changed since.
+    Undo(UndoArgs),
+    /// Apply the retention budget to undo data (oldest first); --purge deletes retained data now.
+    Gc(GcArgs),
     /// Drop-in for `sh -c STRING` (usable as $SHELL): run and commit on success.
     #[command(disable_help_flag = true)]
     Sh {
@@ -141,7 +146,7 @@ enum Sub {
         #[command(flatten)]
         server: ServerArgs,
     },
-    /// Model Context Protocol server on stdio (tools run, begin, exec, diff, commit, rollback, list, log).
+    /// Model Context Protocol server on stdio (tools run, begin, exec, diff, commit, rollback, undo, list, log).
     /// Limits given here are ceilings: the most a tool call may ask for, and what it gets by default.
     Mcp {
         #[command(flatten)]
@@ -251,6 +256,30 @@ struct RunArgs {
     /// The command as PROGRAM ARGS, after `--`.
     #[arg(last = true, value_name = "PROGRAM [ARG]...")]
     argv: Vec<OsString>,
+}
+
+#[derive(Args, Debug)]
+struct UndoArgs {
+    #[command(flatten)]
+    ws: WorkspaceArg,
+    /// The transaction to undo (default: the workspace's last commit).
+    #[arg(value_name = "TX", conflicts_with = "to")]
+    tx: Option<String>,
+    /// Return to the state right after TX: undo every later commit, newest first, as one transaction.
+    #[arg(long, value_name = "TX")]
+    to: Option<String>,
+}
+
+#[derive(Args, Debug)]
+struct GcArgs {
+    #[command(flatten)]
+    ws: WorkspaceArg,
+    /// Delete this transaction's retained data now (it is no longer undoable). Repeatable.
+    #[arg(long, value_name = "TX")]
+    purge: Vec<String>,
+    /// Delete all retained data of the state directory now (every workspace that uses it).
+    #[arg(long, conflicts_with = "purge")]
+    purge_all: bool,
 }
 
 #[derive(Args, Debug)]
@@ -491,6 +520,8 @@ fn dispatch(cli: Cli) -> Result<i32> {
             }
             Ok(0)
         }
+        Sub::Undo(a) => cmd_undo(state_dir, json, a),
+        Sub::Gc(a) => cmd_gc(state_dir, json, a),
         Sub::Sh { args } => crate::shim::main(state_dir, args),
         Sub::Log(a) => cmd_log(state_dir, json, a),
         Sub::Recover(a) => cmd_recover(state_dir, json, a),
@@ -625,6 +656,74 @@ fn cmd_run(state_dir: Option<PathBuf>, json: bool, a: RunArgs) -> Result<i32> {
     Ok(show(json, &r))
 }
 
+fn cmd_undo(state_dir: Option<PathBuf>, json: bool, a: UndoArgs) -> Result<i32> {
+    use txbox_txn::undo::Target;
+    let target = match (a.tx, a.to) {
+        (Some(tx), None) => Target::Tx(tx),
+        (None, Some(to)) => Target::To(to),
+        _ => Target::Last,
+    };
+    // Without -C, a transaction named is undone in its own workspace (ids resolve from anywhere).
+    let named = match &target {
+        Target::Tx(id) | Target::To(id) => Some(id.clone()),
+        Target::Last => None,
+    };
+    let workspace = match (&a.ws.workspace, named) {
+        (None, Some(id)) => match txbox::undo::workspace_of(state_dir.as_deref(), &id) {
+            Some(w) => w,
+            None => workspace_of(&a.ws)?,
+        },
+        _ => workspace_of(&a.ws)?,
+    };
+    let r = txbox::undo::undo(&txbox::undo::UndoRequest { workspace, state_dir, target, judged_by: None })?;
+    Ok(show(json, &r))
+}
+
+fn cmd_gc(state_dir: Option<PathBuf>, json: bool, a: GcArgs) -> Result<i32> {
+    let Some(state) = state_for(state_dir, &a.ws)? else {
+        if json {
+            println!("{}", serde_json::json!({"purged": [], "evicted": [], "count": 0, "bytes": 0}));
+        } else {
+            eprintln!("txbox: nothing retained (no state directory yet)");
+        }
+        return Ok(0);
+    };
+    let budget = txbox::retention::budget().map_err(anyhow::Error::msg)?;
+    let purged = if a.purge_all || !a.purge.is_empty() {
+        txbox_txn::retain::purge(&state, &a.purge, a.purge_all)?
+    } else {
+        Vec::new()
+    };
+    let retired = state.collect_retired()?;
+    let c = txbox_txn::retain::collect(&state, &budget)?;
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "purged": purged, "evicted": c.evicted, "measured": c.measured, "retired_deleted": retired,
+                "count": c.count, "bytes": c.bytes,
+                "budget": {"count": budget.count, "bytes": budget.bytes, "min_free": budget.min_free.to_string()},
+            })
+        );
+    } else {
+        for id in &purged {
+            eprintln!("txbox: purged the retained data of {id} (no longer undoable)");
+        }
+        for id in &c.evicted {
+            eprintln!("txbox: {id} expired (retention budget): no longer undoable");
+        }
+        eprintln!(
+            "txbox: {} transactions undoable, {} retained (budget: {} transactions, {}, {} kept free)",
+            c.count,
+            txbox::undo::human_bytes(c.bytes),
+            budget.count,
+            txbox::undo::human_bytes(budget.bytes),
+            budget.min_free
+        );
+    }
+    Ok(0)
+}
+
 /// The workspace's state directory if it has one (nothing is made: these commands only look).
 fn state_for(state_dir: Option<PathBuf>, ws: &WorkspaceArg) -> Result<Option<StateDir>> {
     let workspace = match (&state_dir, &ws.workspace) {
@@ -662,15 +761,28 @@ fn cmd_log(state_dir: Option<PathBuf>, json: bool, a: LogArgs) -> Result<i32> {
     }
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
+    // Which committed transactions are still undoable, and what their undo data holds.
+    let committed = |e: &audit::Entry| matches!(e.outcome.as_str(), "committed" | "rolled_forward");
     if json {
-        writeln!(out, "{}", serde_json::to_string(&entries)?)?;
+        let mut list = Vec::with_capacity(entries.len());
+        for e in &entries {
+            let mut v = serde_json::to_value(e)?;
+            if committed(e) {
+                if let serde_json::Value::Object(m) = &mut v {
+                    m.insert("undo".into(), txbox::undo::undo_mark(&state, &e.tx));
+                }
+            }
+            list.push(v);
+        }
+        writeln!(out, "{}", serde_json::Value::Array(list))?;
     } else {
         for e in &entries {
             let c = &e.changes;
             let rule = e.rule.as_deref().map(|r| format!(" [{r}]")).unwrap_or_default();
+            let undo = if committed(e) { txbox::undo::undo_mark_text(&state, &e.tx) } else { String::new() };
             writeln!(
                 out,
-                "{:>4} {} {:<11} exit {:<3} +{} ~{} -{} {:>8}  {}{rule}",
+                "{:>4} {} {:<11} exit {:<3} +{} ~{} -{} {:>8} {:<15} {}{rule}",
                 e.seq,
                 render::short(&e.tx),
                 e.outcome,
@@ -679,6 +791,7 @@ fn cmd_log(state_dir: Option<PathBuf>, json: bool, a: LogArgs) -> Result<i32> {
                 c.modified,
                 c.deleted,
                 render::ms(e.duration_ms),
+                undo,
                 e.command.replace('\n', "⏎"),
             )?;
         }

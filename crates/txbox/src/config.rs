@@ -39,6 +39,16 @@ pub struct Config {
     /// Variables passed to commands although their name or value marks a credential.
     #[serde(default)]
     pub pass_env: Vec<String>,
+    /// Undo data kept: at most this many transactions (0 turns retention off). Read by
+    /// `crate::retention` for every subcommand.
+    #[serde(default)]
+    pub retain_count: Option<u64>,
+    /// Undo data kept: at most this many bytes (`1G`).
+    #[serde(default)]
+    pub retain_size: Option<String>,
+    /// Undo data yields while less than this is free: a size (`2G`) or a percentage (`5%`).
+    #[serde(default)]
+    pub retain_min_free: Option<String>,
     #[serde(flatten)]
     pub limits: LimitArgs,
 }
@@ -161,6 +171,9 @@ impl Config {
         if !self.pass_env.is_empty() {
             keys.push("pass_env");
         }
+        // What can be undone is a person's safety net: a file a command could have written may
+        // neither switch it off nor make it hold the disk.
+        keys.extend(self.retain_keys());
         let mut limits = self.limits.clone();
         // Each limit over the defaults, one at a time.
         let ceiling = crate::limits::defaults_ceiling();
@@ -178,6 +191,16 @@ impl Config {
             }
         }
         keys
+    }
+
+    /// The retention keys this file sets.
+    pub fn retain_keys(&self) -> Vec<&'static str> {
+        let set = [
+            ("retain_count", self.retain_count.is_some()),
+            ("retain_size", self.retain_size.is_some()),
+            ("retain_min_free", self.retain_min_free.is_some()),
+        ];
+        set.into_iter().filter(|(_, on)| *on).map(|(k, _)| k).collect()
     }
 
     /// Load the configuration from `source` (none: empty), refusing it if it widens
@@ -247,6 +270,7 @@ mod tests {
         assert_eq!(w("timeout = 86400\npids = 1000000\nmax_write = \"100G\""), ["timeout", "pids", "max_write"]);
         assert!(w("timeout = 3600\npids = 100\nmax_write = \"1G\"").is_empty());
         assert_eq!(w("workspace = \"/\"\nstate_dir = \"/s\"\npolicy = \"/p\"\npass_env = [\"T\"]").len(), 4);
+        assert_eq!(w("retain_count = 0\nretain_size = \"1G\"\nretain_min_free = \"5%\"").len(), 3);
     }
 
     #[test]

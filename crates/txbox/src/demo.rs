@@ -1,5 +1,6 @@
 //! `txbox demo`: a guided tour on a scratch workspace — a command committed with its changes,
-//! a failing command rolled back, a destructive one refused — using the same engine as `run`.
+//! a failing command rolled back, a destructive one refused, a committed deletion undone — using
+//! the same engine as `run` and `undo`.
 
 use std::path::{Path, PathBuf};
 
@@ -78,22 +79,50 @@ pub fn run() -> Result<i32> {
     let r3 = step(&ws, "3. a destructive command is refused before anything runs", "rm -rf /")?;
     println!("   exit status {} (126 = denied by policy)", r3.exit_code);
 
-    println!("\nThe audit log (txbox log -C {}):", ws.display());
+    let r4 = step(&ws, "4. a deletion inside the workspace succeeds, so it commits ...", "rm -rf src")?;
+    println!("   src/ still there: {}", ws.join("src/main.rs").exists());
+    println!("\n== 5. ... and is undone: the undo is a transaction too (undo it to redo)\n$ txbox undo");
     let real = engine::resolve_workspace(&ws)?;
-    if let Some(state) = txbox_txn::StateDir::existing_for_workspace(None, &real)? {
+    let u = txbox::undo::undo(&txbox::undo::UndoRequest {
+        workspace: real.clone(),
+        state_dir: None,
+        target: txbox_txn::undo::Target::Last,
+        judged_by: None,
+    })?;
+    println!("{}", render::summary(&u));
+    println!(
+        "   undid {:?}; src/main.rs back, byte for byte: {}",
+        u.undone.iter().map(|t| render::short(t)).collect::<Vec<_>>(),
+        std::fs::read_to_string(ws.join("src/main.rs")).is_ok_and(|t| t.contains("hello"))
+    );
+    println!("workspace: {}", listing(&ws));
+
+    println!("\nThe audit log (txbox log -C {}):", ws.display());
+    let state = txbox_txn::StateDir::existing_for_workspace(None, &real)?;
+    if let Some(state) = &state {
         let name = real.to_string_lossy();
         for e in txbox_txn::audit::read_all(&state.audit_path())?.iter().filter(|e| e.workspace == name) {
-            println!("   {} {:<11} {}", render::short(&e.tx), e.outcome, e.command);
+            let mark = if e.outcome == "committed" { txbox::undo::undo_mark_text(state, &e.tx) } else { String::new() };
+            println!("   {} {:<11} {:<20} {}", render::short(&e.tx), e.outcome, mark, e.command);
         }
     }
     let ok = r.outcome == engine::Outcome::Committed
         && r2.outcome == engine::Outcome::RolledBack
-        && r3.outcome == engine::Outcome::Denied;
+        && r3.outcome == engine::Outcome::Denied
+        && r4.outcome == engine::Outcome::Committed
+        && u.outcome == engine::Outcome::Committed
+        && ws.join("src/main.rs").exists();
+    // The demo's retained data goes with its scratch workspace.
+    if let Some(state) = &state {
+        for id in [&r.tx, &u.tx] {
+            let _ = txbox_txn::retain::purge(state, std::slice::from_ref(id), false);
+        }
+    }
     let _ = txbox_txn::state::remove_tree(&ws);
     println!(
         "\n{}",
         if ok {
-            "demo finished: commit, rollback and refusal all behaved."
+            "demo finished: commit, rollback, refusal and undo all behaved."
         } else {
             "demo: something did not behave as expected (see above)."
         }

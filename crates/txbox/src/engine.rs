@@ -14,6 +14,7 @@ use txbox_txn::commit::{CommitError, CommitTarget, Durability};
 use txbox_txn::durable::{Flush, Fsync};
 use txbox_txn::layout::TxKind;
 use txbox_txn::meta::display_rel;
+use txbox_txn::retain::{self, KeepOptions, Retention};
 use txbox_txn::session::Fingerprints;
 use txbox_txn::{ChangeSet, CrashHook, RecoverStats, Recovered, StateDir, TxDir};
 
@@ -190,6 +191,16 @@ impl Env {
             }
         }
         Ok(self.state.generation(&self.workspace)?)
+    }
+
+    /// On a nearly full filesystem, retained undo data yields first (oldest first,
+    /// `txbox_txn::retain::yield_if_low`): the transactions no longer undoable. Costs one
+    /// `statvfs` when there is room.
+    pub fn yield_if_low(&self) -> Vec<String> {
+        match crate::retention::budget() {
+            Ok(b) if b.enabled() => retain::yield_if_low(&self.state, &b).unwrap_or_default(),
+            _ => Vec::new(),
+        }
     }
 
     fn cwd_for(&self, cwd: &Path) -> PathBuf {
@@ -395,15 +406,18 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
     }
 
     // 2. Recover, 3. begin: the transaction's layers on the workspace's filesystem (space
-    //    held back given up first if the filesystem is all but full).
+    //    held back given up first if the filesystem is all but full; retained undo data
+    //    yields first if it is nearly full).
     let mut stats = RecoverStats::default();
     let base_generation = env.recover_counting(&mut stats)?;
     timeline.recovery_looked_at = Some(stats.looked_at);
+    let yielded = env.yield_if_low();
     timeline.mark("recover");
     env.state.tend_reserve();
     let tx = TxDir::create(&env.state, &env.workspace, TxKind::Run)?;
     timeline.mark("begin");
     let mut r = RunResult::new(tx.id.clone(), evaluation.decision);
+    r.no_longer_undoable = yielded;
 
     // 4. Execute in the sandbox, with default limits where the request gives none.
     let limits = crate::limits::with_defaults(&limits, &env.workspace);
@@ -455,15 +469,22 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
     let mut auditor = CommitAudit::new(&env, &req.command, &r, started);
     let committed = commit_upper(&env, &target, Base::Generation(base_generation), strict, &mut auditor, &mut hook);
     timeline.mark("commit");
-    let held = settle(&mut r, committed);
+    let settled = settle(&mut r, committed);
     auditor.finish(&mut r);
     timeline.mark("audit");
     let _ = hook.tick();
-    match held {
+    match settled.held {
         // Held for a person: the run becomes a session of one step, under the same id.
         Some(fps) => keep_held(&env, tx, &fps, &mut r, served_warm),
         // Committed but not applied in full: the layers are what recovery applies (#14.1).
         None if r.pending_recovery.is_some() => drop(tx),
+        // Retained for undo: its directory is in `kept/` now, not ours to drop.
+        None if settled.retention.retained => {
+            drop(tx);
+            if settled.retention.collector {
+                start_retention_collector(&env.state);
+            }
+        }
         None => drop_tx(&env.state, tx, served_warm),
     }
     timeline.mark("cleanup");
@@ -484,15 +505,21 @@ fn keep_held(env: &Env, tx: TxDir, fps: &Fingerprints, r: &mut RunResult, served
     }
 }
 
-/// Turn a commit attempt into the result's outcome. For a held change, returns the base
-/// fingerprints a run's transaction keeps (a session has its own: the default set).
-pub(crate) fn settle(r: &mut RunResult, committed: Result<ChangeSet, TxError>) -> Option<Fingerprints> {
+/// Turn a commit attempt into the result's outcome. Returns, for a held change, the base
+/// fingerprints a run's transaction keeps (a session has its own: the default set), and what
+/// retention did (the transaction's directory is retention's if `retained`).
+pub(crate) fn settle(r: &mut RunResult, committed: Result<Committed, TxError>) -> Settled {
     match committed {
-        Ok(cs) => {
+        Ok(Committed { cs, retention }) => {
             r.outcome = Outcome::Committed;
             r.changes = Changes::of(&cs);
             r.skipped = cs.skipped.iter().map(|p| display_rel(p)).collect();
             r.dropped_xattrs = DroppedXattr::of(&cs);
+            r.no_longer_undoable.extend(retention.evicted.iter().cloned());
+            if !retention.retained && !cs.is_empty() && retention.error.is_some() {
+                r.no_longer_undoable.push(r.tx.clone());
+            }
+            return Settled { held: None, retention };
         }
         Err(TxError::Conflict(paths, msg)) => {
             r.outcome = Outcome::Conflict;
@@ -521,7 +548,7 @@ pub(crate) fn settle(r: &mut RunResult, committed: Result<ChangeSet, TxError>) -
             r.skipped = cs.skipped.iter().map(|p| display_rel(p)).collect();
             r.dropped_xattrs = DroppedXattr::of(&cs);
             r.held = findings;
-            return Some(fps.unwrap_or_default());
+            return Settled { held: Some(fps.unwrap_or_default()), retention: Retention::default() };
         }
         Err(TxError::Denied { rule, reason }) => {
             r.outcome = Outcome::Denied;
@@ -542,7 +569,22 @@ pub(crate) fn settle(r: &mut RunResult, committed: Result<ChangeSet, TxError>) -
             }
         }
     }
-    None
+    Settled::default()
+}
+
+/// What [`settle`] reports besides the result.
+#[derive(Default)]
+pub(crate) struct Settled {
+    /// Held for a person: the base fingerprints its transaction keeps.
+    pub held: Option<Fingerprints>,
+    /// What retention did with a commit.
+    pub retention: Retention,
+}
+
+/// A commit that happened: its change set and what retention did with it.
+pub(crate) struct Committed {
+    pub cs: ChangeSet,
+    pub retention: Retention,
 }
 
 /// A change held by the commit-time policy (what `settle` reports).
@@ -608,7 +650,8 @@ fn overlapping(ours: &[PathBuf], theirs: &[PathBuf]) -> Vec<PathBuf> {
 /// changed since the transaction's base (first committer wins), or, with `strict_since` (strict
 /// isolation: the workspace's commit generation when the transaction began), unless any
 /// transaction committed to the workspace since then. `audit` is made ready before the commit
-/// point (a log that cannot be written refuses the commit) and told at it.
+/// point (a log that cannot be written refuses the commit) and told at it. A commit that changes
+/// something is retained for undo (`txbox_txn::retain`) within the budget in force.
 pub(crate) fn commit_upper(
     env: &Env,
     t: &Target<'_>,
@@ -616,7 +659,7 @@ pub(crate) fn commit_upper(
     strict_since: Option<u64>,
     audit: &mut CommitAudit<'_>,
     hook: &mut CrashHook,
-) -> Result<ChangeSet, TxError> {
+) -> Result<Committed, TxError> {
     let other = |e: &dyn std::fmt::Display| TxError::Other(e.to_string());
     let _lock = env.state.lock_workspace(&env.workspace).map_err(|e| other(&e))?;
     if let Some(since) = strict_since {
@@ -671,21 +714,32 @@ pub(crate) fn commit_upper(
         };
         return Err(TxError::Held(Box::new(Held { cs, findings: holds, fps })));
     }
-    if cs.changes.is_empty() {
-        return Ok(cs);
+    if cs.is_empty() {
+        return Ok(Committed { cs, retention: Retention::default() });
     }
     audit.prepare().map_err(TxError::Other)?;
     env.state.release_reserve_if_low();
+    let budget = crate::retention::budget().map_err(|e| other(&e))?;
+    // The command may have filled the disk: undo data yields before the commit needs room.
+    let yielded = env.yield_if_low();
     let root = &env.state.root;
     let mut before = Vec::new();
-    if !ours.is_empty() {
-        let generation = env.state.log_commit(&env.workspace, &ours).map_err(|e| other(&e))?;
-        // Durable before the record: a strict session's base generation (in its durable meta)
-        // must never meet a log that lost lines and counts again from below it.
-        before.push(Flush::data(root, &StateDir::commit_log_rel(&env.workspace)));
-        if generation == 1 {
-            before.push(Flush::dir(root, Path::new(txbox_txn::layout::LOCKS)));
-        }
+    // Every commit is logged with its id (undo finds commits there), durable before the record:
+    // a strict session's base generation (in its durable meta) must never meet a log that lost
+    // lines and counts again from below it.
+    let generation = env.state.log_commit_of(&env.workspace, Some(t.id), &ours).map_err(|e| other(&e))?;
+    before.push(Flush::data(root, &StateDir::commit_log_rel(&env.workspace)));
+    if generation == 1 {
+        before.push(Flush::dir(root, Path::new(txbox_txn::layout::LOCKS)));
+    }
+    // Retention (what undo needs, taken before the commit point) is best effort: a commit that
+    // cannot be retained is committed all the same, and says it is not undoable. Its
+    // `retain-pre` is flushed with the commit's own flushes before the record.
+    let prepared = budget.enabled().then(|| retain::prepare(&env.state, t.id, &env.workspace, &cs));
+    if matches!(prepared, Some(Ok(()))) {
+        let tx_rel = Path::new(txbox_txn::layout::TX).join(t.id);
+        before.push(Flush::data(root, &tx_rel.join(txbox_txn::layout::RETAIN_PRE)));
+        before.push(Flush::dir(root, &tx_rel));
     }
     let mut after = vec![
         Flush::data(root, Path::new(txbox_txn::layout::AUDIT)),
@@ -708,12 +762,31 @@ pub(crate) fn commit_upper(
     if std::io::IsTerminal::is_terminal(&std::io::stderr()) && cs.changes.len() >= PROGRESS_FROM {
         hook.progress = Some(crate::progress::commit_step);
     }
+    let keep = retain::record_keep_path(&env.state, t.id);
     let mut fsync = Fsync;
     let mut durability = Durability { before, after, flusher: &mut fsync };
     let result = txbox_txn::commit::commit_with(&target, &cs, hook, &mut || audit.committed(&cs), &mut durability);
     crate::progress::finish();
+    if result.is_err() && !record.exists() && !keep.exists() {
+        // It failed before its commit point: say so in the commit log, so that undo does not
+        // take it for a commit.
+        let _ = env.state.cancel_commit(&env.workspace, generation, t.id);
+    }
     match result {
-        Ok(()) => Ok(cs),
+        Ok(()) => {
+            let retention = match prepared {
+                Some(Ok(())) => {
+                    let opts = KeepOptions { budget, kept_only: false };
+                    retain::keep_commit(&env.state, t.id, Some(generation), &opts)
+                        .unwrap_or_else(|e| Retention { error: Some(e.to_string()), ..Retention::default() })
+                }
+                Some(Err(e)) => Retention { error: Some(e.to_string()), ..Retention::default() },
+                None => Retention::default(),
+            };
+            let mut retention = retention;
+            retention.evicted.splice(0..0, yielded);
+            Ok(Committed { cs, retention })
+        }
         Err(CommitError::Conflict { path, what }) => {
             let p = display_rel(&path);
             Err(TxError::Conflict(
@@ -788,6 +861,18 @@ fn start_collector(state: &StateDir, cold: bool) {
     if !state.collector_wanted(cold) {
         return;
     }
+    spawn_collector(state);
+}
+
+/// Start a detached `txbox __gc` for retained data to measure or evicted (unless a collector
+/// is at work already).
+pub(crate) fn start_retention_collector(state: &StateDir) {
+    if state.collector_idle() {
+        spawn_collector(state);
+    }
+}
+
+fn spawn_collector(state: &StateDir) {
     let _ = std::process::Command::new("/proc/self/exe")
         .arg("__gc")
         .arg(&state.root)

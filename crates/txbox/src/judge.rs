@@ -204,6 +204,104 @@ impl CommitFiles for Sides<'_> {
     }
 }
 
+/// Judge what an undo would change (`txbox_txn::undo::Touched`) with `policy`'s commit rules,
+/// as a commit of the same change would be: an object put back is read from the retained data
+/// (beneath `kept/`, nothing followed), the workspace side as for a commit.
+pub fn judge_undo(policy: &Policy, workspace: &Path, touched: &txbox_txn::undo::Touched) -> Vec<CommitFinding> {
+    let sides = UndoSides {
+        workspace,
+        ws: open_dir(workspace),
+        kept: open_dir(&touched.kept),
+        placed: touched.placed.iter().map(|(p, k)| (p.as_path(), k.as_path())).collect(),
+        removed: touched.removed.iter().map(PathBuf::as_path).collect(),
+    };
+    let mut changes = Vec::with_capacity(touched.placed.len() + touched.removed.len());
+    for (p, _) in &touched.placed {
+        let was = sides.ws.as_ref().map(|d| stat_kind(d, p));
+        let change = if matches!(was, Some(Ok(ObjectKind::Absent))) { ChangeKind::Added } else { ChangeKind::Modified };
+        changes.push(CommitChange { path: display_rel(p), change });
+    }
+    for p in &touched.removed {
+        changes.push(CommitChange { path: display_rel(p), change: ChangeKind::Deleted });
+    }
+    if changes.is_empty() {
+        return Vec::new();
+    }
+    policy.judge_commit(&changes, &sides)
+}
+
+/// The two sides of an undo: the workspace now, and after it the retained objects it puts
+/// back over the workspace minus what it removes.
+struct UndoSides<'a> {
+    workspace: &'a Path,
+    ws: Option<OwnedFd>,
+    kept: Option<OwnedFd>,
+    placed: std::collections::HashMap<&'a Path, &'a Path>,
+    removed: HashSet<&'a Path>,
+}
+
+impl UndoSides<'_> {
+    /// Where `path` is after the undo: beneath `kept/` (Some(Some)), in the workspace
+    /// (Some(None)), or nowhere (None).
+    fn after_at(&self, path: &Path) -> Option<Option<&Path>> {
+        if let Some(k) = self.placed.get(path) {
+            return Some(Some(k));
+        }
+        if self.removed.iter().any(|r| path.starts_with(r)) {
+            return None;
+        }
+        Some(None)
+    }
+}
+
+impl CommitFiles for UndoSides<'_> {
+    fn workspace(&self) -> &Path {
+        self.workspace
+    }
+
+    fn kind_after(&self, path: &str) -> ObjectKind {
+        if path.contains(char::REPLACEMENT_CHARACTER) {
+            return ObjectKind::Symlink;
+        }
+        let rel = Path::new(OsStr::new(path));
+        let found = match self.after_at(rel) {
+            None => return ObjectKind::Absent,
+            Some(Some(k)) => self.kept.as_ref().map(|d| stat_kind(d, k)),
+            Some(None) => self.ws.as_ref().map(|d| stat_kind(d, rel)),
+        };
+        match found {
+            Some(Ok(k)) => k,
+            _ => ObjectKind::Other,
+        }
+    }
+
+    fn before(&self, path: &str) -> FileContent {
+        if path.contains(char::REPLACEMENT_CHARACTER) {
+            return FileContent::Unreadable("its name is not UTF-8".into());
+        }
+        match &self.ws {
+            Some(d) => read_regular(d, Path::new(path)),
+            None => FileContent::Unreadable("cannot open the workspace".into()),
+        }
+    }
+
+    fn after(&self, path: &str) -> FileContent {
+        if path.contains(char::REPLACEMENT_CHARACTER) {
+            return FileContent::Unreadable("its name is not UTF-8".into());
+        }
+        let rel = Path::new(OsStr::new(path));
+        let (dir, at) = match self.after_at(rel) {
+            None => return FileContent::Absent,
+            Some(Some(k)) => (self.kept.as_ref(), k),
+            Some(None) => (self.ws.as_ref(), rel),
+        };
+        match dir {
+            Some(d) => read_regular(d, at),
+            None => FileContent::Unreadable("cannot open its directory".into()),
+        }
+    }
+}
+
 /// Mark a directory of a layer opaque, as overlayfs does (for tests of `Sides::after_from`).
 #[cfg(test)]
 fn mark_opaque(p: &Path) -> std::io::Result<()> {

@@ -7,7 +7,9 @@
 //!   configuration file, validated when parsed;
 //! - [`api`]: what the agent-facing servers (`serve`, `mcp`) share: the workspaces and ceilings
 //!   an operator set, requests, and errors in one shape;
-//! - [`render`]: the human summary line and the JSON of docs/DESIGN.md §3–4.
+//! - [`render`]: the human summary line and the JSON of docs/DESIGN.md §3–4;
+//! - [`undo`]: undo committed transactions (`txbox undo`), as transactions of their own;
+//!   [`retention`]: how much undo data is kept.
 
 pub mod api;
 pub mod config;
@@ -22,8 +24,10 @@ pub mod progress;
 pub mod redact;
 pub mod render;
 pub mod result;
+pub mod retention;
 pub mod session;
 pub mod size;
 mod timing;
+pub mod undo;
 
 pub use engine::{run, Command, Outcome, RunRequest, RunResult};

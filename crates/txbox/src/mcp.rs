@@ -18,7 +18,9 @@ use rmcp::transport::streamable_http_server::session::never::NeverSessionManager
 use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ServerHandler, ServiceExt};
 use serde_json::{json, Value};
-use txbox::api::{self, Api, ApiError, BeginBody, ExecArgs, ListArgs, LogArgs, RollbackArgs, RunBody, TxArgs};
+use txbox::api::{
+    self, Api, ApiError, BeginBody, ExecArgs, ListArgs, LogArgs, RollbackArgs, RunBody, TxArgs, UndoArgs,
+};
 use txbox::engine::RunResult;
 use txbox::render;
 
@@ -44,6 +46,10 @@ pub fn tools() -> Value {
         tool::<TxArgs>("diff", "Show what an open transaction would change if committed: the paths it adds, modifies and deletes, and the unified diff (at most 64 KiB). Use it to review before `commit` or `rollback`."),
         tool::<TxArgs>("commit", "Apply an open transaction's changes to the workspace atomically. If files it touches were changed outside the transaction meanwhile, the commit is refused (outcome `conflict`, nothing changed); the transaction is then gone, so redo the work. If the changes include files the host runs by itself later (git hooks, ...), the transaction is held for a person (outcome `held`): it stays open, and only a person can approve it."),
         tool::<RollbackArgs>("rollback", "Discard an open transaction entirely (the workspace was never touched), or with `to` undo only the steps after step number `to` and keep the transaction open."),
+        tool::<UndoArgs>("undo", "Undo a committed transaction: by default the workspace's last commit, or `tx`, or with `to` every commit after `tx` (the workspace returns to the state right after it). \
+    The undo is itself a transaction: exact (contents, modes, symlinks, extended attributes, hard links, empty directories, deletions and creations), atomic, shown in `log`; undoing it redoes. \
+    If a path it would touch changed since (by another command or outside txbox), it is refused (outcome `conflict`, exit_code 3, `conflicts` lists the paths) and nothing changes. \
+    A transaction whose undo data expired (retention budget) cannot be undone (outcome `error`). Result: the same JSON as `run`, with `undone` listing the transactions undone."),
         tool::<ListArgs>("list", "List the open transactions (id, name, workspace, status, steps)."),
         tool::<LogArgs>("log", "The audit log of a workspace: every command txbox ran, denied, committed or rolled back, newest last.")
     ])
@@ -89,6 +95,9 @@ pub fn call(api: &Api, name: &str, args: &Value) -> Result<Value, String> {
         "rollback" => {
             api::parse::<RollbackArgs>(args).and_then(|a| api.rollback(&a.tx, a.to)).map(|r| result_content(&r))
         }
+        "undo" => api::parse::<UndoArgs>(args)
+            .and_then(|a| api.undo(a.tx.as_deref(), a.to, a.workspace.as_deref()))
+            .map(|r| result_content(&r)),
         "list" => api::parse::<ListArgs>(args).and_then(|a| api.list(a.workspace.as_deref())).and_then(|txs| {
             let v = serde_json::to_value(&txs).map_err(|e| ApiError::internal(e.to_string()))?;
             Ok(ok(format!("txbox: {} open transactions", txs.len()), v))
@@ -104,7 +113,8 @@ pub fn call(api: &Api, name: &str, args: &Value) -> Result<Value, String> {
 
 const INSTRUCTIONS: &str = "txbox runs shell commands as transactions: a command that fails is rolled back completely, \
 one that succeeds is committed, and irreversible commands are denied. Use `run` for single commands; use begin/exec/diff \
-then commit or rollback to review multi-step work before it reaches the workspace.";
+then commit or rollback to review multi-step work before it reaches the workspace. A committed change can be undone \
+with `undo` (refused if what it touched changed since).";
 
 /// The rmcp handler: tools from [`tools`], calls through [`call`] on a blocking thread.
 #[derive(Clone)]

@@ -144,6 +144,14 @@ pub struct RunResult {
     /// For `exec`: the step number this command ran as.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub step: Option<u32>,
+    /// For `undo`: the transactions it undid, newest first.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub undone: Vec<String>,
+    /// Transactions that are no longer undoable because of this one: their retained data was
+    /// evicted (retention budget, or yielded to a nearly full disk); this one too if it could not
+    /// be retained.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub no_longer_undoable: Vec<String>,
     /// What the command did with the network (`crate::network`): present with an allowlist, or
     /// when the command tried to reach a network it did not have.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -181,6 +189,8 @@ impl RunResult {
             skipped: Vec::new(),
             dropped_xattrs: Vec::new(),
             step: None,
+            undone: Vec::new(),
+            no_longer_undoable: Vec::new(),
             network: None,
             pending_recovery: None,
             audit_error: None,

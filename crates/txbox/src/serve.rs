@@ -28,6 +28,7 @@ use rmcp::transport::StreamableHttpService;
 use serde_json::{json, Value};
 use txbox::api::{
     self, Api, ApiError, BeginBody, Ceiling, ErrorKind, ListArgs, LogArgs, Principal, RollbackBody, RunBody, StepBody,
+    UndoBody,
 };
 use txbox::engine::{Outcome, RunResult};
 
@@ -214,6 +215,15 @@ async fn rollback(State(st): State<Shared>, UrlPath(tx): UrlPath<String>, body: 
     result_response(blocking(move || st.api.rollback(&tx, req.to)).await)
 }
 
+async fn undo(State(st): State<Shared>, UrlPath(tx): UrlPath<String>, body: Body) -> Response {
+    let req: UndoBody = match body_of(&st, body).await {
+        Ok(r) => r,
+        Err(e) => return error_response(&e),
+    };
+    let st = st.clone();
+    result_response(blocking(move || st.api.undo(Some(&tx), req.to, None)).await)
+}
+
 /// Decode `%XX` and `+` in a query component.
 fn unescape(s: &str) -> String {
     let b = s.as_bytes();
@@ -277,7 +287,7 @@ async fn mcp(State(st): State<Shared>, req: Request) -> Response {
 
 async fn not_found() -> Response {
     error_response(&ApiError::not_found(
-        "no such route (GET /v1/health, POST /v1/run, GET|POST /v1/tx, /v1/tx/ID/{exec,diff,commit,rollback}, GET /v1/log; MCP at /mcp)",
+        "no such route (GET /v1/health, POST /v1/run, GET|POST /v1/tx, /v1/tx/ID/{exec,diff,commit,rollback,undo}, GET /v1/log; MCP at /mcp)",
     ))
 }
 
@@ -310,6 +320,7 @@ pub fn router(api: Api, token: Vec<u8>, body_timeout: Duration) -> Router {
         .route("/v1/tx/{id}/diff", get(diff))
         .route("/v1/tx/{id}/commit", post(commit))
         .route("/v1/tx/{id}/rollback", post(rollback))
+        .route("/v1/tx/{id}/undo", post(undo))
         .route("/v1/log", get(log))
         .route("/mcp", any(mcp))
         .fallback(not_found)

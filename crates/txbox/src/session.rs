@@ -225,14 +225,16 @@ fn commit_as(state: &StateDir, tx: &str, policy: &Policy, approving: bool) -> Re
     r.outcome = Outcome::Committed;
     let mut auditor = CommitAudit::new(&env, &command, &r, started);
     let mut hook = CrashHook::from_env();
+    let mut retention = None;
     if let Some(upper) = squash(&layers)? {
         let trash = tx_dir.join(txbox_txn::layout::TRASH);
         let target =
             Target { id: tx, upper: &upper, trash: &trash, max_write: None, policy, approved: approved.as_deref() };
-        settle(
+        let settled = settle(
             &mut r,
             commit_upper(&env, &target, Base::Fingerprints(&fps), meta.strict_since, &mut auditor, &mut hook),
         );
+        retention = Some(settled.retention).filter(|r| r.retained);
     }
     auditor.finish(&mut r);
     let _ = hook.tick();
@@ -243,6 +245,12 @@ fn commit_as(state: &StateDir, tx: &str, policy: &Policy, approving: bool) -> Re
             .map_err(|e| EngineError::Internal(format!("transaction {}: writing its hold record: {e}", r.tx)))?;
         state.set_hold(tx, &text)?;
         state.set_status(tx, Status::Held)?;
+    } else if let Some(retention) = retention {
+        // A committed session is retained for undo as one transaction (its directory is in
+        // `kept/`).
+        if retention.collector {
+            crate::engine::start_retention_collector(state);
+        }
     } else if r.pending_recovery.is_none() {
         // A commit left to recovery keeps its layers (removing them is refused anyway).
         let _ = state.remove_tx(tx);

@@ -274,6 +274,10 @@ fn rm_big_works_on_a_full_disk() {
         let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", describe(&out)));
         assert!(outcome_matches(who, &p, "rm big on a full disk", &j, &old, &new), "{who:?}: {j}");
         assert_eq!(code(&out), Some(0));
+        // Undo data yields to the full disk, this deletion's too, and the result says so (#16).
+        let own = j["tx"].as_str().unwrap_or_default();
+        let gone = j["no_longer_undoable"].as_array().cloned().unwrap_or_default();
+        assert!(gone.iter().any(|t| t.as_str() == Some(own)), "{who:?}: {j}");
         // `recover` deletes retired layers (once no warm server holds them): the space is back.
         for _ in 0..20 {
             let out = txbox_at(who, &p, "", &[], &["recover"]);

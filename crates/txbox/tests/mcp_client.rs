@@ -51,7 +51,7 @@ async fn rmcp_client_runs_transactions() {
     // Tools: the names of docs/DESIGN.md §8, each with an object input schema naming its required keys.
     let tools = client.list_all_tools().await.unwrap();
     let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
-    assert_eq!(names, ["run", "begin", "exec", "diff", "commit", "rollback", "list", "log"]);
+    assert_eq!(names, ["run", "begin", "exec", "diff", "commit", "rollback", "undo", "list", "log"]);
     for t in &tools {
         let schema = Value::Object((*t.input_schema).clone());
         assert_eq!(schema["type"], "object", "{}: {schema}", t.name);

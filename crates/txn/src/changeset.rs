@@ -33,6 +33,7 @@ use std::path::{Path, PathBuf};
 use rustix::fs::{Mode, OFlags};
 
 use crate::meta::{self, Kind, XattrClass};
+use crate::session::Fingerprint;
 
 /// One change to one path of the workspace (paths are relative to the workspace root).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -75,6 +76,18 @@ pub struct ChangeSet {
     pub added: Vec<PathBuf>,
     pub modified: Vec<PathBuf>,
     pub deleted: Vec<PathBuf>,
+    /// For undo ([`crate::retain`]): every entry inside a directory the commit moves in whole (a
+    /// new tree, or one that replaces another object), as classified. Renaming the directory
+    /// changes none of them, so this is what the workspace holds there once committed, but for
+    /// entries the commit itself changes (fixups, other names of a hard-linked inode).
+    pub placed_inner: Vec<(PathBuf, Fingerprint)>,
+    /// For undo: the entries of `placed_inner` with other names (hard links): committing
+    /// another name changes their ctime, so they are fingerprinted again once committed.
+    pub placed_linked: Vec<PathBuf>,
+    /// For undo: the bytes (blocks) of the non-directories the commit removes or replaces,
+    /// and how many removed or replaced directories that does not count.
+    pub displaced_bytes: u64,
+    pub displaced_dirs: usize,
     /// Extended attributes off the commit allowlist, by path and the name the command sees:
     /// removed from committed objects, and set on unchanged ones to no effect. Never committed.
     pub dropped_xattrs: Vec<(PathBuf, OsString)>,
@@ -222,7 +235,7 @@ impl Classifier<'_> {
                     continue;
                 }
                 if let Some(l) = lstat_opt(&self.lower.join(&p))? {
-                    self.delete(p, Kind::of(&l));
+                    self.delete(p, &l);
                 }
             }
         }
@@ -245,7 +258,7 @@ impl Classifier<'_> {
             // A whiteout deletes the workspace entry of its name, in an opaque directory too
             // (squashed session layers leave whiteouts inside directories made opaque later).
             if let Some(l) = &l {
-                self.delete(p, Kind::of(l));
+                self.delete(p, l);
             }
             return Ok(());
         }
@@ -254,10 +267,10 @@ impl Classifier<'_> {
         match (new, &l) {
             (Kind::Special, _) => {
                 self.out.skipped.push(p.clone());
-                if let Some(old) = old {
+                if let Some(l) = &l {
                     // The command replaced something with an object we do not commit: the
                     // closest faithful result is that the old object is gone.
-                    self.delete(p, old);
+                    self.delete(p, l);
                 }
             }
             (Kind::Dir, Some(l)) if Kind::of(l) == Kind::Dir => {
@@ -274,7 +287,12 @@ impl Classifier<'_> {
                     self.linked_noops.entry(u.ino()).or_default().push((p, new));
                 }
             }
-            _ => self.put(p, new, old, &u)?,
+            _ => {
+                if let Some(l) = &l {
+                    self.displaced(l);
+                }
+                self.put(p, new, old, &u)?
+            }
         }
         Ok(())
     }
@@ -322,10 +340,21 @@ impl Classifier<'_> {
         self.out.bytes = self.out.bytes.saturating_add(md.blocks().saturating_mul(512));
     }
 
-    fn delete(&mut self, p: PathBuf, old: Kind) {
+    fn delete(&mut self, p: PathBuf, l: &Metadata) {
+        let old = Kind::of(l);
+        self.displaced(l);
         self.entries_changed.insert(p.parent().map(Path::to_path_buf).unwrap_or_default());
         self.out.deleted.push(p.clone());
         self.out.changes.push(Change { path: p, op: ChangeOp::Delete { old } });
+    }
+
+    /// Count an object the commit takes out of the workspace (kept for undo).
+    fn displaced(&mut self, l: &Metadata) {
+        if l.is_dir() {
+            self.out.displaced_dirs += 1;
+        } else {
+            self.out.displaced_bytes = self.out.displaced_bytes.saturating_add(l.blocks().saturating_mul(512));
+        }
     }
 
     fn put(&mut self, p: PathBuf, new: Kind, old: Option<Kind>, u: &Metadata) -> Result<(), ClassifyError> {
@@ -384,8 +413,10 @@ impl Classifier<'_> {
                 }
                 kind => {
                     self.out.added.push(p.clone());
+                    self.out.placed_inner.push((p.clone(), Fingerprint::of_metadata(&u)));
                     if u.nlink() > 1 && kind == Kind::File {
                         self.put_inodes.insert(u.ino());
+                        self.out.placed_linked.push(p.clone());
                     }
                     self.count(&u);
                     self.fixups_for(&p, &u, || meta::list_xattrs_at(handle.as_fd(), &dir, &name))?;

@@ -8,7 +8,8 @@
 //!   layer (swapped there by `RENAME_EXCHANGE`) and deleted ones in the trash until cleanup;
 //! - after the final sync: the record is moved into the transaction's directory as `applied`
 //!   (the "applied" mark); a crash before that directory is removed leaves garbage that
-//!   recovery removes, knowing from `applied` that the transaction landed.
+//!   recovery removes, knowing from `applied` that the transaction landed. A transaction
+//!   prepared for undo is kept instead, `applied` and all ([`crate::retain`]).
 //!
 //! An error is no crash, but after the commit point it is handled like one (#14.1): nothing the
 //! record needs is removed, and the caller is told the change is committed and left for

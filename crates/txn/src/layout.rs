@@ -12,9 +12,14 @@
 //!                                       fingerprints, last_step, hold        (a session)
 //!   tx/.spare-<n>        an empty run's directory kept for the next run
 //!   gone/<id>            retired transaction directories, deleted by a collector
-//!   journal/<id>.commit  commit records (sealed)
+//!   kept/<id>/           a committed transaction's retained directory (undo data, crate::retain):
+//!                        upper, trash, applied, retained, retain-pre, bytes, consumed
+//!   kept/index           retained transactions in the order they were kept, with running totals
+//!   kept/head            where in the index the oldest live entry may be; kept/pending: unmeasured;
+//!                        kept/totals: how many are retained and their bytes
+//!   journal/<id>.commit  commit records (sealed); journal/<id>.undo: undo records (crate::undo)
 //!   locks/<hash>.lock    per-workspace commit lock; locks/<hash>.commits its commit log
-//!   locks/gc.lock        held by the collector of `gone`
+//!   locks/gc.lock        held by the collector of `gone`; locks/kept.lock: the retention index's
 //!   warm/                warm sandbox servers' sockets (crate sandbox, through `StateDir::warm_dir`)
 //!   audit.log            the hash-chained audit log
 //!   audit.head           its head record: the last entry's number, hash and offset (sealed)
@@ -47,15 +52,30 @@ pub const LOCKS: &str = "locks";
 pub const WARM: &str = "warm";
 pub const RETIRED: &str = "gone";
 pub const AUDIT: &str = "audit.log";
+/// Retained transactions: what an undo needs (crate::retain).
+pub const KEPT: &str = "kept";
 pub const AUDIT_HEAD: &str = "audit.head";
 /// A file of [`RESERVE_BYTES`] allocated blocks, given up when the filesystem is full so that
 /// a commit (a deletion freeing space, say) can still be applied.
 pub const RESERVE: &str = "reserve";
 pub const RESERVE_BYTES: u64 = 4 << 20;
 /// The directories every state directory has.
-pub const SUBDIRS: [&str; 4] = [TX, JOURNAL, LOCKS, RETIRED];
+pub const SUBDIRS: [&str; 5] = [TX, JOURNAL, LOCKS, RETIRED, KEPT];
 /// The collector's lock (in `locks`).
 pub const GC_LOCK: &str = "gc.lock";
+/// The retention index's lock (in `locks`): held while the index changes and while an undo
+/// consumes retained transactions.
+pub const KEPT_LOCK: &str = "kept.lock";
+
+// Inside `kept/`.
+/// Retained transactions in the order they were kept (crate::retain's index).
+pub const KEPT_INDEX: &str = "index";
+/// The index's head: the byte offset of its oldest line that may still be live.
+pub const KEPT_HEAD: &str = "head";
+/// Retained transactions whose size is still to be measured, one id a line.
+pub const KEPT_PENDING: &str = "pending";
+/// How many transactions are retained and how many bytes they hold: `COUNT BYTES [recount]`.
+pub const KEPT_TOTALS: &str = "totals";
 
 pub const SPARE_PREFIX: &str = ".spare-";
 /// How many spare run directories a state directory keeps.
@@ -79,7 +99,23 @@ pub const ALLOW_HOSTS: &str = "allow_hosts";
 pub const HOLD: &str = "hold";
 pub const DIFF_PREFIX: &str = "diff-";
 
+// Inside `tx/<id>/` (written while committing) and `kept/<id>/` (after).
+/// What an undo needs that the commit record does not say, taken before the commit point (sealed).
+pub const RETAIN_PRE: &str = "retain-pre";
+/// The commit or undo record once applied (sealed): a commit's is its [`APPLIED`] mark, moved
+/// along with its directory into `kept/`; an undo's is moved there from the journal.
+pub const KEPT_RECORD: &str = APPLIED;
+/// What an undo needs, taken after the transaction was applied (sealed); its presence makes a
+/// retained transaction undoable.
+pub const RETAINED: &str = "retained";
+/// The bytes a retained directory holds, as last counted (a number; `~N`: an estimate).
+pub const BYTES: &str = "bytes";
+/// Present once an undo consumed the transaction: its data then belongs to that undo.
+pub const CONSUMED: &str = "consumed";
+
 pub const RECORD_SUFFIX: &str = ".commit";
+/// Undo records (`journal/<id>.undo`): an undo's commit point.
+pub const UNDO_SUFFIX: &str = ".undo";
 pub const TMP_SUFFIX: &str = ".tmp";
 
 /// The state directory inside the workspace: the last resort (see [`candidates`]), and
@@ -98,6 +134,8 @@ pub enum TxKind {
     Run,
     /// `begin` / `exec` / `commit`: outlives the processes that work on it.
     Session,
+    /// `undo`: owned by a live process, like a run, but runs no command.
+    Undo,
 }
 
 impl TxKind {
@@ -105,6 +143,7 @@ impl TxKind {
         match self {
             TxKind::Run => "run",
             TxKind::Session => "session",
+            TxKind::Undo => "undo",
         }
     }
 
@@ -112,6 +151,7 @@ impl TxKind {
         match s {
             "run" => Some(TxKind::Run),
             "session" => Some(TxKind::Session),
+            "undo" => Some(TxKind::Undo),
             _ => None,
         }
     }
@@ -167,6 +207,22 @@ pub fn record_id(name: &OsStr) -> Option<(&str, bool)> {
         None => (name, false),
     };
     let id = stem.strip_suffix(RECORD_SUFFIX)?;
+    valid_id(id).then_some((id, tmp))
+}
+
+/// `journal/<id>.undo`.
+pub fn undo_record_name(id: &str) -> String {
+    format!("{id}{UNDO_SUFFIX}")
+}
+
+/// An undo record's transaction id, and whether it is a temporary file (`<id>.undo.tmp`).
+pub fn undo_record_id(name: &OsStr) -> Option<(&str, bool)> {
+    let name = std::str::from_utf8(name.as_bytes()).ok()?;
+    let (stem, tmp) = match name.strip_suffix(TMP_SUFFIX) {
+        Some(s) => (s, true),
+        None => (name, false),
+    };
+    let id = stem.strip_suffix(UNDO_SUFFIX)?;
     valid_id(id).then_some((id, tmp))
 }
 
@@ -377,7 +433,10 @@ mod tests {
         {
             assert_eq!(record_id(OsStr::new(bad)), None, "{bad}");
         }
-        for k in [TxKind::Run, TxKind::Session] {
+        assert_eq!(undo_record_id(OsStr::new(&undo_record_name(id))), Some((id, false)));
+        assert_eq!(record_id(OsStr::new(&undo_record_name(id))), None, "an undo record is no commit record");
+        assert_eq!(undo_record_id(OsStr::new(&record_name(id))), None);
+        for k in [TxKind::Run, TxKind::Session, TxKind::Undo] {
             assert_eq!(TxKind::parse(k.as_str()), Some(k));
         }
         for s in [Status::Open, Status::Committing] {

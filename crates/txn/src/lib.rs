@@ -9,6 +9,8 @@
 //! - [`layout`] names everything in the state directory and chooses where it lives;
 //!   [`state`] keeps it (nothing read back is trusted: [`seal`] authenticates it);
 //!   [`session`] keeps a session's layers; [`audit`] keeps the hash-chained log;
+//! - [`retain`] keeps what a commit displaced, within a budget, so that [`undo`] can invert it
+//!   (as a transaction of its own, through the journal);
 //! - [`writeback`] flushes a long command's layer while it runs, ahead of the commit's flush;
 //! - [`fsx`] and [`hex`]: the crate's shared helpers (errors at a path, no-follow opens and
 //!   removal, hex encoding).
@@ -25,9 +27,11 @@ pub mod journal;
 pub mod layout;
 pub mod meta;
 pub mod plan;
+pub mod retain;
 pub mod seal;
 pub mod session;
 pub mod state;
+pub mod undo;
 pub mod writeback;
 
 use std::path::{Path, PathBuf};
@@ -63,6 +67,8 @@ pub enum RecoverError {
     Apply { tx: String, record: PathBuf, workspace: PathBuf, source: Box<CommitError> },
     #[error(transparent)]
     Journal(#[from] journal::JournalError),
+    #[error(transparent)]
+    Undo(#[from] Box<undo::UndoError>),
 }
 
 /// How much recovery looked at: the entries of `journal` and `tx` it examined. It must not grow
@@ -118,9 +124,24 @@ pub fn recover_counting(
         };
         commit::apply_record(&record, hook).map_err(failed)?;
         commit::finish(&record_path, hook).map_err(failed)?;
-        state.remove_tx(&record.tx)?;
+        // A transaction prepared for undo keeps its directory, with the record `finish` moved
+        // into it (crate::retain); one that cannot be kept is removed, committed all the same.
+        let opts = retain::KeepOptions { budget: retain::Budget::KEEP_ALL, kept_only: false };
+        if !retain::prepared(state, &record.tx) || retain::keep_commit(state, &record.tx, None, &opts).is_err() {
+            state.remove_tx(&record.tx)?;
+        }
         let changes = record.counts();
         out.push(Recovered::RolledForward { tx: record.tx, workspace: record.workspace, changes, committed_ms });
+    }
+    // Undos past their commit point (their records in the journal), before discarding
+    // anything: an undo's trash holds what it took from the workspace.
+    for done in undo::apply::recover_pending(state, workspace, hook, &mut stats.looked_at).map_err(Box::new)? {
+        out.push(Recovered::RolledForward {
+            tx: done.tx,
+            workspace: done.workspace,
+            changes: done.changes,
+            committed_ms: done.committed_ms,
+        });
     }
     for a in state.discard_abandoned(&mut stats.looked_at)? {
         out.push(match a.landed {

@@ -2,8 +2,9 @@
 //!
 //! A per-user secret [`Key`] (32 random bytes, `BASE/key`, see [`crate::layout::base_dir`])
 //! keys an HMAC-SHA256 over every file that names a path or decides what happens to one: the
-//! state directory's marker, `meta`, `status`, `fingerprints`, commit records. A [`Seal`] is
-//! the key bound to one state directory's identity (its inode and birth time), and every MAC
+//! state directory's marker, `meta`, `status`, `fingerprints`, commit and undo records, and
+//! what a retained transaction keeps for its undo. A [`Seal`] is the key bound to one state
+//! directory's identity (its inode and birth time), and every MAC
 //! also binds the kind of file and the transaction id, so a file copied from another state
 //! directory, another transaction or another kind of file does not verify.
 //!
@@ -195,6 +196,12 @@ pub enum Domain {
     Fingerprints,
     Record,
     Registry,
+    /// An undo record (crate::undo): an undo's commit point.
+    UndoRecord,
+    /// What a retained transaction's undo needs, taken after it was applied (crate::retain).
+    Retained,
+    /// What a retained transaction's undo needs, taken before its commit point (crate::retain).
+    RetainPre,
     Hold,
     AuditHead,
     AllowHosts,
@@ -209,6 +216,9 @@ impl Domain {
             Domain::Fingerprints => b"txbox fingerprints v1",
             Domain::Record => b"txbox commit record v2",
             Domain::Registry => b"txbox registry v1",
+            Domain::UndoRecord => b"txbox undo record v1",
+            Domain::Retained => b"txbox retained v1",
+            Domain::RetainPre => b"txbox retain pre v1",
             Domain::Hold => b"txbox hold v1",
             Domain::AuditHead => b"txbox audit head v1",
             Domain::AllowHosts => b"txbox allow-hosts v1",

@@ -195,17 +195,22 @@ pub enum Fingerprint {
 impl Fingerprint {
     pub fn of(path: &Path) -> io::Result<Fingerprint> {
         match std::fs::symlink_metadata(path) {
-            Ok(md) => Ok(Fingerprint::Present {
-                kind: Kind::of(&md),
-                ino: md.ino(),
-                mtime_ns: i128::from(md.mtime()) * 1_000_000_000 + i128::from(md.mtime_nsec()),
-                ctime_ns: i128::from(md.ctime()) * 1_000_000_000 + i128::from(md.ctime_nsec()),
-                size: md.size(),
-            }),
+            Ok(md) => Ok(Fingerprint::of_metadata(&md)),
             Err(e) if e.kind() == io::ErrorKind::NotFound || e.raw_os_error() == Some(libc::ENOTDIR) => {
                 Ok(Fingerprint::Absent)
             }
             Err(e) => Err(e),
+        }
+    }
+
+    /// The fingerprint of an object whose metadata is `md`.
+    pub fn of_metadata(md: &std::fs::Metadata) -> Fingerprint {
+        Fingerprint::Present {
+            kind: Kind::of(md),
+            ino: md.ino(),
+            mtime_ns: i128::from(md.mtime()) * 1_000_000_000 + i128::from(md.mtime_nsec()),
+            ctime_ns: i128::from(md.ctime()) * 1_000_000_000 + i128::from(md.ctime_nsec()),
+            size: md.size(),
         }
     }
 
@@ -222,7 +227,7 @@ impl Fingerprint {
         }
     }
 
-    fn render(&self) -> String {
+    pub fn render(&self) -> String {
         match self {
             Fingerprint::Absent => "absent".into(),
             Fingerprint::Present { kind, ino, mtime_ns, ctime_ns, size } => {
@@ -231,7 +236,7 @@ impl Fingerprint {
         }
     }
 
-    fn parse(s: &str) -> Option<Fingerprint> {
+    pub fn parse(s: &str) -> Option<Fingerprint> {
         if s == "absent" {
             return Some(Fingerprint::Absent);
         }

@@ -370,6 +370,32 @@ impl StateDir {
         Err(StateError::UnknownTx(id.to_string()))
     }
 
+    /// The state directory holding the retained transaction `id` (`kept/<id>`, see
+    /// [`crate::retain`]), looked for as [`find_tx`](Self::find_tx) does.
+    pub fn find_kept(explicit: Option<&Path>, id: &str) -> Result<StateDir, StateError> {
+        if !valid_id(id) {
+            return Err(StateError::UnknownTx(id.to_string()));
+        }
+        let base = layout::base_dir()?;
+        let key = Key::load_or_create(&base)?;
+        let mut places = match explicit {
+            Some(dir) => vec![resolve_explicit(dir)],
+            None => {
+                let mut v = vec![base.clone()];
+                v.extend(registered(&base, &key));
+                v
+            }
+        };
+        places.dedup();
+        for dir in places {
+            let Ok(Some(state)) = Self::open_with(&dir, key.clone(), base.clone(), false) else { continue };
+            if fsx::dir_beneath(state.fd(), &Path::new(layout::KEPT).join(id)).is_ok() {
+                return Ok(state);
+            }
+        }
+        Err(StateError::UnknownTx(id.to_string()))
+    }
+
     /// An existing state directory by path (the background collector), None if it is gone.
     pub fn open_existing(root: &Path) -> Result<Option<StateDir>, StateError> {
         let base = layout::base_dir()?;
@@ -398,7 +424,7 @@ impl StateDir {
         &self.inner.seal
     }
 
-    fn fd(&self) -> BorrowedFd<'_> {
+    pub(crate) fn fd(&self) -> BorrowedFd<'_> {
         self.inner.fd.as_fd()
     }
 
@@ -423,7 +449,7 @@ impl StateDir {
     }
 
     /// A directory beneath the root, opened without following any symlink.
-    fn dir(&self, rel: &str) -> Result<OwnedFd, StateError> {
+    pub(crate) fn dir(&self, rel: &str) -> Result<OwnedFd, StateError> {
         fsx::dir_beneath(self.fd(), Path::new(rel)).map_err(|e| PathError::new(&self.root.join(rel), "open", e).into())
     }
 
@@ -504,6 +530,13 @@ impl StateDir {
             .ok_or_else(|| PathError::new(&path, "lock", io::ErrorKind::WouldBlock.into()).into())
     }
 
+    /// Block until this process holds the lock `locks/<name>` (a name of [`layout`]).
+    pub(crate) fn lock_named(&self, name: &str) -> Result<Lock, StateError> {
+        let path = self.root.join(layout::LOCKS).join(name);
+        flock(&path, FlockOperation::LockExclusive)?
+            .ok_or_else(|| PathError::new(&path, "lock", io::ErrorKind::WouldBlock.into()).into())
+    }
+
     fn commit_log(&self, workspace: &Path) -> PathBuf {
         self.root.join(Self::commit_log_rel(workspace))
     }
@@ -543,19 +576,81 @@ impl StateDir {
     /// Record that the next commit changes `paths` (before its commit point: a commit that then
     /// fails leaves a harmless extra entry, never a missing one). Under the workspace lock.
     pub fn log_commit(&self, workspace: &Path, paths: &[PathBuf]) -> Result<u64, StateError> {
-        use std::io::Write;
+        self.log_commit_of(workspace, None, paths)
+    }
+
+    /// [`log_commit`](Self::log_commit), naming the transaction (`@<id>`, a word no reader of
+    /// paths takes for one: it is not hex), so that undo can tell which commit a generation was.
+    pub fn log_commit_of(&self, workspace: &Path, tx: Option<&str>, paths: &[PathBuf]) -> Result<u64, StateError> {
         let generation = self.generation(workspace)? + 1;
         let mut line = generation.to_string();
+        if let Some(id) = tx.filter(|id| valid_id(id)) {
+            line.push_str(" @");
+            line.push_str(id);
+        }
         for p in paths {
             line.push(' ');
             line.push_str(&path_to_hex(p));
         }
         line.push('\n');
+        self.append_commit_log(workspace, &line)?;
+        Ok(generation)
+    }
+
+    /// Say that the commit logged as `generation` by `tx` did not happen (it failed before its
+    /// commit point): `<generation> !<id>`, which changes neither the generation nor the paths.
+    pub fn cancel_commit(&self, workspace: &Path, generation: u64, tx: &str) -> Result<(), StateError> {
+        if !valid_id(tx) {
+            return Err(StateError::UnknownTx(tx.to_string()));
+        }
+        self.append_commit_log(workspace, &format!("{generation} !{tx}\n"))
+    }
+
+    fn append_commit_log(&self, workspace: &Path, line: &str) -> Result<(), StateError> {
+        use std::io::Write;
         let log = self.commit_log(workspace);
         let mut f =
             std::fs::OpenOptions::new().create(true).append(true).open(&log).map_err(at(&log, "open commit log"))?;
         f.write_all(line.as_bytes()).map_err(at(&log, "append commit log"))?;
-        Ok(generation)
+        Ok(())
+    }
+
+    /// The workspace's whole commit history, oldest first: each generation with the transaction
+    /// that logged it (if it said) and whether it was cancelled. Reads the whole log: for undo,
+    /// not for every run.
+    pub fn commit_history(&self, workspace: &Path) -> Result<Vec<Logged>, StateError> {
+        let log = self.commit_log(workspace);
+        let text = match std::fs::read(&log) {
+            Ok(t) => t,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(PathError::new(&log, "read commit log", e).into()),
+        };
+        let mut out: Vec<Logged> = Vec::new();
+        for (generation, words) in complete_lines(&text) {
+            let mut tx = None;
+            let mut cancelled = None;
+            let mut paths = Vec::new();
+            for w in words.split(' ').filter(|w| !w.is_empty()) {
+                if let Some(id) = w.strip_prefix('@').filter(|id| valid_id(id)) {
+                    tx = Some(id.to_string());
+                } else if let Some(id) = w.strip_prefix('!').filter(|id| valid_id(id)) {
+                    cancelled = Some(id.to_string());
+                } else if let Some(p) = path_from_hex(w) {
+                    paths.push(p);
+                }
+            }
+            match cancelled {
+                Some(id) => {
+                    for l in out.iter_mut().rev().filter(|l| l.generation == generation) {
+                        if l.tx.as_deref() == Some(id.as_str()) {
+                            l.cancelled = true;
+                        }
+                    }
+                }
+                None => out.push(Logged { generation, tx, cancelled: false, paths }),
+            }
+        }
+        Ok(out)
     }
 
     /// Commit records waiting to be applied (left by a crash, or being applied right now by
@@ -861,6 +956,11 @@ impl StateDir {
         matches!(self.gc_lock(false), Ok(Some(_)))
     }
 
+    /// Whether no collector is at work right now.
+    pub fn collector_idle(&self) -> bool {
+        matches!(self.gc_lock(false), Ok(Some(_)))
+    }
+
     fn gc_lock(&self, wait: bool) -> Result<Option<Lock>, StateError> {
         let path = self.root.join(layout::LOCKS).join(layout::GC_LOCK);
         let op = if wait { FlockOperation::LockExclusive } else { FlockOperation::NonBlockingLockExclusive };
@@ -925,7 +1025,7 @@ impl StateDir {
     /// Delete a session's layers kept next to the workspace (when the state directory is
     /// inside it), found from the authenticated meta only: a transaction whose meta does not
     /// verify has none there that txbox would touch. Best effort: what stays is harmless.
-    fn drop_outside_layers(&self, id: &str) {
+    pub(crate) fn drop_outside_layers(&self, id: &str) {
         let Ok(meta) = self.read_meta(id) else { return };
         if meta.kind != TxKind::Session {
             return;
@@ -970,6 +1070,11 @@ impl StateDir {
             }
             let record = Path::new(layout::JOURNAL).join(layout::record_name(&id));
             if rustix::fs::statat(self.fd(), &record, AtFlags::SYMLINK_NOFOLLOW).is_ok() {
+                continue;
+            }
+            // An undo past its commit point: its trash holds what it took from the workspace.
+            let undo = Path::new(layout::JOURNAL).join(layout::undo_record_name(&id));
+            if rustix::fs::statat(self.fd(), &undo, AtFlags::SYMLINK_NOFOLLOW).is_ok() {
                 continue;
             }
             let lock = match try_lock_beneath(dir.as_fd(), Path::new(layout::OWNER_LOCK)) {
@@ -1255,6 +1360,17 @@ impl TxMeta {
             strict_since,
         })
     }
+}
+
+/// One commit of a workspace's commit log ([`StateDir::commit_history`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Logged {
+    pub generation: u64,
+    /// The transaction that logged it (logs written before undo existed do not say).
+    pub tx: Option<String>,
+    /// It failed before its commit point: nothing changed.
+    pub cancelled: bool,
+    pub paths: Vec<PathBuf>,
 }
 
 /// A fresh transaction id: 16 random hex digits.
