@@ -13,6 +13,7 @@ use txbox::options::{Isolation, LimitArgs, Seconds};
 use txbox::render;
 use txbox::session;
 use txbox_policy::Policy;
+use txbox_txn::keep::KeepRules;
 use txbox_txn::{audit, CrashHook, Recovered, StateDir};
 
 #[derive(Parser, Debug)]
@@ -186,6 +187,7 @@ impl ServerArgs {
         let ceiling = Ceiling {
             limits: self.limits.or(&config.limits),
             isolation: self.isolation.or(config.isolation).unwrap_or_default(),
+            keep: config.keep_rules()?,
             pass_env: if self.pass_env.is_empty() { config.pass_env } else { self.pass_env },
             liftable: Vec::new(),
         };
@@ -238,6 +240,10 @@ struct RunArgs {
     /// Leave the transaction pending for review (prints its id) instead of committing.
     #[arg(long)]
     no_commit: bool,
+    /// Keep nothing of a failed command: without it, what it wrote in kept directories (build
+    /// output: target/, __pycache__/, ...; the configuration's `keep`) is committed anyway.
+    #[arg(long)]
+    no_keep: bool,
     /// `strict`: refused as a conflict (exit 3, nothing applied) if any other transaction
     /// committed to the workspace while it ran. Default `read-committed` (see README, Isolation).
     #[arg(long, value_enum)]
@@ -592,9 +598,28 @@ fn cmd_run(state_dir: Option<PathBuf>, json: bool, a: RunArgs) -> Result<i32> {
         keep_on_failure: a.on_failure == OnFailure::Keep,
         isolation: a.isolation.unwrap_or_default(),
         pass_env: a.opts.pass_env,
+        keep: if a.no_keep { KeepRules::none() } else { configured_keep(&a.ws) },
     };
     let r = engine::run(&req)?;
     Ok(show(json, &r))
+}
+
+/// The kept directories of the configuration file, else the defaults. `run` reads no other key
+/// of it; a file it cannot use is reported and the defaults apply.
+fn configured_keep(ws: &WorkspaceArg) -> KeepRules {
+    let cwd = std::env::current_dir().unwrap_or_default();
+    let untrusted = Untrusted {
+        workspaces: ws.workspace.iter().cloned().collect(),
+        state_dir: None,
+        fallback: ws.workspace.is_none().then_some(cwd),
+    };
+    match Config::load(Source::default_location().as_ref(), &untrusted).and_then(|c| c.keep_rules()) {
+        Ok(k) => k,
+        Err(e) => {
+            eprintln!("txbox: {}; the default kept directories apply", e.message);
+            KeepRules::default()
+        }
+    }
 }
 
 /// The workspace's state directory if it has one (nothing is made: these commands only look).

@@ -11,6 +11,7 @@ use txbox_sandbox::warm::NotWarm;
 use txbox_sandbox::{Finished, LaunchOptions, SandboxSpec, WarmUse};
 use txbox_txn::audit::{self, Counts};
 use txbox_txn::commit::{CommitError, CommitTarget};
+use txbox_txn::keep::KeepRules;
 use txbox_txn::layout::TxKind;
 use txbox_txn::meta::display_rel;
 use txbox_txn::session::Fingerprints;
@@ -59,6 +60,9 @@ pub struct RunRequest {
     pub isolation: Isolation,
     /// Variables passed to the command although their name or value marks a credential.
     pub pass_env: Vec<String>,
+    /// Kept directories (build output): committed even when the command fails, exempt from
+    /// conflict checks. `KeepRules::none()` keeps nothing.
+    pub keep: KeepRules,
 }
 
 use crate::options::Isolation;
@@ -392,13 +396,40 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
         });
     }
 
-    // 5. Decide: commit only a command that ran to completion with status 0.
+    // 5. Decide: commit only a command that ran to completion with status 0. A failed one
+    // still commits what it wrote in kept directories (build output), if anything.
     if !record(&mut r, finished) {
         r.outcome = Outcome::RolledBack;
-        drop_tx(&env.state, tx, served_warm);
-        timeline.mark("rollback");
-        audit(&env, &req.command, &mut r, started, false);
+        if req.keep.is_empty() || !wrote_something(&tx.upper) {
+            drop_tx(&env.state, tx, served_warm);
+            timeline.mark("rollback");
+            audit(&env, &req.command, &mut r, started, false);
+            timeline.mark("audit");
+            return Ok(r);
+        }
+        let target = Target {
+            id: &tx.id,
+            upper: &tx.upper,
+            trash: &tx.trash,
+            max_write: limits.max_write,
+            policy: &req.policy,
+            approved: None,
+            keep: &req.keep,
+            kept_only: true,
+        };
+        let mut hook = CrashHook::from_env();
+        let mut auditor = CommitAudit::new(&env, &req.command, &r, started);
+        let kept = commit_upper(&env, &target, Base::Generation(base_generation), None, &mut auditor, &mut hook);
+        timeline.mark("keep");
+        settle_kept(&mut r, kept);
+        auditor.finish(&mut r);
         timeline.mark("audit");
+        let _ = hook.tick();
+        match r.pending_recovery {
+            Some(_) => drop(tx),
+            None => drop_tx(&env.state, tx, served_warm),
+        }
+        timeline.mark("rollback");
         return Ok(r);
     }
 
@@ -411,6 +442,8 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
         max_write: limits.max_write,
         policy: &req.policy,
         approved: None,
+        keep: &req.keep,
+        kept_only: false,
     };
     // The audit entry of a commit is appended at its commit point. 7. Audit what else
     // happened, 8. clean up (in this order: a crash in between leaves a directory recovery
@@ -451,13 +484,14 @@ fn keep_held(env: &Env, tx: TxDir, fps: &Fingerprints, r: &mut RunResult, served
 
 /// Turn a commit attempt into the result's outcome. For a held change, returns the base
 /// fingerprints a run's transaction keeps (a session has its own: the default set).
-pub(crate) fn settle(r: &mut RunResult, committed: Result<ChangeSet, TxError>) -> Option<Fingerprints> {
+pub(crate) fn settle(r: &mut RunResult, committed: Result<Landed, TxError>) -> Option<Fingerprints> {
     match committed {
-        Ok(cs) => {
+        Ok(Landed { cs, kept }) => {
             r.outcome = Outcome::Committed;
             r.changes = Changes::of(&cs);
             r.skipped = cs.skipped.iter().map(|p| display_rel(p)).collect();
             r.dropped_xattrs = DroppedXattr::of(&cs);
+            r.kept = kept;
         }
         Err(TxError::Conflict(paths, msg)) => {
             r.outcome = Outcome::Conflict;
@@ -465,9 +499,11 @@ pub(crate) fn settle(r: &mut RunResult, committed: Result<ChangeSet, TxError>) -
             r.conflicts = paths;
             r.error = Some(msg);
         }
-        Err(TxError::Unfinished(cs, msg)) => {
+        Err(TxError::Unfinished(landed, msg)) => {
             // Committed: the command's exit status stands (125 would say nothing changed).
+            let Landed { cs, kept } = *landed;
             r.outcome = Outcome::Committed;
+            r.kept = kept;
             r.changes = Changes::of(&cs);
             r.skipped = cs.skipped.iter().map(|p| display_rel(p)).collect();
             r.dropped_xattrs = DroppedXattr::of(&cs);
@@ -510,6 +546,41 @@ pub(crate) fn settle(r: &mut RunResult, committed: Result<ChangeSet, TxError>) -
     None
 }
 
+/// Turn the commit of a failed command's kept directories into its result: the outcome stays
+/// `rolled_back` (the command's status stands); what landed is in `changes` and `kept`, and
+/// why nothing was kept, if so, in `kept_error`.
+pub(crate) fn settle_kept(r: &mut RunResult, kept: Result<Landed, TxError>) {
+    let refused = |r: &mut RunResult, why: String| r.kept_error = Some(format!("{why}; nothing was kept"));
+    match kept {
+        Ok(Landed { cs, kept }) => {
+            r.changes = Changes::of(&cs);
+            r.skipped = cs.skipped.iter().map(|p| display_rel(p)).collect();
+            r.dropped_xattrs = DroppedXattr::of(&cs);
+            r.kept = kept;
+        }
+        Err(TxError::Unfinished(landed, msg)) => {
+            let Landed { cs, kept } = *landed;
+            r.changes = Changes::of(&cs);
+            r.kept = kept;
+            r.pending_recovery = Some(msg);
+        }
+        Err(TxError::Held(h)) => {
+            let why: Vec<String> =
+                h.findings.iter().map(|f| format!("{} ({}: {})", f.path, f.rule, f.reason)).collect();
+            refused(r, format!("the commit-time policy holds {}", why.join(", ")));
+        }
+        Err(TxError::Denied { rule, reason }) => refused(r, format!("commit refused by rule {rule}: {reason}")),
+        Err(TxError::Limit { msg, .. }) => refused(r, msg),
+        Err(TxError::Conflict(_, msg) | TxError::Other(msg)) => refused(r, msg),
+    }
+}
+
+/// What a commit landed: the change set, and the kept directories it changed.
+pub(crate) struct Landed {
+    pub cs: ChangeSet,
+    pub kept: Vec<String>,
+}
+
 /// A change held by the commit-time policy (what `settle` reports).
 pub(crate) struct Held {
     cs: ChangeSet,
@@ -533,7 +604,7 @@ pub(crate) enum TxError {
         reason: String,
     },
     /// Past its commit point: committed, applying stopped; recovery applies the rest.
-    Unfinished(Box<ChangeSet>, String),
+    Unfinished(Box<Landed>, String),
     /// Refused or failed before the commit point: nothing changed.
     Other(String),
 }
@@ -550,6 +621,11 @@ pub(crate) struct Target<'a> {
     /// A person's approval (`txbox approve`): these held changes may commit; any other hold
     /// (something changed since) holds the transaction again.
     pub approved: Option<&'a [HeldChange]>,
+    /// Kept directories: exempt from conflict checks, and listed.
+    pub keep: &'a KeepRules,
+    /// A failed command: commit only what lies in kept directories; a hold or a denial of it
+    /// keeps nothing (nobody is asked about a failed command's build output).
+    pub kept_only: bool,
 }
 
 /// Commits with at least this many steps show progress on a terminal.
@@ -572,8 +648,10 @@ fn overlapping(ours: &[PathBuf], theirs: &[PathBuf]) -> Vec<PathBuf> {
 /// Classify `upper` and commit it, under the workspace lock, unless a path it changes was
 /// changed since the transaction's base (first committer wins), or, with `strict_since` (strict
 /// isolation: the workspace's commit generation when the transaction began), unless any
-/// transaction committed to the workspace since then. `audit` is made ready before the commit
-/// point (a log that cannot be written refuses the commit) and told at it.
+/// transaction committed to the workspace since then. Paths in kept directories
+/// (`t.keep`) are exempt from both (last writer wins) and are not logged for others' checks;
+/// with `t.kept_only`, only they are committed. `audit` is made ready before the commit point
+/// (a log that cannot be written refuses the commit) and told at it.
 pub(crate) fn commit_upper(
     env: &Env,
     t: &Target<'_>,
@@ -581,13 +659,30 @@ pub(crate) fn commit_upper(
     strict_since: Option<u64>,
     audit: &mut CommitAudit<'_>,
     hook: &mut CrashHook,
-) -> Result<ChangeSet, TxError> {
+) -> Result<Landed, TxError> {
     let other = |e: &dyn std::fmt::Display| TxError::Other(e.to_string());
     let _lock = env.state.lock_workspace(&env.workspace).map_err(|e| other(&e))?;
     if let Some(since) = strict_since {
         strict_check(env, since).map_err(|e| other(&e))??;
     }
-    let cs = txbox_txn::classify(t.upper, &env.workspace, &env.exclude).map_err(|e| other(&e))?;
+    let whole = txbox_txn::classify(t.upper, &env.workspace, &env.exclude).map_err(|e| other(&e))?;
+    let split =
+        txbox_txn::keep::split(&whole, t.keep, &txbox_txn::keep::Layers { upper: t.upper, workspace: &env.workspace });
+    if t.kept_only && !split.roots.is_empty() && !split.inputs_changed.is_empty() {
+        let mut shown: Vec<String> = split.inputs_changed.iter().take(3).map(|p| display_rel(p)).collect();
+        if split.inputs_changed.len() > 3 {
+            shown.push(format!("and {} more", split.inputs_changed.len() - 3));
+        }
+        return Err(TxError::Other(format!(
+            "the command also changed {}, which the rollback restores: build output made from the changed \
+             files would look newer than them",
+            shown.join(", ")
+        )));
+    }
+    let kept_only = t.kept_only || split.rest.is_empty();
+    let kept: Vec<String> = split.roots.iter().map(|p| display_rel(p)).collect();
+    let in_kept = |p: &Path| split.roots.iter().any(|r| p.starts_with(r));
+    let cs = if t.kept_only { split.kept } else { whole };
     let run_base = matches!(base, Base::Generation(_));
     if let Some(max) = t.max_write.filter(|max| cs.bytes > *max) {
         return Err(TxError::Limit {
@@ -595,10 +690,11 @@ pub(crate) fn commit_upper(
             msg: format!("the change set allocates {} bytes, over the write limit of {max}", cs.bytes),
         });
     }
+    // What others' commits are checked against: kept directories are last writer wins.
     let ours: Vec<PathBuf> = cs
         .changes
         .iter()
-        .filter(|c| !matches!(c.op, txbox_txn::changeset::ChangeOp::DirMeta { .. }))
+        .filter(|c| !matches!(c.op, txbox_txn::changeset::ChangeOp::DirMeta { .. }) && !in_kept(&c.path))
         .map(|c| c.path.clone())
         .collect();
     let mut paths = match base {
@@ -607,6 +703,7 @@ pub(crate) fn commit_upper(
         }
         Base::Fingerprints(f) => f.conflicts(&cs, &env.workspace).map_err(|e| other(&e))?,
     };
+    paths.retain(|p| !in_kept(p));
     paths.sort();
     paths.dedup();
     if !paths.is_empty() {
@@ -614,7 +711,8 @@ pub(crate) fn commit_upper(
         let msg = format!("changed in the workspace since this transaction began: {}", shown.join(", "));
         return Err(TxError::Conflict(shown, msg));
     }
-    // The commit-time policy: files the host runs later by itself wait for a person.
+    // The commit-time policy: files the host runs later by itself wait for a person. Kept
+    // content is judged like any other.
     let findings = crate::judge::judge(t.policy, &cs, t.upper, &env.workspace);
     if let Some(d) = findings.iter().find(|f| f.action == CommitAction::Deny) {
         return Err(TxError::Denied { rule: d.rule.clone(), reason: d.reason.clone() });
@@ -627,7 +725,7 @@ pub(crate) fn commit_upper(
     let approved = |h: &HeldChange| t.approved.is_some_and(|a| a.iter().any(|x| x.path == h.path && x.rule == h.rule));
     if !holds.iter().all(approved) {
         // A run keeps its base from now on as a session does: what each path holds now.
-        let fps = if run_base {
+        let fps = if run_base && !t.kept_only {
             let mut fps = Fingerprints::default();
             fps.record_layer(1, t.upper, &env.workspace).map_err(|e| other(&e))?;
             Some(fps)
@@ -637,8 +735,9 @@ pub(crate) fn commit_upper(
         return Err(TxError::Held(Box::new(Held { cs, findings: holds, fps })));
     }
     if cs.changes.is_empty() {
-        return Ok(cs);
+        return Ok(Landed { cs, kept: Vec::new() });
     }
+    audit.kept(kept.clone(), kept_only, t.kept_only);
     audit.prepare().map_err(TxError::Other)?;
     env.state.release_reserve_if_low();
     if !ours.is_empty() {
@@ -661,7 +760,7 @@ pub(crate) fn commit_upper(
     let result = txbox_txn::commit::commit(&target, &cs, hook, &mut || audit.committed(&cs));
     crate::progress::finish();
     match result {
-        Ok(()) => Ok(cs),
+        Ok(()) => Ok(Landed { cs, kept }),
         Err(CommitError::Conflict { path, what }) => {
             let p = display_rel(&path);
             Err(TxError::Conflict(
@@ -669,7 +768,7 @@ pub(crate) fn commit_upper(
                 format!("{p} changed in the workspace during the transaction ({what})"),
             ))
         }
-        Err(e) if e.committed() => Err(TxError::Unfinished(Box::new(cs), e.to_string())),
+        Err(e) if e.committed() => Err(TxError::Unfinished(Box::new(Landed { cs, kept }), e.to_string())),
         Err(e) => Err(TxError::Other(format!("commit failed: {e}"))),
     }
 }
@@ -698,7 +797,7 @@ fn strict_check(env: &Env, since: u64) -> Result<Result<(), TxError>, EngineErro
 /// collector is wanted now (under sustained load the server is never idle).
 pub(crate) fn drop_tx(state: &StateDir, tx: TxDir, collected: bool) {
     let id = tx.id.clone();
-    let wrote_something = std::fs::read_dir(&tx.upper).map(|mut d| d.next().is_some()).unwrap_or(true);
+    let wrote_something = wrote_something(&tx.upper);
     // A run that left nothing in its directory gives it to the next one (the lock held in
     // `tx` goes with it and is released below); one that wrote cannot, so is not examined.
     if !wrote_something && state.recycle_tx(&id) {
@@ -728,6 +827,11 @@ pub(crate) fn drop_tx(state: &StateDir, tx: TxDir, collected: bool) {
         return;
     }
     start_collector(state, true);
+}
+
+/// Whether a layer holds anything (unreadable: assume it does).
+fn wrote_something(upper: &Path) -> bool {
+    std::fs::read_dir(upper).map(|mut d| d.next().is_some()).unwrap_or(true)
 }
 
 /// Start a detached `txbox __gc` for the state directory's retired directories if one is
@@ -790,11 +894,31 @@ pub(crate) struct CommitAudit<'a> {
     log: Option<audit::Log>,
     /// Set once the commit's entry was appended (Ok) or could not be (why).
     written: Option<Result<(), String>>,
+    /// The kept directories the commit changes, and whether it changes nothing else.
+    kept: Vec<String>,
+    kept_only: bool,
+    /// A failed command's kept directories: the entry keeps the outcome `rolled_back`.
+    failed: bool,
 }
 
 impl<'a> CommitAudit<'a> {
     pub(crate) fn new(env: &'a Env, command: &'a Command, r: &RunResult, started: Instant) -> CommitAudit<'a> {
-        CommitAudit { env, command, started, template: entry_of(env, command, r), log: None, written: None }
+        CommitAudit {
+            env,
+            command,
+            started,
+            template: entry_of(env, command, r),
+            log: None,
+            written: None,
+            kept: Vec::new(),
+            kept_only: false,
+            failed: false,
+        }
+    }
+
+    /// Before the commit point: what of the commit is kept directories.
+    fn kept(&mut self, kept: Vec<String>, kept_only: bool, failed: bool) {
+        (self.kept, self.kept_only, self.failed) = (kept, kept_only, failed);
     }
 
     /// Before the commit point: open the log, or say why the commit cannot be audited.
@@ -811,8 +935,12 @@ impl<'a> CommitAudit<'a> {
     /// At the commit point: the entry, outcome `committed`.
     fn committed(&mut self, cs: &ChangeSet) {
         let mut entry = self.template.clone();
-        entry.outcome = Outcome::Committed.as_str().to_string();
-        entry.rollback_reason = None;
+        if !self.failed {
+            entry.outcome = Outcome::Committed.as_str().to_string();
+            entry.rollback_reason = None;
+        }
+        entry.kept = self.kept.clone();
+        entry.kept_only = self.kept_only;
         entry.changes = Changes::of(cs).counts();
         entry.duration_ms = rounded_ms(self.started);
         entry.time_ms = audit::now_ms();

@@ -20,6 +20,7 @@ pub mod commit;
 pub mod fsx;
 pub mod hex;
 pub mod journal;
+pub mod keep;
 pub mod layout;
 pub mod meta;
 pub mod plan;
