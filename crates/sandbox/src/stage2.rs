@@ -298,6 +298,8 @@ struct MountAttr {
 }
 
 const MOUNT_ATTR_RDONLY: u64 = 0x1;
+const MOUNT_ATTR_NOSUID: u64 = 0x2;
+const MOUNT_ATTR_NODEV: u64 = 0x4;
 
 fn mount_setattr(target: &std::path::Path, recursive: bool, set: u64, clr: u64) -> Result<(), StepError> {
     let c = CString::new(target.as_os_str().as_bytes())
@@ -378,6 +380,17 @@ pub(crate) fn mount(op: &MountOp, pins: &Pins) -> Result<(), StepError> {
             let _ = std::fs::File::create(target);
             mnt(src.as_path(), target.as_path(), "", MountFlags::BIND, None)
                 .map_err(at(format!("bind {}", target.display())))
+        }
+        MountOp::BindDir { source, target } => {
+            let Some(src) = pins.name(source) else { return Ok(()) };
+            // The target must be a directory already (made by the launcher, never here: this
+            // mount namespace shares the host's filesystems).
+            if !std::fs::symlink_metadata(target).is_ok_and(|m| m.is_dir()) {
+                return Ok(());
+            }
+            mnt(src.as_path(), target.as_path(), "", MountFlags::BIND, None)
+                .map_err(at(format!("bind cache {}", target.display())))?;
+            mount_setattr(target, false, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, 0)
         }
         MountOp::Devpts { target } => {
             mkdir_p(target);
@@ -604,7 +617,9 @@ pub(crate) fn confine(spec: &SandboxSpec, seccomp: Option<&seccompiler::BpfProgr
     }
     // Landlock: writes only beneath the workspace view, /tmp, /dev and configured extras —
     // a second wall behind the read-only mounts, best effort by kernel ABI.
-    let plan = crate::landlock::LandlockPlan::new(&spec.workspace, &spec.writable);
+    let mut writable = spec.writable.clone();
+    writable.extend(spec.caches.iter().map(|(_, t)| t.clone()));
+    let plan = crate::landlock::LandlockPlan::new(&spec.workspace, &writable);
     crate::landlock::apply(&plan)
         .map_err(|e| StepError { step: format!("landlock: {e}"), errno: rustix::io::Errno::PERM })?;
     // seccomp last: it refuses mount and friends, which everything above needed.

@@ -113,6 +113,8 @@ enum Sub {
     Log(LogArgs),
     /// Finish (roll forward) or discard transactions interrupted by a crash.
     Recover(WorkspaceArg),
+    /// Bring the package caches within a size budget: whole caches go, least recently used first.
+    Gc(GcArgs),
     /// A guided run on a scratch workspace: a commit, a rollback and a refusal.
     Demo,
     /// What this host supports, and how to fix what it lacks.
@@ -254,6 +256,15 @@ struct RunArgs {
     /// The command as PROGRAM ARGS, after `--`.
     #[arg(last = true, value_name = "PROGRAM [ARG]...")]
     argv: Vec<OsString>,
+}
+
+#[derive(Args, Debug)]
+struct GcArgs {
+    #[command(flatten)]
+    ws: WorkspaceArg,
+    /// The most every package cache together may take (suffixes K, M, G; default 10G).
+    #[arg(long, value_name = "BYTES", value_parser = txbox::size::parse_size)]
+    max_cache_size: Option<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -492,6 +503,7 @@ fn dispatch(cli: Cli) -> Result<i32> {
         Sub::Sh { args } => crate::shim::main(state_dir, args),
         Sub::Log(a) => cmd_log(state_dir, json, a),
         Sub::Recover(a) => cmd_recover(state_dir, json, a),
+        Sub::Gc(a) => cmd_gc(state_dir, json, a),
         Sub::Demo => crate::demo::run(),
         Sub::Doctor => crate::doctor::run(json),
         Sub::Policy(PolicyCmd::Check { ws, policy, command }) => cmd_policy_check(json, ws, &policy, &command),
@@ -620,6 +632,29 @@ fn configured_keep(ws: &WorkspaceArg) -> KeepRules {
             KeepRules::default()
         }
     }
+}
+
+/// `txbox gc`: the package caches of the workspace's state directory within a budget
+/// (`txbox::caches::gc`).
+fn cmd_gc(state_dir: Option<PathBuf>, json: bool, a: GcArgs) -> Result<i32> {
+    let Some(state) = state_for(state_dir, &a.ws)? else {
+        return Ok(0);
+    };
+    let report = txbox::caches::gc(&state.root, a.max_cache_size.unwrap_or(txbox::caches::DEFAULT_BUDGET));
+    if json {
+        println!("{}", serde_json::to_string(&report)?);
+    } else {
+        eprintln!(
+            "txbox: package caches {} → {} ({} removed)",
+            txbox::size::show_size(report.before),
+            txbox::size::show_size(report.after),
+            report.removed.len()
+        );
+    }
+    for e in &report.errors {
+        eprintln!("txbox: gc: {e}");
+    }
+    Ok(i32::from(!report.errors.is_empty()))
 }
 
 /// The workspace's state directory if it has one (nothing is made: these commands only look).

@@ -251,6 +251,9 @@ mod tests {
         assert!(Config::parse("memory = \"1K\"", p).is_err());
         assert!(Config::parse("isolation = \"strict\"", p).is_ok());
         assert!(Config::parse("keep = []", p).unwrap().keep_rules().unwrap().is_empty());
+        assert!(Config::parse("", p).unwrap().limits.to_limits().caches, "caches are on by default");
+        let c = Config::parse("no_caches = true", p).unwrap();
+        assert!(!c.limits.to_limits().caches && c.widening().is_empty(), "turning caches off only narrows");
         assert!(Config::parse("keep = [\".git\"]", p).is_err(), "version control is never kept");
         assert!(Config::parse("keep = [\"../x\"]", p).is_err());
     }

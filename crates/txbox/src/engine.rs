@@ -140,6 +140,9 @@ pub fn policy_context(workspace: &Path, cwd: &Path) -> Context {
         workspace: workspace.to_path_buf(),
         cwd: cwd.to_path_buf(),
         home: std::env::var_os("HOME").map(PathBuf::from),
+        // The package caches a run may mount (whether or not this one does: the sandbox is
+        // what keeps the rest read-only).
+        writable: crate::caches::locations_here(workspace),
     }
 }
 
@@ -230,6 +233,8 @@ pub struct Limits {
     /// Bytes the command may write into its upper layer.
     pub max_write: Option<u64>,
     pub host_network: bool,
+    /// Mount txbox's package caches at the tools' default locations (`crate::caches`).
+    pub caches: bool,
 }
 
 /// Where a command's stdio goes.
@@ -281,6 +286,16 @@ fn other_states(workspace: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
+/// The package caches of a run: the installed tools' caches, per workspace, in the state
+/// directory (`STATE/caches`, hidden from commands), over the tools' default locations in the
+/// caller's environment (`crate::caches`).
+fn package_caches(env: &Env) -> Vec<(PathBuf, PathBuf)> {
+    let var = |k: &str| std::env::var(k).ok();
+    let tools = crate::caches::installed_here();
+    let plan = crate::caches::plan(tools, &var, &env.state.root, &env.workspace);
+    crate::caches::prepare(plan).into_iter().map(|m| (m.source, m.target)).collect()
+}
+
 // Each argument is one independent input of the sandbox; grouping them would only rename them.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn execute(
@@ -305,8 +320,13 @@ pub(crate) fn execute(
     spec.hide.extend(policy_file.and_then(|p| std::fs::canonicalize(p).ok()));
     // Everything else by rule: other homes, host keys, credentials, sockets' places, other
     // state directories (txbox_sandbox::secrets).
+    if limits.caches {
+        spec.caches = package_caches(env);
+    }
     let host = txbox_sandbox::secrets::Host::gather(other_states(&env.workspace));
-    spec.hide.extend(txbox_sandbox::secrets::hidden(&host, &env.workspace, &spec.writable));
+    let mut writable = spec.writable.clone();
+    writable.extend(spec.caches.iter().map(|(_, t)| t.clone()));
+    spec.hide.extend(txbox_sandbox::secrets::hidden(&host, &env.workspace, &writable));
     spec.cwd = env.cwd_for(cwd);
     spec.userns = !rustix::process::geteuid().is_root();
     spec.uid = rustix::process::getuid().as_raw();

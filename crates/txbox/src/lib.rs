@@ -10,6 +10,7 @@
 //! - [`render`]: the human summary line and the JSON of DESIGN §3.
 
 pub mod api;
+pub mod caches;
 pub mod config;
 pub mod diff;
 pub mod engine;

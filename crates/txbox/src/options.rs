@@ -336,6 +336,10 @@ pub struct LimitArgs {
     #[arg(long, value_enum, value_name = "NET")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub network: Option<Network>,
+    /// No package caches: pip, npm, cargo and go see their default cache locations read-only (by default txbox's own persistent caches are mounted there, outside the transaction).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub no_caches: bool,
 }
 
 /// A request that asks for more than the operator's ceiling allows.
@@ -392,6 +396,8 @@ impl LimitArgs {
             max_output: narrow("max_output", self.max_output, ceiling.max_output, |a, c| by_value(&a.get(), &c.get()))?,
             max_write: narrow("max_write", self.max_write, ceiling.max_write, |a, c| by_value(&a.get(), &c.get()))?,
             network,
+            // Without caches only narrows: the operator's `no_caches` holds for every request.
+            no_caches: self.no_caches || ceiling.no_caches,
         })
     }
 
@@ -405,6 +411,7 @@ impl LimitArgs {
             max_output: self.max_output.or(fallback.max_output),
             max_write: self.max_write.or(fallback.max_write),
             network: self.network.or(fallback.network),
+            no_caches: self.no_caches || fallback.no_caches,
         }
     }
 
@@ -418,6 +425,7 @@ impl LimitArgs {
             max_output: self.max_output.map(|m| m.get()),
             max_write: self.max_write.map(|m| m.get()),
             host_network: self.network == Some(Network::Host),
+            caches: !self.no_caches,
         }
     }
 }
