@@ -593,11 +593,26 @@ pub(crate) fn confine(spec: &SandboxSpec, seccomp: Option<&seccompiler::BpfProgr
     // Best effort: a run is never refused for it. The command cannot lower it again: as root
     // it loses CAP_SYS_RESOURCE at exec (and the minimum is set with it now), and Landlock
     // refuses writes under /proc.
-    if let Ok(fd) = rustix::fs::open(
-        "/proc/self/oom_score_adj",
-        rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
-        rustix::fs::Mode::empty(),
-    ) {
+    let open_oom = || {
+        rustix::fs::open(
+            "/proc/self/oom_score_adj",
+            rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+    };
+    // This process inherited "not dumpable" from the sandbox's init or the warm server, which
+    // gives its /proc files to the namespace's root: a command running as another uid cannot
+    // open its own oom_score_adj. Dumpable again only for the write, and only in this process,
+    // which holds nothing of the init's and is about to exec (which sets it dumpable anyway).
+    let fd = open_oom().or_else(|_| {
+        // SAFETY: prctl with integer arguments only.
+        unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) };
+        let fd = open_oom();
+        // SAFETY: as above.
+        unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+        fd
+    });
+    if let Ok(fd) = fd {
         let _ = rustix::io::write(&fd, b"1000");
     }
     // Root without a user namespace keeps only the everyday capabilities (file ownership,

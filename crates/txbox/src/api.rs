@@ -55,7 +55,7 @@ impl ErrorKind {
         }
     }
 
-    /// The CLI's exit status (DESIGN §3): usage errors 2, conflicts 3, anything else 125.
+    /// The CLI's exit status (docs/DESIGN.md §3): usage errors 2, conflicts 3, anything else 125.
     pub fn exit_code(self) -> i32 {
         match self {
             ErrorKind::Usage => 2,

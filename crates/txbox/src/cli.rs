@@ -122,7 +122,7 @@ enum Sub {
     /// Inspect the policy.
     #[command(subcommand)]
     Policy(PolicyCmd),
-    /// HTTP API (DESIGN §7) and MCP over streamable HTTP (/mcp) for the workspaces named here; bearer-token auth.
+    /// HTTP API (docs/DESIGN.md §8) and MCP over streamable HTTP (/mcp) for the workspaces named here; bearer-token auth.
     /// Limits given here are ceilings: the most a request may ask for, and what it gets by default.
     Serve {
         /// Address to listen on, e.g. 127.0.0.1:8731.

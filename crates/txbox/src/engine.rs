@@ -76,6 +76,10 @@ pub enum EngineError {
     Layers(#[from] txbox_txn::session::LayerError),
     #[error("{0}")]
     Usage(String),
+    /// What txbox itself failed at (a record it wrote that does not read back, a scratch
+    /// directory it could not make): not the caller's doing, exit 125 / HTTP 500.
+    #[error("{0}")]
+    Internal(String),
     #[error("workspace {path}: {source}")]
     Workspace { path: PathBuf, source: std::io::Error },
     #[error(transparent)]
@@ -221,7 +225,7 @@ pub(crate) struct Layers<'a> {
     pub work: &'a Path,
 }
 
-/// Resource limits and network access of one execution (DESIGN §3 `run`/`exec` options).
+/// Resource limits and network access of one execution (docs/DESIGN.md §3, `run`/`exec` options).
 #[derive(Debug, Clone, Default)]
 pub struct Limits {
     pub timeout: Option<Duration>,
@@ -838,7 +842,7 @@ pub(crate) fn drop_tx(state: &StateDir, tx: TxDir, collected: bool) {
         return;
     }
     // A rollback returns as soon as the layer is retired; a detached collector deletes it
-    // (DESIGN §8: rollback ≤ 50 ms, cleanup may continue in the background). Should it die,
+    // (docs/DESIGN.md §9: rollback ≤ 50 ms, cleanup may continue in the background). Should it die,
     // the next collector finishes the job.
     let retired = state.retire_tx(&id);
     drop(tx);

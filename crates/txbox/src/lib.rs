@@ -1,13 +1,13 @@
 //! txbox as a library: the orchestration every front end shares, and how results are rendered.
 //!
 //! - [`engine`]: one command → one transaction (policy, sandbox, classify, commit/rollback, audit);
-//! - [`result`]: what one transaction did (the JSON object of DESIGN §3);
+//! - [`result`]: what one transaction did (the JSON object of docs/DESIGN.md §4);
 //! - [`judge`]: the commit-time policy on a change set (what is held for a person);
 //! - [`options`]: limits and other run options, defined once for the CLI, HTTP, MCP and the
 //!   configuration file, validated when parsed;
 //! - [`api`]: what the agent-facing servers (`serve`, `mcp`) share: the workspaces and ceilings
 //!   an operator set, requests, and errors in one shape;
-//! - [`render`]: the human summary line and the JSON of DESIGN §3.
+//! - [`render`]: the human summary line and the JSON of docs/DESIGN.md §3–4.
 
 pub mod api;
 pub mod caches;

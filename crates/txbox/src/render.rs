@@ -37,7 +37,7 @@ pub fn warnings(r: &RunResult) -> Vec<String> {
     out
 }
 
-/// The one-line summary of DESIGN §3, e.g.
+/// The one-line summary of docs/DESIGN.md §3, e.g.
 /// `txbox: committed tx 7f3a… (+3 ~1 -2) in 4.1 ms`, followed by [`warnings`] if any.
 pub fn summary(r: &RunResult) -> String {
     let mut lines = vec![outcome_line(r)];

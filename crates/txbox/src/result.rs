@@ -1,4 +1,4 @@
-//! The result of one transaction (DESIGN §3's JSON object) and how a command's fate becomes
+//! The result of one transaction (docs/DESIGN.md §4's JSON object) and how a command's fate becomes
 //! one. Front ends read these types; only the engine and sessions fill them in.
 
 use std::path::PathBuf;
@@ -108,7 +108,7 @@ impl DroppedXattr {
     }
 }
 
-/// The result of one `run`, exactly the JSON object of DESIGN §3.
+/// The result of one `run`, exactly the JSON object of docs/DESIGN.md §4.
 #[derive(Debug, Clone, Serialize)]
 pub struct RunResult {
     pub tx: String,

@@ -1,4 +1,4 @@
-//! `txbox serve`: the HTTP+JSON API of DESIGN §7 and MCP over streamable HTTP at `/mcp`, over
+//! `txbox serve`: the HTTP+JSON API of docs/DESIGN.md §8 and MCP over streamable HTTP at `/mcp`, over
 //! [`txbox::api::Api`] (shared with `txbox mcp`). Workspaces and ceilings are fixed at start.
 //!
 //! Every route but `GET /v1/health` sits behind one authentication layer on the router (a
@@ -132,7 +132,7 @@ fn result_status(r: &RunResult) -> StatusCode {
 fn result_response(r: Result<RunResult, ApiError>) -> Response {
     match r {
         Ok(r) => {
-            // render::json keeps DESIGN §3's field order.
+            // render::json keeps docs/DESIGN.md §4's field order.
             let headers = [(axum::http::header::CONTENT_TYPE, "application/json")];
             (result_status(&r), headers, txbox::render::json(&r)).into_response()
         }

@@ -160,7 +160,7 @@ pub fn held(state: &StateDir, tx: &str) -> Result<Vec<HeldChange>, EngineError> 
         return Ok(Vec::new());
     }
     let text = state.hold(tx)?.unwrap_or_default();
-    serde_json::from_str(&text).map_err(|e| EngineError::Usage(format!("transaction {tx}: its hold record: {e}")))
+    serde_json::from_str(&text).map_err(|e| EngineError::Internal(format!("transaction {tx}: its hold record: {e}")))
 }
 
 /// `commit`: squash the steps, check for conflicts against each path's base, judge with the
@@ -231,7 +231,8 @@ fn commit_as(state: &StateDir, tx: &str, policy: &Policy, approving: bool) -> Re
     if r.outcome == Outcome::Held {
         // Squashed into one layer, the session waits for a person; the record of why first,
         // then the status that says so.
-        let text = serde_json::to_string(&r.held).map_err(|e| EngineError::Usage(e.to_string()))?;
+        let text = serde_json::to_string(&r.held)
+            .map_err(|e| EngineError::Internal(format!("transaction {}: writing its hold record: {e}", r.tx)))?;
         state.set_hold(tx, &text)?;
         state.set_status(tx, Status::Held)?;
     } else if r.pending_recovery.is_none() {
@@ -291,7 +292,7 @@ pub fn with_diff<T>(
     let scratch = state.diff_scratch(tx);
     let _ = remove_tree(&scratch);
     std::fs::create_dir_all(&scratch)
-        .map_err(|e| EngineError::Usage(format!("creating {}: {e}", scratch.display())))?;
+        .map_err(|e| EngineError::Internal(format!("creating {}: {e}", scratch.display())))?;
     let result = (|| {
         let mut copies = Vec::new();
         for (n, upper) in session::layers(&state.steps_root(tx, &env.workspace)?)? {
@@ -302,7 +303,7 @@ pub fn with_diff<T>(
         let cs = match squash(&copies)? {
             Some(upper) => txbox_txn::classify(&upper, &env.workspace, &env.exclude)
                 .map(|cs| (cs, upper))
-                .map_err(|e| EngineError::Usage(e.to_string()))?,
+                .map_err(|e| EngineError::Internal(format!("transaction {tx}: classifying its layers: {e}")))?,
             None => (ChangeSet::default(), scratch.clone()),
         };
         f(&env, &cs.0, &cs.1)

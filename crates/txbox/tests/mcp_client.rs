@@ -48,7 +48,7 @@ async fn rmcp_client_runs_transactions() {
     assert_eq!(info.server_info.as_ref().map(|i| i.name.as_str()), Some("txbox"));
     assert!(info.capabilities.tools.is_some(), "tools capability not announced");
 
-    // Tools: the names of DESIGN §7, each with an object input schema naming its required keys.
+    // Tools: the names of docs/DESIGN.md §8, each with an object input schema naming its required keys.
     let tools = client.list_all_tools().await.unwrap();
     let names: Vec<&str> = tools.iter().map(|t| t.name.as_ref()).collect();
     assert_eq!(names, ["run", "begin", "exec", "diff", "commit", "rollback", "list", "log"]);

@@ -154,7 +154,7 @@ fn exit_statuses_follow_the_contract() {
     let out = txbox(As::Me, &s, &["run", "-C", ws, "--", "/no/such/program"]);
     assert_eq!(out.status.code(), Some(127), "{}", describe(&out));
     let out = txbox(As::Me, &s, &["run", "-C", ws]);
-    // A usage error (DESIGN §3: exit 2), nothing ran; 125 is for txbox failing.
+    // A usage error (docs/DESIGN.md §3: exit 2), nothing ran; 125 is for txbox failing.
     assert_eq!(out.status.code(), Some(2), "nothing to run is a usage error: {}", describe(&out));
 }
 

@@ -109,7 +109,7 @@ pub fn dir_meta_plan(
     let owner = cur.uid == p.euid || p.fowner;
     let want_mode = want.mode & meta::COMMIT_MODE_MASK;
     if owner {
-        // Also strips setuid, setgid and sticky bits the directory had (DESIGN §5.2).
+        // Also strips setuid, setgid and sticky bits the directory had (docs/DESIGN.md §5.2).
         if cur.mode & 0o7777 != want_mode {
             plan.chmod = Some(want_mode);
         }
