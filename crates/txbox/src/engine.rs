@@ -424,7 +424,8 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
     // still commits what it wrote in kept directories (build output), if anything.
     if !record(&mut r, finished) {
         r.outcome = Outcome::RolledBack;
-        if req.keep.is_empty() || !wrote_something(&tx.upper) {
+        // By names first: a failed command that wrote nowhere kept costs no classification.
+        if !txbox_txn::keep::upper_has_kept(&tx.upper, &req.keep) {
             drop_tx(&env.state, tx, served_warm);
             timeline.mark("rollback");
             audit(&env, &req.command, &mut r, started, false);

@@ -117,6 +117,29 @@ impl KeepRules {
     }
 }
 
+/// Whether an upper layer holds anything inside a kept directory, by names alone (`readdir`'s
+/// entry types, no `stat`): the cheap look a rollback takes before it classifies anything.
+/// An unreadable directory counts as holding something (the classification then decides).
+pub fn upper_has_kept(upper: &Path, rules: &KeepRules) -> bool {
+    if rules.is_empty() {
+        return false;
+    }
+    let mut todo = vec![PathBuf::new()];
+    while let Some(rel) = todo.pop() {
+        let Ok(dir) = std::fs::read_dir(upper.join(&rel)) else { return true };
+        for e in dir.flatten() {
+            let p = rel.join(e.file_name());
+            if rules.root_of(&p).is_some() {
+                return true;
+            }
+            if e.file_type().is_ok_and(|t| t.is_dir()) {
+                todo.push(p);
+            }
+        }
+    }
+    false
+}
+
 /// The two sides' objects at a kept directory, as [`split`] needs them (a seam for tests).
 pub trait Sides {
     /// Whether the upper layer holds a real directory (not a symlink) at `rel`.
@@ -350,6 +373,25 @@ mod tests {
         let s = split(&cs, &KeepRules::default(), &sides);
         assert_eq!(s.inputs_changed, [p("src/lib.rs"), p("old.rs"), p("src")]);
         assert_eq!(s.rest.len(), 4);
+    }
+
+    #[test]
+    fn an_upper_is_looked_at_by_names() {
+        let dir = std::env::temp_dir().join(format!("txbox-keep-upper-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("src/deep")).unwrap();
+        std::fs::write(dir.join("src/deep/target"), "a file named like one").unwrap();
+        let rules = KeepRules::default();
+        // A file's name matches too: the classification decides that it is no directory.
+        assert!(upper_has_kept(&dir, &rules));
+        std::fs::remove_file(dir.join("src/deep/target")).unwrap();
+        assert!(!upper_has_kept(&dir, &rules));
+        std::fs::create_dir_all(dir.join(".git/target")).unwrap();
+        assert!(!upper_has_kept(&dir, &rules), "nothing inside .git is kept");
+        std::fs::create_dir_all(dir.join("a/__pycache__")).unwrap();
+        assert!(upper_has_kept(&dir, &rules));
+        assert!(!upper_has_kept(&dir, &KeepRules::none()));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
