@@ -130,7 +130,7 @@ pub fn plan(caches: &[Cache], var: &dyn Fn(&str) -> Option<String>, base: &Path,
 }
 
 /// The caches of the tools installed here: a tool counts when one of its programs is on
-/// `path` (the command's `PATH`), so no mount point is made for a tool the host does not have.
+/// `path` (the command's `PATH`).
 pub fn installed(path: &str) -> Vec<Cache> {
     let on_path = |names: &[&str]| {
         path.split(':').filter(|d| d.starts_with('/')).any(|d| names.iter().any(|n| Path::new(d).join(n).is_file()))
@@ -170,30 +170,24 @@ pub fn locations_here(workspace: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-/// Make what `mounts` need on the host: txbox's directories (0700) and, where the tool's
-/// location does not exist yet, an empty directory there as the mount point (what the tool
-/// makes on first use). Left out (not returned): a location that is not a real directory at
-/// its own path (a symlink: the mount would land where it points), or that is missing below a
-/// directory that is not this user's.
+/// Make txbox's directories (0700) for `mounts` and keep those whose location is a real
+/// directory at its own path on the host. Nothing is made at a tool's location: a missing one
+/// gets no cache (txbox writes nothing into the host's home; the tool's first run on the host,
+/// or a `mkdir`, makes it), and one reached through a symlink gets none either (the mount
+/// would land where the link points).
 pub fn prepare(mounts: Vec<CacheMount>) -> Vec<CacheMount> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt};
     let uid = rustix::process::geteuid().as_raw();
     let real_dir = |p: &Path| {
-        std::fs::canonicalize(p).is_ok_and(|c| c == p) && std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir())
+        std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir()) && std::fs::canonicalize(p).is_ok_and(|c| c == p)
     };
-    let mkdir = |p: &Path| std::fs::DirBuilder::new().recursive(true).mode(0o700).create(p).is_ok();
     let mut ready = Vec::new();
     for m in mounts {
-        let source_ok =
-            mkdir(&m.source) && std::fs::symlink_metadata(&m.source).is_ok_and(|md| md.is_dir() && md.uid() == uid);
-        let target_ok = if std::fs::symlink_metadata(&m.target).is_ok() {
-            real_dir(&m.target)
-        } else {
-            let existing = m.target.ancestors().find(|a| std::fs::symlink_metadata(a).is_ok());
-            existing.is_some_and(|a| real_dir(a) && std::fs::metadata(a).is_ok_and(|md| md.uid() == uid))
-                && mkdir(&m.target)
-        };
-        if source_ok && target_ok {
+        if !real_dir(&m.target) {
+            continue;
+        }
+        let made = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&m.source).is_ok();
+        if made && std::fs::symlink_metadata(&m.source).is_ok_and(|md| md.is_dir() && md.uid() == uid) {
             let _ = touch(&m.source);
             ready.push(m);
         }

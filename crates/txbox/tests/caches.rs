@@ -21,7 +21,10 @@ fn setup(who: As, name: &str) -> Scratch {
         std::fs::write(bin.join(tool), "#!/bin/sh\nexit 0\n").unwrap();
         std::fs::set_permissions(bin.join(tool), std::fs::Permissions::from_mode(0o755)).unwrap();
     }
-    std::fs::create_dir_all(s.root.join("home")).unwrap();
+    // The tools' locations exist on the host (a tool's first run makes them; txbox does not).
+    for d in [".npm", ".cargo/registry", ".cache/pip", "go/pkg/mod", ".cache/go-build"] {
+        std::fs::create_dir_all(s.root.join("home").join(d)).unwrap();
+    }
     std::fs::create_dir_all(s.root.join("ws2")).unwrap();
     if let As::User(uid) = who {
         s.chown(uid);
@@ -127,6 +130,8 @@ fn locations_follow_the_tools_variables_and_refuse_symlinks() {
         let ch = s.root.join("cargo-home");
         let outside = s.root.join("outside");
         std::fs::create_dir_all(&outside).unwrap();
+        std::fs::create_dir_all(ch.join("registry")).unwrap();
+        std::fs::remove_dir(s.root.join("home/.npm")).unwrap();
         std::os::unix::fs::symlink(&outside, s.root.join("home/.npm")).unwrap();
         if let As::User(uid) = who {
             s.chown(uid);
@@ -143,5 +148,11 @@ fn locations_follow_the_tools_variables_and_refuse_symlinks() {
         assert_eq!(out(&o), "c\nrefused\n", "{who:?}: {}", describe(&o));
         assert!(!ch.join("registry/c").exists(), "{who:?}: written to the host's CARGO_HOME");
         assert!(!outside.join("n").exists(), "{who:?}: a cache mounted through a symlink");
+        // A location that does not exist gets no cache, and nothing is made in the home.
+        std::fs::remove_dir_all(s.root.join("home/.cache")).unwrap();
+        let o =
+            run_in(who, &s, &s.ws, &[], &[], "mkdir -p ~/.cache/pip 2>/dev/null && echo made || echo refused", true);
+        assert_eq!(out(&o), "refused\n", "{who:?}: {}", describe(&o));
+        assert!(!s.root.join("home/.cache").exists(), "{who:?}: txbox made a directory in the home");
     }
 }
