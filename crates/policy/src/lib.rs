@@ -179,6 +179,8 @@ struct Compiled {
     stripped: bool,
     /// Built-in rules the user file weakens (each with `override = "weaken"`).
     weakened: Vec<Weakening>,
+    /// The file's `allow_hosts` (network by allowlist for every command under this policy).
+    allow_hosts: Vec<String>,
     /// Effective commit rule specs, in order (disabled ones kept for `to_toml`).
     commit_specs: Vec<commit::CommitRuleSpec>,
     /// The enabled commit rules, compiled and indexed.
@@ -286,6 +288,7 @@ impl Policy {
                     generic: Vec::new(),
                     stripped: false,
                     weakened: Vec::new(),
+                    allow_hosts: Vec::new(),
                     commit_specs: Vec::new(),
                     commit: commit::CommitRules::default(),
                 }),
@@ -358,8 +361,15 @@ impl Policy {
         let mut p = Policy::build(specs, commit_specs, text, origin, Check::Only(&seen))?;
         if let Some(c) = Arc::get_mut(&mut p.inner) {
             c.weakened = weakened;
+            c.allow_hosts = user.allow_hosts;
         }
         Ok(p)
+    }
+
+    /// `allow_hosts` of the policy file: hosts every command under this policy may reach
+    /// (`--allow-host` items, as written).
+    pub fn allow_hosts(&self) -> &[String] {
+        &self.inner.allow_hosts
     }
 
     /// The built-in rules this policy weakens on purpose (`override = "weaken"`).
@@ -453,6 +463,7 @@ impl Policy {
                 generic,
                 stripped: false,
                 weakened: Vec::new(),
+                allow_hosts: Vec::new(),
                 commit_specs,
                 commit,
             }),
@@ -470,11 +481,18 @@ impl Policy {
         #[derive(Serialize)]
         struct Out<'a> {
             version: i64,
+            #[serde(skip_serializing_if = "<[String]>::is_empty")]
+            allow_hosts: &'a [String],
             rule: &'a [rules::RuleSpec],
             #[serde(skip_serializing_if = "<[_]>::is_empty")]
             commit: &'a [commit::CommitRuleSpec],
         }
-        let out = Out { version: 1, rule: &self.inner.specs, commit: &self.inner.commit_specs };
+        let out = Out {
+            version: 1,
+            allow_hosts: &self.inner.allow_hosts,
+            rule: &self.inner.specs,
+            commit: &self.inner.commit_specs,
+        };
         let mut text = String::new();
         for w in &self.inner.weakened {
             text.push_str(&format!("# WEAKENED built-in rule `{}`: {} (override = \"weaken\")\n", w.rule, w.how));
@@ -815,6 +833,22 @@ mod tests {
         if let Err(e) = built {
             panic!("{e}");
         }
+    }
+
+    #[test]
+    fn a_policy_file_may_list_hosts() {
+        let p = match Policy::from_toml_str("version = 1\nallow_hosts = [\"@pypi\", \"a.example\"]\n", "t") {
+            Ok(p) => p,
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(p.allow_hosts(), ["@pypi", "a.example"]);
+        let again = match Policy::from_toml_str(&p.to_toml(), "again") {
+            Ok(p) => p,
+            Err(e) => panic!("{e}"),
+        };
+        assert_eq!(again.allow_hosts(), p.allow_hosts());
+        assert!(Policy::builtin().allow_hosts().is_empty());
+        assert!(!Policy::builtin().to_toml().contains("allow_hosts"));
     }
 
     #[test]

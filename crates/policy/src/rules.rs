@@ -13,6 +13,10 @@ use crate::{Action, Context};
 #[serde(deny_unknown_fields)]
 pub(crate) struct FileSpec {
     pub version: toml::Spanned<i64>,
+    /// Hosts every command run with this policy may reach through txbox's proxy (`--allow-host`
+    /// items; checked by the engine, which knows the syntax).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow_hosts: Vec<String>,
     #[serde(default, rename = "rule")]
     pub rules: Vec<RuleSpec>,
     /// Commit-time rules (`[[commit]]`, crate::commit).

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags};
 
+use crate::net::NET_FD;
 use crate::stage2::{PTY_FD, REPORT_FD, SYNC_FD};
 use crate::terminal::Relay;
 use crate::warm::wire::Report;
@@ -49,6 +50,9 @@ pub struct LaunchOptions {
     /// The socket of a warm server to try first ([`crate::warm`]); without one, or when it
     /// cannot take the command, the launcher builds a sandbox of its own.
     pub warm: Option<std::path::PathBuf>,
+    /// Network by allowlist: the socket on which stage 2 sends the proxy listener it makes in
+    /// the sandbox ([`crate::net`]); the caller keeps it open while `launch` runs.
+    pub net_handoff: Option<std::os::fd::RawFd>,
     /// The command's whole environment (`KEY=VALUE` entries), cold and warm alike; `None`:
     /// this process's. The caller decides what is in it (txbox withholds credentials).
     pub env: Option<Vec<OsString>>,
@@ -87,6 +91,8 @@ pub struct Finished {
     /// The limit that made txbox kill the command, if any (`output`, or one from `Watch`).
     pub limit: Option<&'static str>,
     pub warm: WarmUse,
+    /// How often the command tried to reach a network it does not have ([`crate::net`]).
+    pub net_attempts: u64,
 }
 
 struct Sink {
@@ -265,8 +271,9 @@ fn try_warm(
     opts: &LaunchOptions,
 ) -> Result<(Conn, Option<OwnedFd>, Option<OwnedFd>), NotWarm> {
     // A terminal of its own (crate::terminal) is made by a sandbox built for the run; cgroup
-    // limits need stage 2 stopped before it starts.
-    if spec.terminal || spec.sync {
+    // limits need stage 2 stopped before it starts; a proxy's listener is made in a network
+    // namespace of the run's own (`crate::net`).
+    if spec.terminal || spec.sync || spec.proxy_port.is_some() {
         return Err(NotWarm::Unsuitable);
     }
     let pipe = || rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|_| NotWarm::Unsuitable);
@@ -316,6 +323,7 @@ pub fn launch(
     let (report_r, report_w) = pipe()?;
     let (sync_r, sync_w) = pipe()?;
     let sr = if spec.sync { sync_r.as_raw_fd() } else { -1 };
+    let net = opts.net_handoff.unwrap_or(-1);
     let w = report_w.as_raw_fd();
     let pty = match spec.terminal {
         true => Some(
@@ -354,7 +362,15 @@ pub fn launch(
             }
             // SAFETY: in the forked child, with fds inherited from the parent.
             if !unsafe {
-                install_fds(&[(in_r, 0), (out_w, 1), (err_w, 2), (w, REPORT_FD), (sr, SYNC_FD), (pt, PTY_FD)])
+                install_fds(&[
+                    (in_r, 0),
+                    (out_w, 1),
+                    (err_w, 2),
+                    (w, REPORT_FD),
+                    (sr, SYNC_FD),
+                    (pt, PTY_FD),
+                    (net, NET_FD),
+                ])
             } {
                 // SAFETY: leaving the forked child without touching the parent's state.
                 unsafe { libc::_exit(125) };
@@ -380,7 +396,7 @@ pub fn launch(
             cmd.pre_exec(move || {
                 // Nothing this process's caller left open goes on (crate::fds).
                 crate::fds::cloexec_from(3);
-                if install_fds(&[(w, REPORT_FD), (sr, SYNC_FD), (pt, PTY_FD)]) {
+                if install_fds(&[(w, REPORT_FD), (sr, SYNC_FD), (pt, PTY_FD), (net, NET_FD)]) {
                     Ok(())
                 } else {
                     Err(std::io::Error::last_os_error())
@@ -521,7 +537,9 @@ fn supervise(
     // The caller's terminal mode is back before anything is printed.
     drop(relay);
     let status = child.wait()?;
-    let exit = match Report::of_stream(&String::from_utf8_lossy(&report.buf)) {
+    let text = String::from_utf8_lossy(&report.buf);
+    let net_attempts = text.lines().filter_map(crate::net::parse_report_line).sum();
+    let exit = match Report::of_stream(&text) {
         Some(Report::Error(why)) => return Err(SandboxError::Setup(why)),
         Some(Report::Exit(c)) => Some(Exit::Code(c)),
         Some(Report::Signal(s)) => Some(Exit::Signal(s)),
@@ -541,6 +559,7 @@ fn supervise(
         stderr_truncated: err.truncated,
         limit,
         warm,
+        net_attempts,
     })
 }
 

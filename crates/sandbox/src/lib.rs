@@ -4,6 +4,7 @@
 //! - [`spec`]: the sandbox spec and the mount plan, as data (pure, unit-tested);
 //! - [`stage2`]: the re-exec'd helper that builds the sandbox in one ordered function;
 //! - [`launch`]: the host side that starts it, captures output and enforces the timeout;
+//! - [`net`]: the proxy's listener inside the sandbox, and counting attempts to reach the network;
 //! - [`warm`]: sandboxes built ahead of time by a server and reused, one transaction at a time;
 //! - [`supervisor`]: no host unix socket is reachable from inside (Landlock, or a seccomp
 //!   supervisor that performs `connect` and sends by address after a check);
@@ -13,6 +14,7 @@ pub mod cgroup;
 pub mod fds;
 pub mod landlock;
 pub mod launch;
+pub mod net;
 pub mod seccomp;
 pub mod secrets;
 pub mod spec;

@@ -42,6 +42,11 @@ pub struct SandboxSpec {
     /// Wait for one byte on fd 4 before starting the command (the launcher first puts stage 2
     /// into its cgroups, so no child escapes the limits).
     pub sync: bool,
+    /// Network by allowlist (`crate::net`): stage 2 listens on `127.0.0.1:PORT` in the
+    /// sandbox's network namespace and hands the listener to the proxy outside.
+    pub proxy_port: Option<u16>,
+    /// `KEY=VALUE` entries set in the command's environment (the proxy variables).
+    pub env: Vec<OsString>,
     /// Give the command a terminal of its own and send its master to the launcher on fd 5
     /// (the caller has a terminal: `crate::terminal`).
     pub terminal: bool,
@@ -72,6 +77,8 @@ impl SandboxSpec {
             max_file_size: None,
             max_procs: None,
             sync: false,
+            proxy_port: None,
+            env: Vec::new(),
             terminal: false,
             argv,
         }
@@ -114,6 +121,12 @@ impl SandboxSpec {
                 u8::from(self.terminal)
             )),
         );
+        if let Some(port) = self.proxy_port {
+            kv("--proxy", OsStr::new(&port.to_string()));
+        }
+        for e in &self.env {
+            kv("--setenv", e.as_os_str());
+        }
         a.push(OsString::from("--"));
         a.extend(self.argv.iter().cloned());
         a
@@ -147,6 +160,8 @@ impl SandboxSpec {
                 }
                 b"--layer" => spec.layers.push(PathBuf::from(v)),
                 b"--cwd" => spec.cwd = PathBuf::from(v),
+                b"--proxy" => spec.proxy_port = Some(s.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(bad)?),
+                b"--setenv" if v.as_bytes().contains(&b'=') => spec.env.push(v.clone()),
                 b"--ids" => match parts.as_slice() {
                     [u, uid, gid] => {
                         spec.userns = *u == "1";
@@ -195,6 +210,8 @@ impl SandboxSpec {
         s.uid = self.uid;
         s.gid = self.gid;
         s.host_network = self.host_network;
+        // A sandbox with a proxy listener is never a warm server's (see `crate::net`).
+        s.proxy_port = self.proxy_port;
         s
     }
 
@@ -490,6 +507,7 @@ mod tests {
         s.cpu_seconds = Some(5);
         s.max_procs = Some(4096);
         s.sync = true;
+        s.env = vec![OsString::from("HTTPS_PROXY=http://127.0.0.1:3128"), OsString::from_vec(b"ODD=\xff=".to_vec())];
         s.terminal = true;
         s.caches = vec![("/state/caches/ab/pip".into(), "/home/u/.cache/pip".into())];
         s
@@ -497,8 +515,18 @@ mod tests {
 
     #[test]
     fn spec_round_trips_through_arguments() {
-        let s = spec();
+        let mut s = spec();
+        assert_eq!(SandboxSpec::from_args(&s.to_args()), Ok(s.clone()));
+        s.proxy_port = Some(3128);
         assert_eq!(SandboxSpec::from_args(&s.to_args()), Ok(s));
+        let bad = |k: &str, v: &str| {
+            SandboxSpec::from_args(&[k, v, "--", "true"].map(OsString::from))
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        };
+        assert!(bad("--proxy", "0").contains("--proxy"));
+        assert!(bad("--setenv", "NOEQUALS").contains("unknown option --setenv"));
         // A cache without its place, or a relative one, is refused.
         let mut a = spec().to_args();
         let Some(at) = a.iter().position(|x| x == "--cache-at") else { panic!("no --cache-at in {a:?}") };
@@ -549,8 +577,9 @@ mod tests {
                 && !only.terminal
         );
         assert!(!only.to_args().iter().any(|x| x.as_bytes().windows(4).any(|w| w == b"echo")));
-        let changes: [fn(&mut SandboxSpec); 7] = [
+        let changes: [fn(&mut SandboxSpec); 8] = [
             |s| s.caches.push(("/state/caches/ab/npm".into(), "/home/u/.npm".into())),
+            |s| s.proxy_port = Some(3128),
             |s| s.workspace = "/w/other".into(),
             |s| s.hide.push("/home/u/.aws".into()),
             |s| s.writable.push("/cache".into()),

@@ -73,6 +73,9 @@ pub fn run_spec(spec: &SandboxSpec) -> ! {
     if spec.terminal {
         keep.push(PTY_FD as u32);
     }
+    if spec.proxy_port.is_some() {
+        keep.push(crate::net::NET_FD as u32);
+    }
     crate::fds::close_from_except(3, &keep);
     // The report fd must not leak into the command.
     let _ = rustix::io::fcntl_setfd(
@@ -145,8 +148,12 @@ fn run(spec: &SandboxSpec) -> Result<i32, StepError> {
         })?),
         Guard::Landlock => None,
     };
-    // 1-2. New namespaces, the caller's ids mapped to themselves, loopback up.
+    // 1-2. New namespaces, the caller's ids mapped to themselves, loopback up; the proxy's
+    //      listener handed out, the proxy variables set (network by allowlist, `crate::net`).
     enter_namespaces(spec)?;
+    let mut attempts = crate::net::Attempts::open(spec);
+    crate::net::hand_over_listener(spec)?;
+    crate::net::apply_env(spec);
     // 3. Open every host object a later mount may cover (a workspace below /tmp, /dev/null),
     //    then run the mount plan.
     let mut pins = Pins::default();
@@ -180,13 +187,17 @@ fn run(spec: &SandboxSpec) -> Result<i32, StepError> {
     }
     drop((terminal, handoff));
     // 5. Wait for init; its exit means the whole pid namespace is gone. The supervisor serves
-    //    init's filter meanwhile, and leaves with it.
+    //    init's filter meanwhile, and leaves with it. Then say whether the command tried to
+    //    reach the network it does not have.
     if let Some(s) = &supervisor {
         s.watch(pid);
     }
     let status = wait_for(pid);
     if let Some(s) = supervisor {
         s.wait();
+    }
+    if let Some(a) = attempts.as_mut() {
+        report(&a.since_last());
     }
     // 6. Unmount the workspace view now rather than when the namespace is torn down, so the
     //    upper layer is quiescent before txbox classifies it.

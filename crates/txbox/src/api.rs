@@ -175,8 +175,12 @@ pub struct Ceiling {
 
 impl Ceiling {
     /// A request's limits under this ceiling.
+    /// An allowlist asked for narrows the operator's by host: a preset is compared by the hosts
+    /// it stands for (from the caller's package managers, `crate::network`).
     pub fn limits(&self, asked: &LimitArgs) -> Result<engine::Limits, ApiError> {
-        Ok(asked.within(&self.limits)?.to_limits())
+        let base = txbox_txn::layout::base_dir().ok();
+        let expand = |p| Some(crate::network::preset_rules(p, base.as_deref()));
+        Ok(asked.within_expanding(&self.limits, &expand)?.to_limits())
     }
 
     /// A request's isolation: at least the operator's.
@@ -562,7 +566,7 @@ impl Api {
     pub fn begin(&self, body: &BeginBody) -> Result<String, ApiError> {
         let ws = self.workspace(body.workspace.as_deref())?;
         let isolation = self.ceiling.isolation(body.isolation)?;
-        Ok(session::begin(&ws, self.state_dir.as_deref(), body.name.as_deref(), isolation)?)
+        Ok(session::begin(&ws, self.state_dir.as_deref(), body.name.as_deref(), isolation, &[])?)
     }
 
     pub fn exec(&self, tx: &str, body: &StepBody) -> Result<RunResult, ApiError> {

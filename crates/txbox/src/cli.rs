@@ -46,6 +46,9 @@ enum Sub {
         /// A name to recognise it by in `txbox list`.
         #[arg(long)]
         name: Option<String>,
+        /// Hosts every step may reach through txbox's proxy (as `run --allow-host`).
+        #[arg(long = "allow-host", value_name = "SPEC")]
+        allow_host: Vec<String>,
         /// `strict`: the commit is refused (conflict, exit 3) if any other transaction committed
         /// to the workspace after begin. Default `read-committed` (see README, Isolation).
         #[arg(long, value_enum)]
@@ -287,6 +290,10 @@ enum PolicyCmd {
         ws: WorkspaceArg,
         #[command(flatten)]
         policy: PolicyArg,
+        /// Judge network targets the command names against these hosts (as `run --allow-host`;
+        /// without any, the network is off, as for `run`).
+        #[arg(long = "allow-host", value_name = "SPEC")]
+        allow_host: Vec<String>,
         #[arg(short = 'c', value_name = "STRING")]
         command: String,
     },
@@ -403,12 +410,13 @@ fn dispatch(cli: Cli) -> Result<i32> {
     let state_dir = cli.state_dir;
     match cli.command {
         Sub::Run(a) => cmd_run(state_dir, json, a),
-        Sub::Begin { ws, name, isolation } => {
+        Sub::Begin { ws, name, isolation, allow_host } => {
             let id = session::begin(
                 &workspace_of(&ws)?,
                 state_dir.as_deref(),
                 name.as_deref(),
                 isolation.unwrap_or_default(),
+                &allow_host,
             )?;
             if json {
                 println!("{}", serde_json::json!({ "tx": id }));
@@ -427,7 +435,7 @@ fn dispatch(cli: Cli) -> Result<i32> {
                 policy: opts.policy.load()?,
                 policy_file: opts.policy.file.clone(),
                 io: if json { Io::Capture } else { Io::Inherit },
-                limits: opts.limits.to_limits(),
+                limits: limits_of(&opts.limits)?,
                 keep_on_failure: on_failure == OnFailure::Keep,
                 pass_env: opts.pass_env.clone(),
             };
@@ -506,7 +514,9 @@ fn dispatch(cli: Cli) -> Result<i32> {
         Sub::Gc(a) => cmd_gc(state_dir, json, a),
         Sub::Demo => crate::demo::run(),
         Sub::Doctor => crate::doctor::run(json),
-        Sub::Policy(PolicyCmd::Check { ws, policy, command }) => cmd_policy_check(json, ws, &policy, &command),
+        Sub::Policy(PolicyCmd::Check { ws, policy, allow_host, command }) => {
+            cmd_policy_check(json, ws, &policy, &allow_host, &command)
+        }
         Sub::Policy(PolicyCmd::Lint { file }) => match txbox_policy::lint(&file) {
             Ok(warnings) => {
                 if json {
@@ -581,15 +591,33 @@ fn command_of(command: Option<String>, argv: Vec<OsString>) -> Result<Command> {
     })
 }
 
-/// Print a result (JSON on stdout, or the summary on stderr) and return its exit status.
+/// What `run` and `exec` enforce: the flags' limits; `--allow-host` with `--network host` is a
+/// usage error (the host's whole network leaves nothing to allow).
+fn limits_of(l: &LimitArgs) -> Result<engine::Limits> {
+    if l.network == Some(txbox::options::Network::Host) && l.allow_hosts.as_ref().is_some_and(|a| !a.is_empty()) {
+        return Err(Usage(
+            "--allow-host limits a command's network; with --network host it has the host's whole network".into(),
+        )
+        .into());
+    }
+    Ok(l.to_limits())
+}
+
+/// Print a result (JSON on stdout, or the summary on stderr, after what the network saw) and
+/// return its exit status.
 fn show(json: bool, r: &engine::RunResult) -> i32 {
+    // The network's hint (it was off, or hosts were refused) is said on stderr either way.
+    let hint = r.network.as_ref().and_then(|n| n.hint.as_deref());
     if json {
         println!("{}", render::json(r));
         // What an agent reading only the status must not miss is said on stderr too.
-        for warning in render::warnings(r) {
+        for warning in render::warnings(r).into_iter().chain(hint.map(str::to_string)) {
             eprintln!("{warning}");
         }
     } else {
+        if let Some(hint) = hint {
+            eprintln!("{hint}");
+        }
         eprintln!("{}", render::summary(r));
     }
     r.exit_code
@@ -604,7 +632,7 @@ fn cmd_run(state_dir: Option<PathBuf>, json: bool, a: RunArgs) -> Result<i32> {
         policy: a.opts.policy.load()?,
         policy_file: a.opts.policy.file.clone(),
         io: if json { Io::Capture } else { Io::Inherit },
-        limits: a.opts.limits.to_limits(),
+        limits: limits_of(&a.opts.limits)?,
         validate: a.validate,
         no_commit: a.no_commit,
         keep_on_failure: a.on_failure == OnFailure::Keep,
@@ -806,13 +834,22 @@ fn cmd_recover(state_dir: Option<PathBuf>, json: bool, a: WorkspaceArg) -> Resul
     Ok(0)
 }
 
-fn cmd_policy_check(json: bool, ws: WorkspaceArg, policy: &PolicyArg, command: &str) -> Result<i32> {
+fn cmd_policy_check(json: bool, ws: WorkspaceArg, policy: &PolicyArg, allow: &[String], command: &str) -> Result<i32> {
     let cwd = std::env::current_dir().unwrap_or_default();
     let workspace = match &ws.workspace {
         Some(_) => workspace_of(&ws)?,
         None => cwd.clone(),
     };
-    let ev = policy.load()?.evaluate_str(command, &engine::policy_context(&workspace, &cwd));
+    let policy = policy.load()?;
+    let mut ev = policy.evaluate_str(command, &engine::policy_context(&workspace, &cwd));
+    if ev.decision.action != txbox_policy::Action::Deny {
+        let allow_hosts = txbox_netproxy::allow::parse_all(allow).map_err(|e| Usage(e.to_string()))?;
+        let limits = engine::Limits { allow_hosts, ..engine::Limits::default() };
+        let limits = txbox::network::with_policy_hosts(&limits, &policy, &[]).map_err(anyhow::Error::msg)?;
+        if let Some(d) = txbox::network::visible_denial(&ev.commands, false, &limits.allow_hosts, None) {
+            ev.decision = d;
+        }
+    }
     if json {
         let d = &ev.decision;
         println!(

@@ -189,6 +189,7 @@ impl Config {
             keys.push(e.what);
             match e.what {
                 "network" => limits.network = None,
+                "allow_hosts" => limits.allow_hosts = None,
                 "timeout" => limits.timeout = None,
                 "memory" => limits.memory = None,
                 "pids" => limits.pids = None,
@@ -264,6 +265,11 @@ mod tests {
         let w = |t: &str| Config::parse(t, p).unwrap().widening();
         assert!(w("timeout = 5\nmemory = \"1G\"\nnetwork = \"none\"\nisolation = \"strict\"").is_empty());
         assert_eq!(w("network = \"host\""), ["network"]);
+        // Hosts reached through the proxy widen; an empty list only narrows.
+        assert_eq!(w("allow_hosts = [\"a.example\", \"@pypi\"]"), ["allow_hosts"]);
+        assert_eq!(w("network = \"host\"\nallow_hosts = [\"a.example\"]"), ["network", "allow_hosts"]);
+        assert!(w("allow_hosts = []").is_empty());
+        assert!(Config::parse("allow_hosts = [\"*\"]", p).is_err(), "a bad item is an error, not ignored");
         // Above the defaults a run gets without them: widening too.
         assert_eq!(w("timeout = 86400\npids = 1000000\nmax_write = \"100G\""), ["timeout", "pids", "max_write"]);
         assert!(w("timeout = 3600\npids = 100\nmax_write = \"1G\"").is_empty());

@@ -239,6 +239,8 @@ pub struct Limits {
     pub host_network: bool,
     /// Mount txbox's package caches at the tools' default locations (`crate::caches`).
     pub caches: bool,
+    /// `--allow-host` items (network by allowlist; ignored with `host_network`).
+    pub allow_hosts: Vec<txbox_netproxy::Spec>,
 }
 
 /// Where a command's stdio goes.
@@ -273,6 +275,19 @@ fn warm_socket(state: &StateDir, spec: &SandboxSpec) -> Option<PathBuf> {
     // Named by this binary too: another one's server is never asked.
     let p = state.warm_dir().join(txbox_sandbox::warm::socket_name(spec, &txbox_sandbox::warm::binary_id()));
     txbox_sandbox::warm::fits(&p).then_some(p)
+}
+
+/// A command's fate and what it did with the network.
+pub(crate) struct Executed {
+    pub finished: Finished,
+    pub network: Option<crate::network::Summary>,
+}
+
+impl std::ops::Deref for Executed {
+    type Target = Finished;
+    fn deref(&self) -> &Finished {
+        &self.finished
+    }
 }
 
 /// Other users' state directories at the root of the workspace's filesystem
@@ -311,7 +326,7 @@ pub(crate) fn execute(
     limits: &Limits,
     policy_file: Option<&Path>,
     pass_env: &[String],
-) -> Result<Finished, txbox_sandbox::SandboxError> {
+) -> Result<Executed, txbox_sandbox::SandboxError> {
     let argv = match command {
         Command::Argv(a) | Command::Script { argv: a, .. } => a.clone(),
         Command::Shell(s) => txbox_sandbox::shell_argv(s),
@@ -341,6 +356,9 @@ pub(crate) fn execute(
     // sparse file's may exceed what it allocates, and an fallocate past it would just fail
     // while the command goes on to exit 0): the watcher and the change-set check hold it.
     spec.max_procs = crate::limits::default_procs(limits);
+    let exe = Path::new("/proc/self/exe");
+    let (plan, expansion) = crate::network::plan(limits.host_network, &limits.allow_hosts, Some(env.state.base()));
+    let net = crate::network::Session::start(plan, exe, &mut spec).map_err(txbox_sandbox::SandboxError::Setup)?;
     let mut watch = crate::limits::Watcher::new(layers.upper, limits)?;
     spec.sync = watch.needs_sync();
     let opts = LaunchOptions {
@@ -349,10 +367,11 @@ pub(crate) fn execute(
         null_stdin: io == Io::Api,
         output_limit_kills: limits.max_output.is_some(),
         timeout: limits.timeout,
-        warm: warm_socket(&env.state, &spec),
+        // A proxied run makes its own network namespace (and its listener in it).
+        warm: if spec.proxy_port.is_some() { None } else { warm_socket(&env.state, &spec) },
+        net_handoff: net.handoff(),
         env: Some(crate::environ::for_command(pass_env)),
     };
-    let exe = Path::new("/proc/self/exe");
     let mut finished = txbox_sandbox::launch(exe, &spec, &opts, &mut watch)?;
     if let (WarmUse::Cold(NotWarm::Absent), Some(socket)) = (&finished.warm, &opts.warm) {
         // No server for sandboxes like this one yet: start one for the next runs. Failing to
@@ -364,7 +383,8 @@ pub(crate) fn execute(
     }
     // Dropping the watcher kills anything left in its cgroup and removes it.
     drop(watch);
-    Ok(finished)
+    let network = net.finish(finished.net_attempts, expansion);
+    Ok(Executed { finished, network })
 }
 
 /// Run one command as one transaction.
@@ -377,8 +397,18 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
     let env = Env::open(&req.workspace, req.state_dir.as_deref())?;
     let cwd = env.cwd_for(&req.cwd);
 
-    // 1. Policy: a denial runs nothing.
-    let evaluation = evaluate(&req.policy, &req.command, &policy_context(&env.workspace, &cwd));
+    // 1. Policy: a denial runs nothing. A network target the command names outside its
+    //    allowlist is denied here too (`crate::network`).
+    let mut evaluation = evaluate(&req.policy, &req.command, &policy_context(&env.workspace, &cwd));
+    let limits = crate::network::with_policy_hosts(&req.limits, &req.policy, &[]).map_err(EngineError::Usage)?;
+    if evaluation.decision.action != Action::Deny {
+        let base = Some(env.state.base());
+        if let Some(d) =
+            crate::network::visible_denial(&evaluation.commands, limits.host_network, &limits.allow_hosts, base)
+        {
+            evaluation.decision = d;
+        }
+    }
     timeline.mark("policy");
     if evaluation.decision.action == Action::Deny {
         let mut r = RunResult::new(txbox_txn::state::new_tx_id(), evaluation.decision);
@@ -399,7 +429,7 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
     let mut r = RunResult::new(tx.id.clone(), evaluation.decision);
 
     // 4. Execute in the sandbox, with default limits where the request gives none.
-    let limits = crate::limits::with_defaults(&req.limits, &env.workspace);
+    let limits = crate::limits::with_defaults(&limits, &env.workspace);
     let layers = Layers { lower: Vec::new(), upper: &tx.upper, work: &tx.work };
     let finished =
         match execute(&env, &cwd, &req.command, layers, req.io, &limits, req.policy_file.as_deref(), &req.pass_env) {
@@ -890,6 +920,7 @@ fn entry_of(env: &Env, command: &Command, r: &RunResult) -> audit::Entry {
         signal: r.signal,
         changes: r.changes.counts(),
         duration_ms: r.duration_ms,
+        network: r.network.as_ref().and_then(|n| serde_json::to_value(n).ok()),
         ..audit::Entry::default()
     }
 }

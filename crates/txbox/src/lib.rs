@@ -17,6 +17,7 @@ pub mod engine;
 pub mod environ;
 pub mod judge;
 pub mod limits;
+pub mod network;
 pub mod options;
 pub mod progress;
 pub mod redact;

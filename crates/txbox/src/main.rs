@@ -29,6 +29,11 @@ fn main() {
         };
         txbox_sandbox::warm::server::main(&args[2..], layout);
     }
+    // The network proxy of one command (txbox_netproxy::process): a broker and, forked from it,
+    // the confined proxy. Started by the engine for a command with an allowlist.
+    if args.get(1).is_some_and(|a| a == txbox_netproxy::process::SUBCOMMAND) {
+        txbox_netproxy::process::main();
+    }
     // Background deletion of retired layers (see engine::drop_tx), in a state directory txbox
     // made (anything else is refused by opening it).
     if args.get(1).is_some_and(|a| a == "__gc") {

@@ -340,6 +340,120 @@ pub struct LimitArgs {
     #[arg(long)]
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub no_caches: bool,
+    /// Hosts the command may reach through txbox's proxy (HTTP and HTTPS, with the proxy variables txbox sets), with network `none`: `host`, `*.domain`, `host:port`, an address, or a preset `@pypi` `@npm` `@crates` `@go` `@github` (from the caller's package manager configuration); each value a comma list. Every connection, allowed or refused, is in the result's `network`.
+    #[arg(long = "allow-host", value_name = "SPEC")]
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allow_hosts: Option<Vec<HostItems>>,
+}
+
+/// One `--allow-host` value (a comma list of items), checked when parsed; kept as written.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostItems {
+    text: String,
+    specs: Vec<txbox_netproxy::Spec>,
+}
+
+impl HostItems {
+    pub fn specs(&self) -> &[txbox_netproxy::Spec] {
+        &self.specs
+    }
+}
+
+impl FromStr for HostItems {
+    type Err = RangeError;
+    fn from_str(s: &str) -> Result<HostItems, RangeError> {
+        let specs = txbox_netproxy::allow::parse_specs(s).map_err(|e| RangeError(format!("allow_hosts: {e}")))?;
+        Ok(HostItems { text: s.trim().to_string(), specs })
+    }
+}
+
+impl fmt::Display for HostItems {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl Serialize for HostItems {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.text)
+    }
+}
+
+impl<'de> Deserialize<'de> for HostItems {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<HostItems, D::Error> {
+        let text = String::deserialize(d)?;
+        text.parse().map_err(|e: RangeError| serde::de::Error::custom(e.0))
+    }
+}
+
+impl JsonSchema for HostItems {
+    fn schema_name() -> Cow<'static, str> {
+        "HostItems".into()
+    }
+    fn inline_schema() -> bool {
+        true
+    }
+    fn json_schema(_: &mut SchemaGenerator) -> Schema {
+        json_schema!({"type": "string"})
+    }
+}
+
+/// Every item of several `--allow-host` values, each once, in order.
+pub fn host_specs(items: &[HostItems]) -> Vec<txbox_netproxy::Spec> {
+    let mut out: Vec<txbox_netproxy::Spec> = Vec::new();
+    for s in items.iter().flat_map(|i| i.specs.iter()) {
+        if !out.contains(s) {
+            out.push(s.clone());
+        }
+    }
+    out
+}
+
+/// What a preset stands for, for [`LimitArgs::within_expanding`]: its rules, or `None` when it
+/// cannot be told here (then a preset asked for must be named by the ceiling itself).
+pub type Expand<'a> = &'a dyn Fn(txbox_netproxy::Preset) -> Option<Vec<txbox_netproxy::Rule>>;
+
+/// The allowlist asked for under the ceiling's: absent asks for the ceiling's; each item asked
+/// for must be one the ceiling names, or lie within it (a host under its `*.domain`, a port
+/// its `host:*` allows, a preset whose every host it allows). No ceiling is no network.
+fn narrow_hosts(
+    asked: Option<&Vec<HostItems>>,
+    ceiling: Option<&Vec<HostItems>>,
+    expand: Expand<'_>,
+) -> Result<Option<Vec<HostItems>>, Exceeds> {
+    use txbox_netproxy::{Allowlist, Spec};
+    let Some(asked) = asked else { return Ok(ceiling.cloned()) };
+    let limit_specs = host_specs(ceiling.map_or(&[][..], Vec::as_slice));
+    let shown = if limit_specs.is_empty() {
+        "none (the network is off)".to_string()
+    } else {
+        limit_specs.iter().map(Spec::to_string).collect::<Vec<_>>().join(",")
+    };
+    let mut limit: Option<Allowlist> = None;
+    for spec in host_specs(asked) {
+        if limit_specs.contains(&spec) {
+            continue;
+        }
+        let exceeds = |item: String| Exceeds { what: "allow_hosts", asked: item, ceiling: shown.clone() };
+        if limit_specs.is_empty() {
+            return Err(exceeds(spec.to_string()));
+        }
+        let rules = match &spec {
+            Spec::Rule(r) => vec![r.clone()],
+            Spec::Preset(p) => expand(*p).ok_or_else(|| exceeds(spec.to_string()))?,
+        };
+        let limit = limit.get_or_insert_with(|| {
+            Allowlist::new(limit_specs.iter().flat_map(|s| match s {
+                Spec::Rule(r) => vec![r.clone()],
+                Spec::Preset(p) => expand(*p).unwrap_or_default(),
+            }))
+        });
+        if let Some(r) = rules.iter().find(|r| !limit.covers(r)) {
+            let item = if matches!(spec, Spec::Preset(_)) { format!("{spec} ({r})") } else { spec.to_string() };
+            return Err(exceeds(item));
+        }
+    }
+    Ok(Some(asked.clone()))
 }
 
 /// A request that asks for more than the operator's ceiling allows.
@@ -378,7 +492,14 @@ impl fmt::Display for Network {
 impl LimitArgs {
     /// These limits as asked, under `ceiling` (the operator's): a limit not asked for is the
     /// ceiling's; one above it is refused; network `host` needs a ceiling of `host`.
+    /// The allowlist narrows too: presets only as the ceiling names them (no I/O here; see
+    /// [`within_expanding`](Self::within_expanding)).
     pub fn within(&self, ceiling: &LimitArgs) -> Result<LimitArgs, Exceeds> {
+        self.within_expanding(ceiling, &|_| None)
+    }
+
+    /// [`within`](Self::within), with presets expanded by `expand` to compare them by host.
+    pub fn within_expanding(&self, ceiling: &LimitArgs, expand: Expand<'_>) -> Result<LimitArgs, Exceeds> {
         let by_value = |a: &u64, c: &u64| a <= c;
         let net_ceiling = ceiling.network.unwrap_or(Network::None);
         let network = match self.network {
@@ -395,6 +516,7 @@ impl LimitArgs {
             cpu: narrow("cpu", self.cpu, ceiling.cpu, |a, c| by_value(&a.get(), &c.get()))?,
             max_output: narrow("max_output", self.max_output, ceiling.max_output, |a, c| by_value(&a.get(), &c.get()))?,
             max_write: narrow("max_write", self.max_write, ceiling.max_write, |a, c| by_value(&a.get(), &c.get()))?,
+            allow_hosts: narrow_hosts(self.allow_hosts.as_ref(), ceiling.allow_hosts.as_ref(), expand)?,
             network,
             // Without caches only narrows: the operator's `no_caches` holds for every request.
             no_caches: self.no_caches || ceiling.no_caches,
@@ -412,6 +534,7 @@ impl LimitArgs {
             max_write: self.max_write.or(fallback.max_write),
             network: self.network.or(fallback.network),
             no_caches: self.no_caches || fallback.no_caches,
+            allow_hosts: self.allow_hosts.clone().or_else(|| fallback.allow_hosts.clone()),
         }
     }
 
@@ -426,6 +549,11 @@ impl LimitArgs {
             max_write: self.max_write.map(|m| m.get()),
             host_network: self.network == Some(Network::Host),
             caches: !self.no_caches,
+            // With the host's network there is nothing to allow.
+            allow_hosts: match self.network {
+                Some(Network::Host) => Vec::new(),
+                _ => host_specs(self.allow_hosts.as_deref().unwrap_or_default()),
+            },
         }
     }
 }
@@ -512,5 +640,54 @@ mod tests {
         assert_eq!(host.within(&open).map(|l| l.network), Ok(Some(Network::Host)));
         let none: LimitArgs = serde_json::from_str(r#"{"network": "none"}"#).unwrap_or_default();
         assert_eq!(none.within(&open).map(|l| l.network), Ok(Some(Network::None)));
+    }
+
+    #[test]
+    fn an_allowlist_asked_for_only_narrows_the_ceiling() {
+        let items = |v: &[&str]| Some(v.iter().map(|s| s.parse::<HostItems>().unwrap()).collect::<Vec<_>>());
+        let args = |v: &[&str]| LimitArgs { allow_hosts: items(v), ..LimitArgs::default() };
+        let ceiling = args(&["*.example.com", "reg.example:8080"]);
+        assert_eq!(
+            LimitArgs::default().within(&ceiling).unwrap().allow_hosts,
+            ceiling.allow_hosts,
+            "absent: the ceiling"
+        );
+        let asked = |v: &[&str]| args(v).within(&ceiling);
+        assert_eq!(asked(&["a.example.com", "reg.example:8080"]).unwrap().to_limits().allow_hosts.len(), 2);
+        assert!(asked(&[]).unwrap().to_limits().allow_hosts.is_empty(), "asking for nothing turns the network off");
+        for wider in ["example.com", "evil.example", "reg.example", "reg.example:*", "*.com", "127.0.0.1", "@npm"] {
+            let e = asked(&[wider]).unwrap_err();
+            assert_eq!(e.what, "allow_hosts", "{wider}");
+            assert!(e.to_string().contains(wider.trim_start_matches('@')), "{wider}: {e}");
+        }
+        let e = args(&["a.example"]).within(&LimitArgs::default()).unwrap_err();
+        assert!(e.to_string().contains("the network is off"), "{e}");
+        // Presets: named by the ceiling, or, expanded, within it.
+        let pypi = args(&["@pypi"]);
+        assert!(pypi.within(&pypi).is_ok());
+        assert!(pypi.within(&ceiling).is_err(), "a preset that cannot be expanded here is not assumed inside");
+        let expand = |_| Some(vec!["files.example.com".parse::<txbox_netproxy::Rule>().unwrap()]);
+        assert!(pypi.within_expanding(&ceiling, &expand).is_ok());
+        let outside = |_| Some(vec!["files.example.net".parse::<txbox_netproxy::Rule>().unwrap()]);
+        assert!(pypi.within_expanding(&ceiling, &outside).unwrap_err().asked.contains("files.example.net"));
+        let host = args(&["files.example.com"]);
+        assert!(host.within_expanding(&pypi, &expand).is_ok());
+        assert!(host.within(&pypi).is_err());
+        // With the host's network there is nothing to allow; flags win over the configuration.
+        let both = LimitArgs { network: Some(Network::Host), ..args(&["a.example"]) };
+        assert!(both.to_limits().allow_hosts.is_empty());
+        assert_eq!(args(&["b.example"]).or(&args(&["a.example"])).allow_hosts, items(&["b.example"]));
+        assert_eq!(LimitArgs::default().or(&args(&["a.example"])).allow_hosts, items(&["a.example"]));
+    }
+
+    #[test]
+    fn allow_host_values_are_checked_when_parsed() {
+        for bad in ["", "*", "a b", "@nope", "ftp://a.example/", "a.example:0", "a.example:99999"] {
+            assert!(bad.parse::<HostItems>().is_err(), "{bad}");
+            assert!(serde_json::from_str::<LimitArgs>(&format!("{{\"allow_hosts\": [{bad:?}]}}")).is_err(), "{bad}");
+        }
+        assert!(serde_json::from_str::<LimitArgs>(r#"{"allow_hosts": "a.example"}"#).is_err(), "a list, not a string");
+        let ok: LimitArgs = serde_json::from_str(r#"{"allow_hosts": ["a.example, *.b.example", "@pypi"]}"#).unwrap();
+        assert_eq!(ok.to_limits().allow_hosts.len(), 3);
     }
 }

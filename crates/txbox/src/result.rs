@@ -5,7 +5,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 use txbox_policy::Decision;
-use txbox_sandbox::{Exit, Finished};
+use txbox_sandbox::Exit;
 use txbox_txn::audit::Counts;
 use txbox_txn::meta::display_rel;
 use txbox_txn::ChangeSet;
@@ -144,6 +144,10 @@ pub struct RunResult {
     /// For `exec`: the step number this command ran as.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub step: Option<u32>,
+    /// What the command did with the network (`crate::network`): present with an allowlist, or
+    /// when the command tried to reach a network it did not have.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub network: Option<crate::network::Summary>,
     /// For `outcome: committed`: the change is committed but applying it stopped (why, and what
     /// recovery needs); recovery, which every txbox command on the workspace runs first,
     /// applies the rest.
@@ -185,6 +189,7 @@ impl RunResult {
             skipped: Vec::new(),
             dropped_xattrs: Vec::new(),
             step: None,
+            network: None,
             pending_recovery: None,
             audit_error: None,
             kept: Vec::new(),
@@ -194,7 +199,9 @@ impl RunResult {
 }
 
 /// Copy a finished command's fate into the result; true when it succeeded (status 0).
-pub(crate) fn record(r: &mut RunResult, finished: Finished) -> bool {
+pub(crate) fn record(r: &mut RunResult, executed: crate::engine::Executed) -> bool {
+    r.network = executed.network;
+    let finished = executed.finished;
     r.stdout = String::from_utf8_lossy(&finished.stdout).into_owned();
     r.stderr = String::from_utf8_lossy(&finished.stderr).into_owned();
     r.stdout_truncated = finished.stdout_truncated;

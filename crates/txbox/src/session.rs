@@ -36,17 +36,25 @@ fn open(state: &StateDir, tx: &str) -> Result<(Env, TxMeta), EngineError> {
 }
 
 /// `begin`: a new open transaction; returns its id. With strict isolation, the workspace's
-/// commit generation now is its base: any commit after it refuses this one's.
+/// commit generation now is its base: any commit after it refuses this one's. `allow_hosts`
+/// (`begin --allow-host`): hosts every step may reach, besides what each `exec` allows;
+/// sealed with the session.
 pub fn begin(
     workspace: &Path,
     state_dir: Option<&Path>,
     name: Option<&str>,
     isolation: Isolation,
+    allow_hosts: &[String],
 ) -> Result<String, EngineError> {
+    txbox_netproxy::allow::parse_all(allow_hosts).map_err(|e| EngineError::Usage(e.to_string()))?;
     let env = Env::open(workspace, state_dir)?;
     let generation = env.recover()?;
     let strict = (isolation == Isolation::Strict).then_some(generation);
-    Ok(env.state.create_session_with(&env.workspace, name, strict)?)
+    let id = env.state.create_session_with(&env.workspace, name, strict)?;
+    if !allow_hosts.is_empty() {
+        env.state.set_allow_hosts(&id, allow_hosts)?;
+    }
+    Ok(id)
 }
 
 /// What an `exec` runs and how.
@@ -73,7 +81,17 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
     let (env, _) = open(state, &req.tx)?;
     refuse_if_held(state, &req.tx, "run more steps in it")?;
     let steps = state.steps_root(&req.tx, &env.workspace)?;
-    let evaluation = evaluate(&req.policy, &req.command, &policy_context(&env.workspace, &req.cwd));
+    let mut evaluation = evaluate(&req.policy, &req.command, &policy_context(&env.workspace, &req.cwd));
+    let limits = crate::network::with_policy_hosts(&req.limits, &req.policy, &state.allow_hosts(&req.tx)?)
+        .map_err(EngineError::Usage)?;
+    if evaluation.decision.action != Action::Deny {
+        let base = Some(state.base());
+        if let Some(d) =
+            crate::network::visible_denial(&evaluation.commands, limits.host_network, &limits.allow_hosts, base)
+        {
+            evaluation.decision = d;
+        }
+    }
     let mut r = RunResult::new(req.tx.clone(), evaluation.decision);
     if r.decision.action == Action::Deny {
         deny(&mut r);
@@ -91,7 +109,7 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
     let (upper, work) = session::create_step(&steps, n, &env.workspace)?;
     let lower: Vec<PathBuf> = layers.iter().rev().map(|(_, p)| p.clone()).collect();
     let layers = Layers { lower, upper: &upper, work: &work };
-    let limits = crate::limits::with_defaults(&req.limits, &env.workspace);
+    let limits = crate::limits::with_defaults(&limits, &env.workspace);
     let finished =
         execute(&env, &req.cwd, &req.command, layers, req.io, &limits, req.policy_file.as_deref(), &req.pass_env);
     let ok = match finished {
@@ -351,7 +369,7 @@ pub fn list(state: &StateDir) -> Result<Vec<TxInfo>, EngineError> {
 pub fn run_as_session(req: &RunRequest) -> Result<RunResult, EngineError> {
     let started = Instant::now();
     let env = Env::open(&req.workspace, req.state_dir.as_deref())?;
-    let tx = begin(&env.workspace, Some(&env.state.root), None, req.isolation)?;
+    let tx = begin(&env.workspace, Some(&env.state.root), None, req.isolation, &[])?;
     let exec_req = |command: Command| ExecRequest {
         tx: tx.clone(),
         cwd: req.cwd.clone(),

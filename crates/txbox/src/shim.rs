@@ -5,7 +5,11 @@
 //!
 //! A shell drop-in gets no txbox flags, so configuration comes from the environment:
 //! `TXBOX_WORKSPACE` (default: the current directory), `TXBOX_STATE_DIR`, `TXBOX_TIMEOUT`,
-//! `TXBOX_PASS_ENV`, and from the configuration file (`txbox::config`).
+//! `TXBOX_PASS_ENV`, `TXBOX_ALLOW_HOSTS` (a comma list, as `--allow-host` takes), and from the
+//! configuration file (`txbox::config`). The one exception: `--allow-host SPEC` (or
+//! `--allow-host=SPEC`) given *first*, before any shell option, which no shell has; with it or
+//! `TXBOX_ALLOW_HOSTS`, the configuration's `allow_hosts` is not used. Network hints go to the
+//! JSON of the audit log only: the shell's stderr stays the command's.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -14,7 +18,7 @@ use anyhow::Result;
 use txbox::api::ApiError;
 use txbox::config::{Config, Source, Untrusted};
 use txbox::engine::{self, Command, Io, Outcome, RunRequest};
-use txbox::options::Seconds;
+use txbox::options::{HostItems, Seconds};
 use txbox::render;
 use txbox_policy::Policy;
 
@@ -82,7 +86,28 @@ pub fn parse(args: &[OsString]) -> Option<(OsString, Vec<OsString>)> {
     Some((script, argv))
 }
 
+/// `--allow-host SPEC` / `--allow-host=SPEC` at the very start of the arguments, taken off.
+fn leading_allow_hosts(mut args: Vec<OsString>) -> Result<(Vec<String>, Vec<OsString>)> {
+    let mut allow = Vec::new();
+    loop {
+        let first = args.first().map(|a| a.to_string_lossy().into_owned());
+        match first.as_deref() {
+            Some("--allow-host") => {
+                let v = args.get(1).ok_or_else(|| ApiError::usage("--allow-host needs a value"))?;
+                allow.push(v.to_string_lossy().into_owned());
+                args.drain(..2);
+            }
+            Some(a) if a.starts_with("--allow-host=") => {
+                allow.push(a["--allow-host=".len()..].to_string());
+                args.remove(0);
+            }
+            _ => return Ok((allow, args)),
+        }
+    }
+}
+
 pub fn main(state_dir: Option<PathBuf>, args: Vec<OsString>) -> Result<i32> {
+    let (mut allow, args) = leading_allow_hosts(args)?;
     let Some((script, argv)) = parse(&args) else {
         eprintln!("txbox sh: usage: txbox sh [OPTIONS] -c 'STRING' [NAME [ARG...]] (a shell reading a script file or stdin is not supported)");
         return Ok(2);
@@ -108,6 +133,11 @@ pub fn main(state_dir: Option<PathBuf>, args: Vec<OsString>) -> Result<i32> {
     }
     let mut pass_env = config.pass_env.clone();
     pass_env.extend(txbox::environ::pass_from_env());
+    allow.extend(std::env::var("TXBOX_ALLOW_HOSTS").ok().filter(|v| !v.trim().is_empty()));
+    if !allow.is_empty() {
+        let items = allow.iter().map(|a| a.parse::<HostItems>()).collect::<Result<Vec<_>, _>>();
+        limits.allow_hosts = Some(items.map_err(|e| ApiError::usage(e.0))?);
+    }
     // The sandbox runs the argv byte for byte; the policy judges the script as text (lossy if it
     // is not UTF-8).
     let command = Command::Script { script: script.to_string_lossy().into_owned(), argv };
@@ -149,6 +179,26 @@ mod tests {
 
     fn os(v: &[&str]) -> Vec<OsString> {
         v.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn the_example_config_file_parses() {
+        let path = std::path::Path::new("examples/claude-code/config.toml");
+        let c = Config::parse(include_str!("../../../examples/claude-code/config.toml"), path).unwrap_or_default();
+        let allow: Vec<String> = c.limits.allow_hosts.iter().flatten().map(|i| i.to_string()).collect();
+        assert_eq!(allow, ["@pypi", "@npm", "@crates", "@github"]);
+        assert_eq!(c.widening(), ["allow_hosts"], "an allowlist widens: refused from inside a workspace");
+    }
+
+    #[test]
+    #[allow(clippy::unwrap_used)]
+    fn allow_host_is_taken_only_from_the_front() {
+        let (allow, rest) =
+            leading_allow_hosts(os(&["--allow-host", "a.example", "--allow-host=@npm", "-c", "x"])).unwrap();
+        assert_eq!((allow, rest), (vec!["a.example".to_string(), "@npm".to_string()], os(&["-c", "x"])));
+        let (allow, rest) = leading_allow_hosts(os(&["-c", "x", "--allow-host", "a"])).unwrap();
+        assert!(allow.is_empty() && rest.len() == 4);
+        assert!(leading_allow_hosts(os(&["--allow-host"])).is_err());
     }
 
     #[test]

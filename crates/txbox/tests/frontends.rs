@@ -766,6 +766,49 @@ fn http_and_mcp_requests_stay_under_the_operators_ceilings() {
     assert_eq!((st, v["outcome"].as_str()), (200, Some("committed")), "{v}");
 }
 
+/// The network's ceiling (#15): `--allow-host` at start is what a request gets and the most it
+/// may ask for; a request may narrow it (to nothing, too), never widen it; without one, no
+/// request may allow a host. A URL the command names is judged against what the request gets.
+#[test]
+fn requests_may_only_narrow_the_operators_allowlist() {
+    let s = Scratch::new("http-allow-ceiling");
+    let srv = serve_args(&s, &["--allow-host", "192.0.2.1,*.pkgs.example"]);
+    let run = |body: Value| http(srv.port, "POST", "/v1/run", auth(), Some(&body));
+    for wider in [json!(["192.0.2.2"]), json!(["pkgs.example"]), json!(["*.example"]), json!(["@pypi"])] {
+        let (st, v) = run(json!({"command": "touch a", "allow_hosts": wider}));
+        assert_eq!((st, v["error"]["kind"].as_str()), (403, Some("forbidden")), "{wider}: {v}");
+        assert!(v["error"]["message"].as_str().unwrap().contains("ceiling"), "{v}");
+    }
+    assert!(!s.ws.join("a").exists());
+    // Nothing asked: the ceiling, no more.
+    // An interpreter's words are targets (its code may fetch them); this one only prints.
+    let py = |urls: &str| format!("python3 -c \"print('{urls}')\"");
+    let (st, v) = run(json!({"command": py("http://192.0.2.1/ http://a.pkgs.example/")}));
+    assert_eq!((st, v["outcome"].as_str()), (200, Some("committed")), "{v}");
+    let (st, v) = run(json!({"command": py("http://192.0.2.3/")}));
+    assert_eq!((st, v["decision"]["rule"].as_str()), (200, Some("network.allowlist")), "{v}");
+    // Narrower: a host under the ceiling's wildcard; or nothing at all.
+    let (st, v) = run(json!({"command": py("http://a.pkgs.example/"), "allow_hosts": ["a.pkgs.example"]}));
+    assert_eq!((st, v["outcome"].as_str()), (200, Some("committed")), "{v}");
+    let (st, v) = run(json!({"command": py("http://192.0.2.1/"), "allow_hosts": ["a.pkgs.example"]}));
+    assert_eq!(v["decision"]["rule"], "network.allowlist", "{st} {v}");
+    let (st, v) = run(json!({"command": py("http://192.0.2.1/"), "allow_hosts": []}));
+    assert_eq!(v["decision"]["rule"], "network.allowlist", "{st} {v}");
+    // The same over MCP.
+    let call = json!({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+        "params": {"name": "run", "arguments": {"command": "touch c", "allow_hosts": ["192.0.2.9"]}}});
+    let (st, v) = mcp_http(srv.port, auth(), &call);
+    assert_eq!((st, v["result"]["isError"].as_bool()), (200, Some(true)), "{v}");
+    assert!(!s.ws.join("c").exists());
+    drop(srv);
+    // No ceiling: no host for any request.
+    let srv = serve_args(&s, &[]);
+    let (st, v) =
+        http(srv.port, "POST", "/v1/run", auth(), Some(&json!({"command": "touch a", "allow_hosts": ["192.0.2.1"]})));
+    assert_eq!(st, 403, "{v}");
+    assert!(v["error"]["message"].as_str().unwrap().contains("network is off"), "{v}");
+}
+
 /// Slow, half-sent requests (slowloris) do not stop the server from answering: partial
 /// headers or bodies are dropped after --header-timeout, connections beyond --max-connections
 /// are closed at once, and /v1/health keeps answering.

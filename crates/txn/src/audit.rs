@@ -72,6 +72,9 @@ pub struct Entry {
     /// calls the last commit.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub kept_only: bool,
+    /// What the command did with the network (txbox's `network` result object), if anything.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<serde_json::Value>,
     pub prev: String,
 }
 

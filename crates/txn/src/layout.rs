@@ -73,6 +73,8 @@ pub const STEPS: &str = "steps";
 pub const STATUS: &str = "status";
 pub const FINGERPRINTS: &str = "fingerprints";
 pub const LAST_STEP: &str = "last_step";
+/// A session's `--allow-host` items from `begin` (sealed), for every step.
+pub const ALLOW_HOSTS: &str = "allow_hosts";
 /// Why a held transaction waits for a person (sealed): what the commit-time policy found.
 pub const HOLD: &str = "hold";
 pub const DIFF_PREFIX: &str = "diff-";

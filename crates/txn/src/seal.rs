@@ -197,6 +197,7 @@ pub enum Domain {
     Registry,
     Hold,
     AuditHead,
+    AllowHosts,
 }
 
 impl Domain {
@@ -210,6 +211,7 @@ impl Domain {
             Domain::Registry => b"txbox registry v1",
             Domain::Hold => b"txbox hold v1",
             Domain::AuditHead => b"txbox audit head v1",
+            Domain::AllowHosts => b"txbox allow-hosts v1",
         }
     }
 }

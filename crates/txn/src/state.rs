@@ -732,6 +732,32 @@ impl StateDir {
             .map_err(|e| PathError::new(&self.tx_dir(id).join(layout::LAST_STEP), "write", e).into())
     }
 
+    /// A session's `--allow-host` items from `begin` (none if it was begun without). Forged or
+    /// damaged: refused, never read as a different list.
+    pub fn allow_hosts(&self, id: &str) -> Result<Vec<String>, StateError> {
+        let rel = Self::tx_rel(id, layout::ALLOW_HOSTS);
+        let path = self.root.join(&rel);
+        let bytes = match fsx::read_small(self.fd(), &rel, SMALL) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(PathError::new(&path, "read", e).into()),
+        };
+        let body = self
+            .seal()
+            .open(Domain::AllowHosts, id, &bytes)
+            .ok_or_else(|| StateError::Forged { path: path.clone(), fix: "roll the transaction back" })?;
+        Ok(body.lines().map(str::to_string).collect())
+    }
+
+    /// Record a session's `--allow-host` items (sealed, one per line; an item has no newline).
+    pub fn set_allow_hosts(&self, id: &str, items: &[String]) -> Result<(), StateError> {
+        let dir = self.dir(&format!("{}/{id}", layout::TX))?;
+        let body: String = items.iter().map(|i| format!("{}\n", i.replace('\n', " "))).collect();
+        let text = self.seal().seal(Domain::AllowHosts, id, &body);
+        fsx::replace(dir.as_fd(), layout::ALLOW_HOSTS, text.as_bytes(), true)
+            .map_err(|e| PathError::new(&self.tx_dir(id).join(layout::ALLOW_HOSTS), "write", e).into())
+    }
+
     /// Block until this process is the only one working on transaction `id`.
     pub fn lock_tx(&self, id: &str) -> Result<Lock, StateError> {
         self.read_meta(id)?;

@@ -137,6 +137,7 @@ fn listen_build_and_serve(
         .map_err(at("open the host's /proc"))?;
     let me = Me { binary: super::binary_id(), host_proc, layer: layout.layer };
     stage2::enter_namespaces(spec)?;
+    crate::net::warm_open(spec);
     let roots = Roots::clone_from(&args.state, &spec.workspace, layout.retired)?;
     let plan = MountPlan::for_warm(spec);
     let mut pins = Pins::default();
@@ -710,6 +711,9 @@ fn serve_one(ready: &Ready<'_>, conn: &OwnedFd, in_use: &mut Option<OwnedFd>) ->
     // so nothing writes to the upper layer any more and the client may classify it. The view
     // is detached afterwards, off the client's path: unmounting waits for an RCU grace period.
     let status = run_command(&req, &command, fds, seccomp, conn, stack);
+    if let Some(line) = crate::net::warm_since_last() {
+        say(conn, &line);
+    }
     match status {
         Ok(line) => say(conn, &line),
         Err(e) => say(conn, &Report::Error(stage2::setup_failed(&e)).line()),
