@@ -10,7 +10,8 @@ use txbox_policy::{Action, CommitAction, Context, Decision, Policy};
 use txbox_sandbox::warm::NotWarm;
 use txbox_sandbox::{Finished, LaunchOptions, SandboxSpec, WarmUse};
 use txbox_txn::audit::{self, Counts};
-use txbox_txn::commit::{CommitError, CommitTarget};
+use txbox_txn::commit::{CommitError, CommitTarget, Durability};
+use txbox_txn::durable::{Flush, Fsync};
 use txbox_txn::keep::KeepRules;
 use txbox_txn::layout::TxKind;
 use txbox_txn::meta::display_rel;
@@ -795,8 +796,23 @@ pub(crate) fn commit_upper(
     audit.kept(kept.clone(), kept_only, t.kept_only);
     audit.prepare().map_err(TxError::Other)?;
     env.state.release_reserve_if_low();
+    let root = &env.state.root;
+    let mut before = Vec::new();
     if !ours.is_empty() {
-        env.state.log_commit(&env.workspace, &ours).map_err(|e| other(&e))?;
+        let generation = env.state.log_commit(&env.workspace, &ours).map_err(|e| other(&e))?;
+        // Durable before the record: a strict session's base generation (in its durable meta)
+        // must never meet a log that lost lines and counts again from below it.
+        before.push(Flush::data(root, &StateDir::commit_log_rel(&env.workspace)));
+        if generation == 1 {
+            before.push(Flush::dir(root, Path::new(txbox_txn::layout::LOCKS)));
+        }
+    }
+    let mut after = vec![
+        Flush::data(root, Path::new(txbox_txn::layout::AUDIT)),
+        Flush::data(root, Path::new(txbox_txn::layout::AUDIT_HEAD)),
+    ];
+    if audit.fresh {
+        after.push(Flush::dir(root, Path::new("")));
     }
     let record = env.state.record_path(t.id);
     let relief = || env.state.release_reserve();
@@ -812,7 +828,9 @@ pub(crate) fn commit_upper(
     if std::io::IsTerminal::is_terminal(&std::io::stderr()) && cs.changes.len() >= PROGRESS_FROM {
         hook.progress = Some(crate::progress::commit_step);
     }
-    let result = txbox_txn::commit::commit(&target, &cs, hook, &mut || audit.committed(&cs));
+    let mut fsync = Fsync;
+    let mut durability = Durability { before, after, flusher: &mut fsync };
+    let result = txbox_txn::commit::commit_with(&target, &cs, hook, &mut || audit.committed(&cs), &mut durability);
     crate::progress::finish();
     match result {
         Ok(()) => Ok(Landed { cs, kept }),
@@ -941,13 +959,16 @@ pub(crate) fn audit(env: &Env, command: &Command, r: &mut RunResult, started: In
 
 /// The audit of a transaction that may commit: the log is opened before the commit point (a
 /// log that cannot be written refuses the commit: nothing changed), and the entry is appended
-/// at the commit point, where the commit's final flush makes it durable with the change.
+/// at the commit point, and the commit's flush after applying makes it durable with the change.
 pub(crate) struct CommitAudit<'a> {
     env: &'a Env,
     command: &'a Command,
     started: Instant,
     template: audit::Entry,
     log: Option<audit::Log>,
+    /// The log or its head was empty when opened (maybe just created): the commit flushes
+    /// the state directory too, for their names.
+    fresh: bool,
     /// Set once the commit's entry was appended (Ok) or could not be (why).
     written: Option<Result<(), String>>,
     /// The kept directories the commit changes, and whether it changes nothing else.
@@ -965,6 +986,7 @@ impl<'a> CommitAudit<'a> {
             started,
             template: entry_of(env, command, r),
             log: None,
+            fresh: false,
             written: None,
             kept: Vec::new(),
             kept_only: false,
@@ -981,6 +1003,8 @@ impl<'a> CommitAudit<'a> {
     fn prepare(&mut self) -> Result<(), String> {
         match self.env.state.audit_log() {
             Ok(log) => {
+                let empty = |p: PathBuf| std::fs::symlink_metadata(p).map_or(true, |m| m.len() == 0);
+                self.fresh = empty(self.env.state.audit_path()) || empty(self.env.state.audit_head_path());
                 self.log = Some(log);
                 Ok(())
             }

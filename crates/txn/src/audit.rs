@@ -191,8 +191,8 @@ impl Log {
     }
 
     /// Append `entry`, chaining it to the last line, and move the head record on. Returns the
-    /// entry as written. `durable` fsyncs both (a commit does not ask: its own final flush of
-    /// the filesystem covers them).
+    /// entry as written. `durable` fsyncs both (a commit does not ask: its flush after applying
+    /// holds them, `durable::after_apply`).
     pub fn append(&mut self, mut entry: Entry, durable: bool) -> Result<Entry, AuditError> {
         let path = self.path.clone();
         let err = io_err(&path);

@@ -26,6 +26,7 @@ use rustix::fs::{AtFlags, OFlags, RenameFlags, Timestamps};
 use crate::beneath::{open_beneath, Beneath};
 use crate::changeset::{ChangeSet, Fixup};
 use crate::check::{self, Attrs, Denied, Permissions};
+use crate::durable::{self, Flush, FlushError, Flusher, Fsync};
 use crate::journal::{self, CommitRecord, JournalError, JournalStep};
 use crate::meta::{self, Kind};
 use crate::plan::{self, Step};
@@ -98,6 +99,22 @@ fn io_err<'a>(step: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> C
     move |source| CommitError::Io { step, path: path.to_path_buf(), source }
 }
 
+impl From<FlushError> for CommitError {
+    fn from(e: FlushError) -> CommitError {
+        CommitError::Io { step: "flush", path: e.flush.path(), source: e.source }
+    }
+}
+
+/// What a commit makes durable besides its own objects, and the seam that does it
+/// ([`crate::durable`]).
+pub struct Durability<'a> {
+    /// Flushed before the commit record is written (the workspace's commit log).
+    pub before: Vec<Flush>,
+    /// Flushed after applying, before the record leaves the journal (the audit log and head).
+    pub after: Vec<Flush>,
+    pub flusher: &'a mut dyn Flusher,
+}
+
 /// Counts mutating filesystem calls and stops the commit after the N-th one: the test hook that
 /// lets crash-injection tests cut a commit at every point. `TXBOX_CRASH_AFTER=N` sets it for a
 /// real process, which then exits at once as if killed.
@@ -158,12 +175,26 @@ pub struct CommitTarget<'a> {
 /// the workspace and durable. On Err the transaction is not committed and nothing was changed,
 /// except for [`CommitError::Unfinished`]: committed, and recovery applies the rest.
 /// `at_commit_point` runs once the record is durable, before anything is applied (the audit
-/// entry is appended there, and made durable by the commit's own final flush).
+/// entry is appended there, and made durable by the commit's flush after applying).
 pub fn commit(
     target: &CommitTarget<'_>,
     cs: &ChangeSet,
     hook: &mut CrashHook,
     at_commit_point: &mut dyn FnMut(),
+) -> Result<(), CommitError> {
+    let mut fsync = Fsync;
+    let mut d = Durability { before: Vec::new(), after: Vec::new(), flusher: &mut fsync };
+    commit_with(target, cs, hook, at_commit_point, &mut d)
+}
+
+/// [`commit`], flushing `d.before` with the content before the record and `d.after` with the
+/// applied steps, every flush through `d.flusher`.
+pub fn commit_with(
+    target: &CommitTarget<'_>,
+    cs: &ChangeSet,
+    hook: &mut CrashHook,
+    at_commit_point: &mut dyn FnMut(),
+    d: &mut Durability<'_>,
 ) -> Result<(), CommitError> {
     let steps = plan::plan(cs);
     if steps.is_empty() {
@@ -185,8 +216,6 @@ pub fn commit(
     // Applying resolves every path afresh: a handle kept from here would follow a directory
     // someone moved meanwhile, wherever it went.
     drop(up);
-    // 3. Make the content durable before anything points at it.
-    syncfs(target.upper)?;
     relieved(target, || std::fs::create_dir_all(target.trash).map_err(io_err("create trash", target.trash)))?;
     let record = CommitRecord {
         tx: target.tx.to_string(),
@@ -195,14 +224,30 @@ pub fn commit(
         trash: target.trash.to_path_buf(),
         steps: jsteps,
     };
+    // 3. What must be durable before the record points at it (`durable::before_record`).
+    let journal_dir = target.record.parent().unwrap_or(Path::new("."));
+    let pending = journal::pending_path(target.record);
+    let before = durable::before_record(
+        &durable::Before {
+            state_root: journal_dir.parent().unwrap_or(journal_dir),
+            upper: target.upper,
+            trash: target.trash,
+            logs: &d.before,
+            journal_dir,
+            record_tmp: Path::new(pending.file_name().unwrap_or_default()),
+        },
+        &record.steps,
+    )
+    .map_err(io_err("list the upper layer to flush", target.upper))?;
     // 4. Room to apply it: descriptors held until then, space (the reserve given up if need be).
     let text = record.render(target.seal);
     let fds = check::reserve_fds(ws.root()).map_err(CommitError::NoRoom)?;
     ensure_space(target, &ws, &record, text.len())?;
     drop(ws);
-    // 5. The commit point.
+    // 5. The commit point: the record, written, flushed with the content, renamed, and its
+    //    directory flushed.
     hook.tick()?;
-    match relieved(target, || Ok(journal::write_text_durably(target.record, &text)?)) {
+    match relieved(target, || write_record(target.record, &text, &before, d.flusher)) {
         Ok(()) => {}
         Err(CommitError::Journal(e @ JournalError::InPlace { .. })) => {
             return Err(CommitError::Unfinished { source: Box::new(e.into()) })
@@ -214,21 +259,35 @@ pub fn commit(
         hook.tick()?;
         at_commit_point();
         drop(fds);
-        if let Err(e) = apply_record(&record, hook) {
+        if let Err(e) = apply_record_with(&record, hook, &d.after, d.flusher) {
             // Applying is idempotent: after space was freed, go again from the start.
             let full = matches!(e.errno(), Some(libc::ENOSPC | libc::EDQUOT));
             if !(full && target.relief.is_some_and(|r| r())) {
                 return Err(e);
             }
-            apply_record(&record, hook)?;
+            apply_record_with(&record, hook, &d.after, d.flusher)?;
         }
-        finish(target.record, hook)
+        finish_with(target.record, hook, d.flusher)
     })();
     match applied {
         Ok(()) => Ok(()),
         Err(e @ CommitError::Injected(_)) => Err(e),
         Err(e) => Err(CommitError::Unfinished { source: Box::new(e) }),
     }
+}
+
+/// Write the record under its temporary name, flush it with `before` (the content it points
+/// at), rename it to `path` and flush the journal directory: Ok is the commit point. Before
+/// that, an error leaves no record behind.
+fn write_record(path: &Path, text: &str, before: &[Flush], flusher: &mut dyn Flusher) -> Result<(), CommitError> {
+    let pending = journal::write_pending(path, text)?;
+    if let Err(e) = flusher.flush(before) {
+        journal::discard_pending(&pending);
+        return Err(e.into());
+    }
+    let dir = path.parent().unwrap_or(Path::new("."));
+    journal::publish(&pending, path, || flusher.flush(&[Flush::dir(dir, Path::new(""))]).map_err(|e| e.source))?;
+    Ok(())
 }
 
 /// Run `f`; if it failed because the filesystem is full and `target.relief` freed space, once
@@ -264,13 +323,27 @@ fn ensure_space(
     )))
 }
 
-/// Apply a commit record: every step at most once, whatever already happened (recovery).
+/// Apply a commit record: every step at most once, whatever already happened (recovery), and
+/// make what it changed durable.
 pub fn apply_record(record: &CommitRecord, hook: &mut CrashHook) -> Result<(), CommitError> {
+    apply_record_with(record, hook, &[], &mut Fsync)
+}
+
+/// [`apply_record`], flushing `logs` with what the steps changed, through `flusher`.
+pub fn apply_record_with(
+    record: &CommitRecord,
+    hook: &mut CrashHook,
+    logs: &[Flush],
+    flusher: &mut dyn Flusher,
+) -> Result<(), CommitError> {
     let mut ws = Beneath::open(&record.workspace).map_err(io_err("open workspace", &record.workspace))?;
     let mut up = Beneath::open(&record.upper).map_err(io_err("open upper", &record.upper))?;
     let trash = Beneath::open(&record.trash).map_err(io_err("open trash", &record.trash))?;
     apply_steps(&mut ws, &mut up, &trash, record, hook)?;
-    syncfs(&record.workspace)
+    // Descriptors back for the flush (the budget held before the commit point covers both).
+    drop((ws, up, trash));
+    let after = durable::after_apply(&record.workspace, &record.upper, &record.trash, &record.steps, logs);
+    Ok(flusher.flush(&after)?)
 }
 
 fn apply_steps(
@@ -295,6 +368,11 @@ fn apply_steps(
 /// (one rename, no more than deleting it cost), where recovery finds it if the process dies
 /// before cleaning up, and tells an applied transaction from an abandoned one.
 pub fn finish(record: &Path, hook: &mut CrashHook) -> Result<(), CommitError> {
+    finish_with(record, hook, &mut Fsync)
+}
+
+/// [`finish`], flushing the journal directory through `flusher`.
+pub fn finish_with(record: &Path, hook: &mut CrashHook, flusher: &mut dyn Flusher) -> Result<(), CommitError> {
     hook.tick()?;
     let Some(dir) = record.parent() else { return Ok(()) };
     let id = record.file_name().and_then(|n| crate::layout::record_id(n)).map(|(id, _)| id.to_string());
@@ -313,14 +391,7 @@ pub fn finish(record: &Path, hook: &mut CrashHook) -> Result<(), CommitError> {
         },
         Err(e) => return Err(io_err("mark commit record applied", record)(e)),
     }
-    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(io_err("sync journal dir", dir))?;
-    Ok(())
-}
-
-fn syncfs(path: &Path) -> Result<(), CommitError> {
-    let fd = rustix::fs::open(path, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, rustix::fs::Mode::empty())
-        .map_err(|e| io_err("open for syncfs", path)(e.into()))?;
-    rustix::fs::syncfs(&fd).map_err(|e| io_err("syncfs", path)(e.into()))
+    Ok(flusher.flush(&[Flush::dir(dir, Path::new(""))])?)
 }
 
 fn stat_at(b: &mut Beneath, rel: &Path) -> io::Result<Option<rustix::fs::Stat>> {

@@ -182,24 +182,50 @@ pub fn write_durably(path: &Path, record: &CommitRecord, seal: &Seal) -> Result<
 
 /// [`write_durably`] for a record already rendered ([`CommitRecord::render`]).
 pub fn write_text_durably(path: &Path, text: &str) -> Result<(), JournalError> {
-    let io = |source| JournalError::Io { path: path.to_path_buf(), source };
+    let tmp = write_pending(path, text)?;
+    if let Err(e) = std::fs::File::open(&tmp).and_then(|f| f.sync_all()) {
+        discard_pending(&tmp);
+        return Err(JournalError::Io { path: path.to_path_buf(), source: e });
+    }
     let dir = path.parent().unwrap_or(Path::new("."));
+    publish(&tmp, path, || std::fs::File::open(dir).and_then(|d| d.sync_all()))
+}
+
+/// The temporary name the record for `path` is written under until it is whole and durable.
+pub fn pending_path(path: &Path) -> PathBuf {
     let mut tmp_name = path.as_os_str().to_owned();
     tmp_name.push(crate::layout::TMP_SUFFIX);
-    let tmp = PathBuf::from(tmp_name);
-    let written = (|| {
-        let mut f = std::fs::File::create(&tmp)?;
-        f.write_all(text.as_bytes())?;
-        f.sync_all()?;
-        drop(f);
-        std::fs::rename(&tmp, path)
-    })();
+    PathBuf::from(tmp_name)
+}
+
+/// The first half of a durable write: `text` under the temporary name ([`pending_path`]), not
+/// synced yet (a commit flushes it together with the content it points at). Returns that name.
+pub fn write_pending(path: &Path, text: &str) -> Result<PathBuf, JournalError> {
+    let tmp = pending_path(path);
+    let written = std::fs::File::create(&tmp).and_then(|mut f| f.write_all(text.as_bytes()));
     if let Err(e) = written {
         // Not committed: leave no half-written record behind (a full disk, say).
-        let _ = std::fs::remove_file(&tmp);
+        discard_pending(&tmp);
+        return Err(JournalError::Io { path: path.to_path_buf(), source: e });
+    }
+    Ok(tmp)
+}
+
+/// Remove a pending record that will not be published (the commit is refused).
+pub fn discard_pending(tmp: &Path) {
+    let _ = std::fs::remove_file(tmp);
+}
+
+/// The second half: the pending record `tmp`, durable by now, renamed to `path`, and
+/// `sync_dir` (a flush of the journal directory) making the new name durable. When this
+/// returns Ok the transaction is committed, whatever happens next.
+pub fn publish(tmp: &Path, path: &Path, sync_dir: impl FnOnce() -> std::io::Result<()>) -> Result<(), JournalError> {
+    let io = |source| JournalError::Io { path: path.to_path_buf(), source };
+    if let Err(e) = std::fs::rename(tmp, path) {
+        discard_pending(tmp);
         return Err(io(e));
     }
-    if let Err(e) = std::fs::File::open(dir).and_then(|d| d.sync_all()) {
+    if let Err(e) = sync_dir() {
         // In place but maybe not durable: take it back if we can, so that "not committed" stays
         // true; if not even that works, recovery will find it and apply it.
         return Err(match std::fs::remove_file(path) {

@@ -5,6 +5,7 @@
 //! - [`journal`] writes the commit record, the single durable commit point;
 //! - [`check`] says, before the commit point, whether applying will be permitted and has room;
 //! - [`commit`] prepares, commits and applies, idempotently; recovery re-applies records;
+//! - [`durable`] says what each commit flushes and when (the plan), and flushes it (the seam);
 //! - [`layout`] names everything in the state directory and chooses where it lives;
 //!   [`state`] keeps it (nothing read back is trusted: [`seal`] authenticates it);
 //!   [`session`] keeps a session's layers; [`audit`] keeps the hash-chained log;
@@ -17,6 +18,7 @@ pub mod beneath;
 pub mod changeset;
 pub mod check;
 pub mod commit;
+pub mod durable;
 pub mod fsx;
 pub mod hex;
 pub mod journal;

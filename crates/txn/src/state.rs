@@ -207,11 +207,18 @@ impl StateDir {
         }
         let seal = Seal::new(key, &identity(fd.as_fd(), root)?);
         Self::check_marker(fd.as_fd(), root, &seal)?;
+        let mut made = false;
         for sub in layout::SUBDIRS {
             match rustix::fs::mkdirat(&fd, sub, Mode::from_raw_mode(0o700)) {
-                Ok(()) | Err(rustix::io::Errno::EXIST) => {}
+                Ok(()) => made = true,
+                Err(rustix::io::Errno::EXIST) => {}
                 Err(e) => return Err(PathError::new(&root.join(sub), "create", e.into()).into()),
             }
+        }
+        // Once: a commit flushes the directories it uses below these, never the root itself
+        // (`durable::before_record`).
+        if made {
+            fsx::sync_dir(fd.as_fd()).map_err(at(root, "sync"))?;
         }
         // Comparisons with the workspace need the real path (parents may be symlinks; the
         // root itself is not, it was opened O_NOFOLLOW).
@@ -498,7 +505,12 @@ impl StateDir {
     }
 
     fn commit_log(&self, workspace: &Path) -> PathBuf {
-        self.root.join(layout::LOCKS).join(layout::commit_log_name(workspace))
+        self.root.join(Self::commit_log_rel(workspace))
+    }
+
+    /// The workspace's commit log, relative to the state directory (a commit flushes it).
+    pub fn commit_log_rel(workspace: &Path) -> PathBuf {
+        Path::new(layout::LOCKS).join(layout::commit_log_name(workspace))
     }
 
     /// The workspace's commit generation: how many transactions txbox has committed into it.

@@ -1,5 +1,6 @@
 //! Early writeback: while a long command runs, flush its layer's filesystem in the background,
-//! so that the commit's durability flush (`syncfs` before the commit record) finds little left
+//! so that the commit's durability flush (fsyncs of its files before the commit record, or
+//! `syncfs` for a large one: `durable::before_record`) finds little left
 //! to write. The disk then works while the command computes, instead of after it.
 //!
 //! Only a speed-up: the commit syncs regardless, so a flush that fails or never runs changes
