@@ -5,6 +5,8 @@
 //! write it through `/proc/self/fd/N`, whatever the mount plan hides. Every process txbox
 //! executes (stage 2, the warm server, the collector, the command) starts from 0-2 and the
 //! descriptors txbox itself installs. All of these functions are async-signal-safe.
+//!
+//! Owns closing and marking descriptors of the calling process; may not open anything.
 
 /// `close_range(first, last, flags)`; false where the kernel lacks it (before 5.9; 5.11 for
 /// `CLOSE_RANGE_CLOEXEC`).

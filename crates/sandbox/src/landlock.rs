@@ -17,6 +17,9 @@
 //! Unix sockets by path (ABI 9, `ResolveUnix`): the right is handled and granted nowhere, so
 //! the command reaches only sockets created in its own domain, never one of the host's (see
 //! `crate::supervisor`, which stands in on older kernels).
+//!
+//! Owns the ruleset and its application to the calling thread; may not decide which paths are
+//! writable (the spec does) nor when it is applied (`stage2::confine`).
 
 use std::fs::OpenOptions;
 use std::io;

@@ -1,5 +1,9 @@
 //! The host side: start the stage-2 helper, stream or capture the command's output, enforce the
 //! wall-clock timeout, and collect the command's fate from the report pipe.
+//!
+//! Owns the host side of one run: the helper process, its pipes, the timeout, the report's
+//! decoding. May not build the sandbox (stage 2's), nor know about transactions; limits reach it
+//! only through [`Watch`].
 
 use std::ffi::OsString;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -24,8 +28,22 @@ use crate::SandboxSpec;
 pub enum SandboxError {
     #[error("starting the sandbox helper {exe}: {source}")]
     Spawn { exe: String, source: std::io::Error },
+    /// Stage 2 or the warm server could not build the sandbox: the failed step it reported
+    /// (worded by [`crate::step::StepError`]), or the spec it could not read.
     #[error("{0}")]
-    Setup(String),
+    Reported(String),
+    /// The caller's [`Watch::started`] could not attach the sandbox to its cgroup.
+    #[error("{0}")]
+    Attach(#[source] crate::cgroup::CgroupError),
+    /// Limits that need a cgroup were asked for, and none can be made on this host.
+    #[error("--memory/--pids need a cgroup, and none can be made here: {0} (see `txbox doctor`)")]
+    NoCgroup(#[source] crate::cgroup::CgroupError),
+    #[error("relaying the terminal: {0}")]
+    Terminal(#[source] rustix::io::Errno),
+    /// The network proxy the run's allowlist needs could not start (the caller's own words:
+    /// txbox's `network::Session`).
+    #[error("{0}")]
+    Proxy(String),
     #[error("waiting for the sandbox: {0}")]
     Wait(std::io::Error),
     #[error("the sandbox helper exited with status {0} without reporting the command's fate")]
@@ -71,7 +89,7 @@ pub enum WarmUse {
 /// the command, and check limits the kernel does not enforce by itself (bytes written).
 pub trait Watch {
     /// Stage 2 exists (pid on the host) and waits; attach it to whatever limits it.
-    fn started(&mut self, _pid: u32) -> Result<(), String> {
+    fn started(&mut self, _pid: u32) -> Result<(), crate::cgroup::CgroupError> {
         Ok(())
     }
     /// Called a few times a second; a limit name kills the sandbox.
@@ -414,7 +432,7 @@ pub fn launch(
         if let Err(e) = watch.started(child.id()) {
             child.kill();
             let _ = child.wait();
-            return Err(SandboxError::Setup(e));
+            return Err(SandboxError::Attach(e));
         }
         let _ = rustix::io::write(&sync_w, b"g");
     }
@@ -426,7 +444,7 @@ pub fn launch(
             Err(e) => {
                 child.kill();
                 let _ = child.wait();
-                return Err(SandboxError::Setup(format!("relaying the terminal: {e}")));
+                return Err(SandboxError::Terminal(e));
             }
         },
     };
@@ -540,7 +558,7 @@ fn supervise(
     let text = String::from_utf8_lossy(&report.buf);
     let net_attempts = text.lines().filter_map(crate::net::parse_report_line).sum();
     let exit = match Report::of_stream(&text) {
-        Some(Report::Error(why)) => return Err(SandboxError::Setup(why)),
+        Some(Report::Error(why)) => return Err(SandboxError::Reported(why)),
         Some(Report::Exit(c)) => Some(Exit::Code(c)),
         Some(Report::Signal(s)) => Some(Exit::Signal(s)),
         None => None,

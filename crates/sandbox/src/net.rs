@@ -11,6 +11,10 @@
 //!   on loopback, such as `127.0.0.53`, which does not exist here). Name resolution itself
 //!   fails at once either way (no route, or a port unreachable), never by timeout. Reported as
 //!   `net N` on the report channel, after the command's fate.
+//!
+//! Owns the listener handed to the proxy and the namespace's counters; may not connect anywhere
+//! (the proxy, outside the sandbox, does) nor decide when it runs (stage 2's order, through
+//! `kernel::Kernel`).
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
@@ -30,7 +34,7 @@ pub(crate) fn hand_over_listener(spec: &SandboxSpec) -> Result<(), StepError> {
     let listener = rustix::net::socket_with(AddressFamily::INET, SocketType::STREAM, SocketFlags::CLOEXEC, None)
         .map_err(at("proxy listener"))?;
     let addr = std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, port);
-    rustix::net::bind(&listener, &addr).map_err(at(format!("bind the proxy listener to {addr}")))?;
+    rustix::net::bind(&listener, &addr).map_err(|e| StepError::new(format!("bind the proxy listener to {addr}"), e))?;
     rustix::net::listen(&listener, 128).map_err(at("listen for the proxy"))?;
     send_fd(handoff.as_fd(), listener.as_fd()).map_err(at("hand the proxy listener over"))?;
     Ok(())

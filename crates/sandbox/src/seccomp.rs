@@ -16,6 +16,9 @@
 //! numbers could otherwise be bypassed: syscalls from another ABI (i386 via `int 0x80`: the
 //! architecture check kills the process) and x32 syscall numbers (`__X32_SYSCALL_BIT` set:
 //! `ENOSYS`).
+//!
+//! Owns the command's deny-list and its installation; may not decide when it is installed
+//! (`stage2::confine`, last before exec), nor know the supervisor's filter (`supervisor::filter`).
 
 use std::collections::BTreeMap;
 use std::io;

@@ -7,6 +7,9 @@
 //! finds nothing there, and its writes fail. The list does not depend on what exists (looking
 //! costs a `stat` each, on every run): the mount skips a missing path, and a warm server
 //! watches where each would appear (`warm::server`), and retires when one does.
+//!
+//! Owns what is hidden, as data; may not mount (the mount plan does), nor look at the host beyond
+//! what [`Host::gather`] collects.
 
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};

@@ -1,5 +1,7 @@
 //! What the sandbox must build, as data: the spec handed to the stage-2 helper, and the mount
 //! plan derived from it. Pure: unit-tested without privileges.
+//!
+//! Owns the spec, its argument encoding and the mount plan; may not make a syscall.
 
 use std::ffi::{OsStr, OsString};
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
@@ -58,7 +60,7 @@ pub struct SandboxSpec {
 pub struct SpecError(pub String);
 
 impl SandboxSpec {
-    /// A spec with the defaults of DESIGN §5 for running `argv` in `workspace`.
+    /// A spec with the defaults of docs/DESIGN.md §6 for running `argv` in `workspace`.
     pub fn new(workspace: PathBuf, upper: PathBuf, work: PathBuf, argv: Vec<OsString>) -> SandboxSpec {
         SandboxSpec {
             cwd: workspace.clone(),
@@ -326,7 +328,7 @@ pub struct MountPlan {
     pub init: Vec<MountOp>,
 }
 
-/// The device nodes the sandbox's `/dev` holds (DESIGN §5), bound from the host.
+/// The device nodes the sandbox's `/dev` holds (docs/DESIGN.md §6), bound from the host.
 pub const DEVICES: [&str; 6] = ["null", "zero", "full", "random", "urandom", "tty"];
 
 impl MountPlan {

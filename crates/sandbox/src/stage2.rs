@@ -10,18 +10,28 @@
 //! left behind in the pid namespace, so no process of the command survives it. I installs
 //! the socket filter that every process of the sandbox inherits; S, outside the sandbox's pid
 //! namespace, performs the calls it notifies (`crate::supervisor`) until I exits.
+//!
+//! Owns the order of the sandbox's setup: `start`, `run`, `enter_namespaces`, `init` and
+//! `confine` are generic over `crate::kernel::Kernel` and may reach the kernel only through it
+//! (so `kernel`'s tests pin the order). The syscall helpers below them (mounts, loopback, exec) are
+//! what the real kernel calls.
 
 use std::ffi::{CStr, CString, OsString};
 use std::io::Write;
 use std::os::fd::FromRawFd;
 use std::os::unix::ffi::OsStrExt;
 
+use rustix::io::Errno;
 use rustix::mount::{MountFlags, MountPropagationFlags, UnmountFlags};
+use rustix::process::Resource;
 use rustix::thread::UnshareFlags;
 
+use crate::kernel::{Fork, Kernel, Linux};
 use crate::spec::{overlay_options, MountOp, MountPlan, SandboxSpec, EMPTY_FILE};
-use crate::supervisor::{Guard, Handoff, Sandbox};
+use crate::supervisor::Handoff;
 use crate::warm::wire::Report;
+
+pub(crate) use crate::step::{at, at_path, StepError};
 
 /// The fd on which stage 2 reports to its parent (set up by the launcher).
 pub const REPORT_FD: i32 = 3;
@@ -31,19 +41,7 @@ pub const SYNC_FD: i32 = 4;
 /// `spec.terminal`).
 pub const PTY_FD: i32 = 5;
 
-/// A step of building the sandbox failed: which step, and the errno it got.
-#[derive(Debug)]
-pub(crate) struct StepError {
-    pub(crate) step: String,
-    pub(crate) errno: rustix::io::Errno,
-}
-
-pub(crate) fn at(step: impl Into<String>) -> impl FnOnce(rustix::io::Errno) -> StepError {
-    let step = step.into();
-    move |errno| StepError { step, errno }
-}
-
-fn report(line: &str) {
+pub(crate) fn report(line: &str) {
     // SAFETY: REPORT_FD was installed by the launcher and stays open for this process's life;
     // ManuallyDrop keeps us from closing it.
     let mut f = std::mem::ManuallyDrop::new(unsafe { std::fs::File::from_raw_fd(REPORT_FD) });
@@ -64,8 +62,14 @@ pub fn main(args: &[OsString]) -> ! {
 /// Build the sandbox for `spec` and run its command; the process exits with stage 2's code.
 /// Reached either through `main` (re-exec) or straight after the launcher's fork.
 pub fn run_spec(spec: &SandboxSpec) -> ! {
+    let code = start(&mut Linux, spec);
+    exit(code)
+}
+
+/// Stage 2 from its first step to its exit code (a failed step is reported, and 125).
+pub(crate) fn start<K: Kernel>(k: &mut K, spec: &SandboxSpec) -> i32 {
     // Nothing the caller left open stays here (and so reaches init or the command): only the
-    // descriptors the launcher installed.
+    // descriptors the launcher installed, and the report fd closes at exec.
     let mut keep = vec![REPORT_FD as u32];
     if spec.sync {
         keep.push(SYNC_FD as u32);
@@ -76,20 +80,14 @@ pub fn run_spec(spec: &SandboxSpec) -> ! {
     if spec.proxy_port.is_some() {
         keep.push(crate::net::NET_FD as u32);
     }
-    crate::fds::close_from_except(3, &keep);
-    // The report fd must not leak into the command.
-    let _ = rustix::io::fcntl_setfd(
-        // SAFETY: REPORT_FD was installed by the launcher; borrowed only for this call.
-        unsafe { rustix::fd::BorrowedFd::borrow_raw(REPORT_FD) },
-        rustix::io::FdFlags::CLOEXEC,
-    );
+    k.close_inherited(&keep);
     // If txbox dies, so do we (and with us, through pid 1, the whole sandbox).
-    let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
-    match run(spec) {
-        Ok(code) => exit(code),
+    k.die_with_parent();
+    match run(k, spec) {
+        Ok(code) => code,
         Err(e) => {
-            report(&Report::Error(setup_failed(&e)).line());
-            exit(125)
+            k.report(&Report::Error(setup_failed(&e)).line());
+            125
         }
     }
 }
@@ -104,104 +102,72 @@ pub(crate) fn exit(code: i32) -> ! {
 /// What a failed step says: `sandbox setup failed at `STEP`: ERRNO (HINT)`. The report line of
 /// a failed sandbox is `error ` + this; a warm server refusing a run says it as its reason.
 pub(crate) fn setup_failed(e: &StepError) -> String {
-    format!("sandbox setup failed at `{}`: {}", e.step, hint(e))
+    e.to_string()
 }
 
-/// The error number of a failed step, with what to do about it when that is known.
-pub(crate) fn hint(e: &StepError) -> String {
-    let base = format!("{} (errno {})", e.errno, e.errno.raw_os_error());
-    if e.step.starts_with("unshare") && matches!(e.errno, rustix::io::Errno::PERM | rustix::io::Errno::NOSPC) {
-        return format!(
-            "{base}; unprivileged user namespaces look disabled: enable them with \
-             `sysctl -w kernel.unprivileged_userns_clone=1` / `user.max_user_namespaces=15000`, or on \
-             Ubuntu `sysctl -w kernel.apparmor_restrict_unprivileged_userns=0` (see `txbox doctor`)"
-        );
-    }
-    if e.step.starts_with("mount overlay") {
-        return format!(
-            "{base}; overlayfs in a user namespace needs Linux ≥ 5.11 and an upper filesystem with user xattrs"
-        );
-    }
-    base
-}
-
-/// Build the sandbox and run the command in it. Returns stage 2's own exit code.
-/// The order of these steps is the documentation.
-fn run(spec: &SandboxSpec) -> Result<i32, StepError> {
+/// Build the sandbox and run the command in it. Returns stage 2's own exit code (or, in the
+/// forked init and command on a recording kernel, theirs).
+/// The order of these steps is the documentation; `kernel`'s tests pin it.
+fn run<K: Kernel>(k: &mut K, spec: &SandboxSpec) -> Result<i32, StepError> {
     let plan = MountPlan::for_spec(spec);
     // 0. Wait until the launcher has put us into our cgroups, so no child escapes the limits.
     if spec.sync {
-        let mut b = [0u8; 1];
-        // SAFETY: SYNC_FD was installed by the launcher; borrowed only for this read.
-        let fd = unsafe { rustix::fd::BorrowedFd::borrow_raw(SYNC_FD) };
-        let _ = rustix::io::read(fd, &mut b);
-        // SAFETY: closing our own copy of the sync fd; nothing else refers to it.
-        unsafe { libc::close(SYNC_FD) };
+        k.wait_for_go();
     }
     // 1. What keeps host unix sockets out of reach (crate::supervisor): with the supervisor,
     //    its process, started before the namespaces so that it stays in the host's.
-    let supervisor = match Guard::for_kernel() {
-        Guard::Supervisor => Some(crate::supervisor::Process::start(Sandbox {
-            workspace: spec.workspace.clone(),
-            host_network: spec.host_network,
-            userns: spec.userns,
-        })?),
-        Guard::Landlock => None,
-    };
+    let supervisor = k.start_supervisor(spec)?;
     // 1-2. New namespaces, the caller's ids mapped to themselves, loopback up; the proxy's
     //      listener handed out, the proxy variables set (network by allowlist, `crate::net`).
-    enter_namespaces(spec)?;
-    let mut attempts = crate::net::Attempts::open(spec);
-    crate::net::hand_over_listener(spec)?;
-    crate::net::apply_env(spec);
+    enter_namespaces(k, spec)?;
+    let mut attempts = k.net_attempts(spec);
+    k.hand_over_proxy(spec)?;
     // 3. Open every host object a later mount may cover (a workspace below /tmp, /dev/null),
     //    then run the mount plan.
     let mut pins = Pins::default();
     for p in plan.sources() {
-        pins.open(&p)?;
+        k.pin(&mut pins, &p)?;
     }
     for op in &plan.namespace {
-        mount(op, &pins)?;
+        k.mount(op, &pins)?;
     }
     drop(pins);
     // 3b. The command's own terminal, in the sandbox's devpts, its master for the launcher to
     //     relay (when the caller has a terminal: the command never gets the caller's).
-    let terminal = if spec.terminal { Some(crate::terminal::open_for_launcher(PTY_FD)?) } else { None };
+    let terminal = if spec.terminal { Some(k.open_terminal()?) } else { None };
     // 4. The pid namespace's init.
-    // SAFETY: this process is single-threaded (a fresh exec, or a fork of a single-threaded
-    // launcher, that started no threads), so the child may run arbitrary code after fork.
-    let pid = unsafe { libc::fork() };
-    if pid < 0 {
-        return Err(StepError { step: "fork init".into(), errno: rustix::io::Errno::from_raw_os_error(errno()) });
-    }
+    let fork = k.fork("fork init")?;
     let (supervisor, handoff) = supervisor.map_or((None, None), |(p, h)| (Some(p), Some(h)));
-    if pid == 0 {
-        let code = match init(spec, &plan, terminal.as_ref(), handoff) {
-            Ok(c) => c,
-            Err(e) => {
-                report(&Report::Error(setup_failed(&e)).line());
-                125
-            }
-        };
-        exit(code);
-    }
+    let pid = match fork {
+        Fork::Child => {
+            let code = match init(k, spec, &plan, terminal.as_ref(), handoff) {
+                Ok(c) => c,
+                Err(e) => {
+                    k.report(&Report::Error(setup_failed(&e)).line());
+                    125
+                }
+            };
+            return Ok(k.exit(code));
+        }
+        Fork::Parent(pid) => pid,
+    };
     drop((terminal, handoff));
     // 5. Wait for init; its exit means the whole pid namespace is gone. The supervisor serves
     //    init's filter meanwhile, and leaves with it. Then say whether the command tried to
     //    reach the network it does not have.
     if let Some(s) = &supervisor {
-        s.watch(pid);
+        k.watch_supervisor(s, pid);
     }
-    let status = wait_for(pid);
+    let status = k.wait(pid);
     if let Some(s) = supervisor {
-        s.wait();
+        k.wait_supervisor(s);
     }
     if let Some(a) = attempts.as_mut() {
-        report(&a.since_last());
+        k.report(&a.since_last());
     }
     // 6. Unmount the workspace view now rather than when the namespace is torn down, so the
     //    upper layer is quiescent before txbox classifies it.
-    let _ = rustix::mount::unmount(spec.workspace.as_path(), UnmountFlags::DETACH);
+    k.detach(&spec.workspace);
     Ok(match status {
         Status::Exited(c) => c,
         Status::Signaled => 125,
@@ -209,7 +175,7 @@ fn run(spec: &SandboxSpec) -> Result<i32, StepError> {
 }
 
 /// Steps 1 and 2 of every sandbox (cold or warm): new namespaces, ids, hostname, loopback.
-pub(crate) fn enter_namespaces(spec: &SandboxSpec) -> Result<(), StepError> {
+pub(crate) fn enter_namespaces<K: Kernel>(k: &mut K, spec: &SandboxSpec) -> Result<(), StepError> {
     // 1. New namespaces: mounts, pids, network (loopback only), IPC, hostname, cgroup view.
     //    Without root, a user namespace gives us the right to do the rest.
     let mut flags = UnshareFlags::NEWNS
@@ -223,19 +189,17 @@ pub(crate) fn enter_namespaces(spec: &SandboxSpec) -> Result<(), StepError> {
     if spec.userns {
         flags |= UnshareFlags::NEWUSER;
     }
-    // SAFETY: none of these flags (no CLONE_FILES, CLONE_FS, CLONE_SYSVSEM) changes state that
-    // Rust's standard library caches in this single-threaded process.
-    unsafe { rustix::thread::unshare_unsafe(flags) }.map_err(at("unshare"))?;
+    k.unshare(flags)?;
     // 2. Map the invoking user and group to themselves: files the command creates belong to
     //    the caller, and the command sees its own uid.
     if spec.userns {
-        write_proc("/proc/self/setgroups", "deny")?;
-        write_proc("/proc/self/uid_map", &format!("{0} {0} 1", spec.uid))?;
-        write_proc("/proc/self/gid_map", &format!("{0} {0} 1", spec.gid))?;
+        k.write_proc("/proc/self/setgroups", "deny")?;
+        k.write_proc("/proc/self/uid_map", &format!("{0} {0} 1", spec.uid))?;
+        k.write_proc("/proc/self/gid_map", &format!("{0} {0} 1", spec.gid))?;
     }
-    let _ = rustix::system::sethostname(b"txbox");
+    k.set_hostname();
     if !spec.host_network {
-        loopback_up()?;
+        k.loopback_up()?;
     }
     Ok(())
 }
@@ -261,7 +225,7 @@ impl Pins {
             }
             // A device the host lacks (no /dev/tty in some containers) is simply not offered.
             Err(rustix::io::Errno::NOENT | rustix::io::Errno::NXIO) if p.starts_with("/dev") => Ok(()),
-            Err(e) => Err(at(format!("open {}", p.display()))(e)),
+            Err(e) => Err(StepError::at_path("open", p, e)),
         }
     }
 
@@ -273,16 +237,13 @@ impl Pins {
 }
 
 /// `ifconfig lo up` in the new network namespace: loopback works, nothing else exists.
-fn loopback_up() -> Result<(), StepError> {
+pub(crate) fn loopback_up() -> Result<(), StepError> {
     // SAFETY: plain socket/ioctl calls on a zeroed ifreq whose name we fill in; the fd is
     // closed before returning.
     unsafe {
         let sock = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
         if sock < 0 {
-            return Err(StepError {
-                step: "socket for loopback".into(),
-                errno: rustix::io::Errno::from_raw_os_error(errno()),
-            });
+            return Err(StepError::last("socket for loopback"));
         }
         let mut ifr: libc::ifreq = std::mem::zeroed();
         for (i, b) in b"lo".iter().enumerate() {
@@ -293,7 +254,7 @@ fn loopback_up() -> Result<(), StepError> {
         let e = errno();
         libc::close(sock);
         if r < 0 {
-            return Err(StepError { step: "bring loopback up".into(), errno: rustix::io::Errno::from_raw_os_error(e) });
+            return Err(StepError::new("bring loopback up", rustix::io::Errno::from_raw_os_error(e)));
         }
     }
     Ok(())
@@ -314,7 +275,7 @@ const MOUNT_ATTR_NODEV: u64 = 0x4;
 
 fn mount_setattr(target: &std::path::Path, recursive: bool, set: u64, clr: u64) -> Result<(), StepError> {
     let c = CString::new(target.as_os_str().as_bytes())
-        .map_err(|_| StepError { step: "mount_setattr path".into(), errno: rustix::io::Errno::INVAL })?;
+        .map_err(|_| StepError::at_path("mount_setattr", target, rustix::io::Errno::INVAL))?;
     let attr = MountAttr { attr_set: set, attr_clr: clr, propagation: 0, userns_fd: 0 };
     let flags = if recursive { libc::AT_RECURSIVE as libc::c_uint } else { 0 };
     // SAFETY: valid NUL-terminated path and a properly sized, initialised mount_attr.
@@ -329,10 +290,7 @@ fn mount_setattr(target: &std::path::Path, recursive: bool, set: u64, clr: u64) 
         )
     };
     if r < 0 {
-        return Err(StepError {
-            step: format!("mount_setattr {}", target.display()),
-            errno: rustix::io::Errno::from_raw_os_error(errno()),
-        });
+        return Err(StepError::at_path("mount_setattr", target, rustix::io::Errno::from_raw_os_error(errno())));
     }
     Ok(())
 }
@@ -341,11 +299,8 @@ pub(crate) fn errno() -> i32 {
     std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
 }
 
-fn write_proc(path: &str, text: &str) -> Result<(), StepError> {
-    std::fs::write(path, text).map_err(|e| StepError {
-        step: format!("write {path}"),
-        errno: rustix::io::Errno::from_io_error(&e).unwrap_or(rustix::io::Errno::IO),
-    })
+pub(crate) fn write_proc(path: &'static str, text: &str) -> Result<(), StepError> {
+    std::fs::write(path, text).map_err(|e| StepError::io("write", std::path::Path::new(path), &e))
 }
 
 fn mkdir_p(p: &std::path::Path) {
@@ -362,21 +317,21 @@ pub(crate) fn mount(op: &MountOp, pins: &Pins) -> Result<(), StepError> {
         MountOp::Tmpfs { target, mode } => {
             mkdir_p(target);
             let data = CString::new(format!("mode={mode:o}"))
-                .map_err(|_| StepError { step: "tmpfs options".into(), errno: rustix::io::Errno::INVAL })?;
+                .map_err(|_| StepError::new("tmpfs options", rustix::io::Errno::INVAL))?;
             mnt("tmpfs", target.as_path(), "tmpfs", MountFlags::NOSUID | MountFlags::NODEV, Some(data.as_c_str()))
-                .map_err(at(format!("mount tmpfs on {}", target.display())))
+                .map_err(at_path("mount tmpfs on", target))
         }
         MountOp::Overlay { target, lowers, upper, work } => {
             let via = |p: &std::path::PathBuf| pins.name(p).unwrap_or_else(|| p.clone());
             let lowers: Vec<std::path::PathBuf> = lowers.iter().map(via).collect();
             let opts = overlay_options(&lowers, via(upper).as_os_str(), via(work).as_os_str());
             let opts = CString::new(opts.as_bytes())
-                .map_err(|_| StepError { step: "overlay options".into(), errno: rustix::io::Errno::INVAL })?;
+                .map_err(|_| StepError::new("overlay options", rustix::io::Errno::INVAL))?;
             mkdir_p(target);
             // nosuid, nodev: a command running as root must not make a device node or a
             // setuid binary in the workspace and use it.
             mnt("overlay", target.as_path(), "overlay", MountFlags::NOSUID | MountFlags::NODEV, Some(opts.as_c_str()))
-                .map_err(at(format!("mount overlay on {}", target.display())))
+                .map_err(at_path("mount overlay on", target))
         }
         MountOp::ReadOnlyRoot => mount_setattr(std::path::Path::new("/"), true, MOUNT_ATTR_RDONLY, 0),
         MountOp::Writable { target } => {
@@ -389,8 +344,7 @@ pub(crate) fn mount(op: &MountOp, pins: &Pins) -> Result<(), StepError> {
         MountOp::Bind { source, target } => {
             let Some(src) = pins.name(source) else { return Ok(()) };
             let _ = std::fs::File::create(target);
-            mnt(src.as_path(), target.as_path(), "", MountFlags::BIND, None)
-                .map_err(at(format!("bind {}", target.display())))
+            mnt(src.as_path(), target.as_path(), "", MountFlags::BIND, None).map_err(at_path("bind", target))
         }
         MountOp::BindDir { source, target } => {
             let Some(src) = pins.name(source) else { return Ok(()) };
@@ -399,8 +353,7 @@ pub(crate) fn mount(op: &MountOp, pins: &Pins) -> Result<(), StepError> {
             if !std::fs::symlink_metadata(target).is_ok_and(|m| m.is_dir()) {
                 return Ok(());
             }
-            mnt(src.as_path(), target.as_path(), "", MountFlags::BIND, None)
-                .map_err(at(format!("bind cache {}", target.display())))?;
+            mnt(src.as_path(), target.as_path(), "", MountFlags::BIND, None).map_err(at_path("bind cache", target))?;
             mount_setattr(target, false, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, 0)
         }
         MountOp::Devpts { target } => {
@@ -412,15 +365,12 @@ pub(crate) fn mount(op: &MountOp, pins: &Pins) -> Result<(), StepError> {
                 MountFlags::NOSUID | MountFlags::NOEXEC,
                 Some(c"newinstance,ptmxmode=0666,mode=620"),
             )
-            .map_err(at(format!("mount devpts on {}", target.display())))
+            .map_err(at_path("mount devpts on", target))
         }
         MountOp::Symlink { target, points_to } => match std::os::unix::fs::symlink(points_to, target) {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-            Err(e) => Err(StepError {
-                step: format!("symlink {}", target.display()),
-                errno: rustix::io::Errno::from_io_error(&e).unwrap_or(rustix::io::Errno::IO),
-            }),
+            Err(e) => Err(StepError::io("symlink", target, &e)),
         },
         MountOp::Hide { target } => {
             // Where a symlink points: the mount lands there, and must be of its kind.
@@ -433,13 +383,12 @@ pub(crate) fn mount(op: &MountOp, pins: &Pins) -> Result<(), StepError> {
                     MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
                     Some(c"mode=000,size=4k"),
                 )
-                .map_err(at(format!("hide {}", target.display())))
+                .map_err(at_path("hide", target))
             } else {
                 // A file: an empty file over it, read-only. (Not /dev/null: a device node on a
                 // read-only mount still accepts writes, which would look like success.)
                 let empty = std::path::Path::new(EMPTY_FILE);
-                mnt(empty, target.as_path(), "", MountFlags::BIND, None)
-                    .map_err(at(format!("hide {}", target.display())))?;
+                mnt(empty, target.as_path(), "", MountFlags::BIND, None).map_err(at_path("hide", target))?;
                 mount_setattr(target, false, MOUNT_ATTR_RDONLY, 0)
             }
         }
@@ -450,26 +399,23 @@ pub(crate) fn mount(op: &MountOp, pins: &Pins) -> Result<(), StepError> {
             MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
             None,
         )
-        .map_err(at(format!("mount sysfs on {}", target.display()))),
+        .map_err(at_path("mount sysfs on", target)),
         MountOp::ReadOnlyBind { target } => {
             if std::fs::symlink_metadata(target).is_err() {
                 return Ok(());
             }
             mnt(target.as_path(), target.as_path(), "", MountFlags::BIND | MountFlags::REC, None)
-                .map_err(at(format!("bind {}", target.display())))?;
+                .map_err(at_path("bind", target))?;
             mount_setattr(target, true, MOUNT_ATTR_RDONLY, 0)
         }
-        MountOp::EmptyFile { target } => std::fs::write(target, b"").map_err(|e| StepError {
-            step: format!("create {}", target.display()),
-            errno: rustix::io::Errno::from_io_error(&e).unwrap_or(rustix::io::Errno::IO),
-        }),
+        MountOp::EmptyFile { target } => std::fs::write(target, b"").map_err(|e| StepError::io("create", target, &e)),
         MountOp::Detach { target } => match rustix::mount::unmount(target.as_path(), UnmountFlags::DETACH) {
             Ok(()) | Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOENT) => Ok(()),
-            Err(e) => Err(at(format!("detach {}", target.display()))(e)),
+            Err(e) => Err(StepError::at_path("detach", target, e)),
         },
         MountOp::Proc { target } => {
             mnt("proc", target.as_path(), "proc", MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC, None)
-                .map_err(at(format!("mount proc on {}", target.display())))
+                .map_err(at_path("mount proc on", target))
         }
     }
 }
@@ -480,86 +426,58 @@ pub(crate) enum Status {
 }
 
 pub(crate) fn wait_for(pid: i32) -> Status {
-    loop {
-        let mut st = 0;
-        // SAFETY: plain waitpid on our own child with a valid out-pointer.
-        let r = unsafe { libc::waitpid(pid, &mut st, 0) };
-        if r == pid {
-            if libc::WIFEXITED(st) {
-                return Status::Exited(libc::WEXITSTATUS(st));
-            }
-            if libc::WIFSIGNALED(st) {
-                return Status::Signaled;
-            }
-        } else if r < 0 && errno() != libc::EINTR {
-            return Status::Exited(125);
-        }
+    match crate::reap::wait(pid) {
+        Ok(st) if libc::WIFEXITED(st) => Status::Exited(libc::WEXITSTATUS(st)),
+        Ok(_) => Status::Signaled,
+        Err(_) => Status::Exited(125),
     }
 }
 
 /// pid 1 of the sandbox: mount /proc, install the socket filter, start the command, reap
 /// everything, report.
-fn init(
+fn init<K: Kernel>(
+    k: &mut K,
     spec: &SandboxSpec,
     plan: &MountPlan,
-    terminal: Option<&rustix::fd::OwnedFd>,
-    handoff: Option<Handoff>,
+    terminal: Option<&K::Terminal>,
+    handoff: Option<K::Handoff>,
 ) -> Result<i32, StepError> {
-    let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
+    k.die_with_parent();
     for op in &plan.init {
-        mount(op, &Pins::default())?;
+        k.mount(op, &Pins::default())?;
     }
     if let Some(handoff) = handoff {
-        guard_sockets(handoff)?;
+        k.guard_sockets(handoff)?;
     }
     // Not dumpable: no process of the command may read or write this one's memory, or use
     // its descriptors through /proc/1/fd (ptrace is allowed inside, for debuggers). Only
     // now: the supervisor took the listener from us with the rights of a debugger.
-    // SAFETY: prctl with integer arguments only.
-    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
-    let slave = terminal.map(std::os::fd::AsRawFd::as_raw_fd);
+    k.not_dumpable();
     let argv: Vec<CString> = spec
         .argv
         .iter()
-        .map(|a| {
-            CString::new(a.as_bytes())
-                .map_err(|_| StepError { step: "argument with a NUL byte".into(), errno: rustix::io::Errno::INVAL })
-        })
+        .map(|a| CString::new(a.as_bytes()).map_err(|_| StepError::new("argument with a NUL byte", Errno::INVAL)))
         .collect::<Result<_, _>>()?;
-    let cwd = CString::new(spec.cwd.as_os_str().as_bytes())
-        .map_err(|_| StepError { step: "working directory".into(), errno: rustix::io::Errno::INVAL })?;
-    // SAFETY: still single-threaded; the child only calls async-signal-safe functions and exec.
-    let child = unsafe { libc::fork() };
-    if child < 0 {
-        return Err(StepError { step: "fork command".into(), errno: rustix::io::Errno::from_raw_os_error(errno()) });
-    }
-    if child == 0 {
-        if let Err(e) = crate::terminal::take(slave).and_then(|()| confine(spec, None)) {
-            report(&Report::Error(setup_failed(&e)).line());
-            // SAFETY: leaving the forked child without running the parent's destructors.
-            unsafe { libc::_exit(125) };
+    let cwd =
+        CString::new(spec.cwd.as_os_str().as_bytes()).map_err(|_| StepError::new("working directory", Errno::INVAL))?;
+    let child = match k.fork("fork command")? {
+        Fork::Child => {
+            if let Err(e) = k.take_terminal(terminal).and_then(|()| confine(k, spec, None)) {
+                k.report(&Report::Error(setup_failed(&e)).line());
+                return Ok(k.exit(125));
+            }
+            k.reset_for_exec(&cwd);
+            return Ok(k.exec(&argv));
         }
-        exec_command(&argv, &cwd, None);
-    }
+        Fork::Parent(child) => child,
+    };
     // The terminal is the command's now; ours would keep it open after the command exits.
-    if let Some(fd) = slave {
-        // SAFETY: closing init's copy of the slave (the caller's OwnedFd in stage 2 is another
-        // process's descriptor table entry; this one is init's own, inherited by fork).
-        unsafe { libc::close(fd) };
+    if let Some(t) = terminal {
+        k.close_terminal(t);
     }
     // Reap every process until the command itself is gone; orphans reparent to us.
-    let status = loop {
-        let mut st = 0;
-        // SAFETY: waitpid on any child with a valid out-pointer.
-        let r = unsafe { libc::waitpid(-1, &mut st, 0) };
-        if r == child {
-            break st;
-        }
-        if r < 0 && errno() == libc::ECHILD {
-            break 0;
-        }
-    };
-    report(&Report::of_wait_status(status).line());
+    let status = k.reap_until(child).unwrap_or(0);
+    k.report(&Report::of_wait_status(status).line());
     Ok(0)
 }
 
@@ -575,28 +493,27 @@ pub(crate) fn guard_sockets(handoff: Handoff) -> Result<(), StepError> {
 /// SYS_MODULE, SYS_RAWIO, SYS_PTRACE, SYS_PACCT, SYS_ADMIN, SYS_BOOT, SYS_NICE, SYS_RESOURCE,
 /// SYS_TIME, SYS_TTY_CONFIG, MKNOD, LEASE, AUDIT_CONTROL, MAC_OVERRIDE, MAC_ADMIN, SYSLOG,
 /// WAKE_ALARM, BLOCK_SUSPEND, AUDIT_READ, PERFMON, BPF, CHECKPOINT_RESTORE.
-const DROPPED_CAPS: [u32; 26] =
+pub(crate) const DROPPED_CAPS: [u32; 26] =
     [9, 12, 14, 15, 16, 17, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 30, 32, 33, 34, 35, 36, 37, 38, 39, 40];
 
 /// In the command's process, last steps before exec: resource limits, then the kernel
 /// confinement that must come after every mount. `seccomp` is the filter if already built
 /// (a warm server builds it once), else it is built here.
-pub(crate) fn confine(spec: &SandboxSpec, seccomp: Option<&seccompiler::BpfProgram>) -> Result<(), StepError> {
-    let set = |res: rustix::process::Resource, v: Option<u64>| -> Result<(), StepError> {
+pub(crate) fn confine<K: Kernel>(
+    k: &mut K,
+    spec: &SandboxSpec,
+    seccomp: Option<&seccompiler::BpfProgram>,
+) -> Result<(), StepError> {
+    let limits = [(Resource::Cpu, spec.cpu_seconds), (Resource::Fsize, spec.max_file_size), (Resource::Core, Some(0))];
+    for (res, v) in limits {
         if let Some(v) = v {
-            rustix::process::setrlimit(res, rustix::process::Rlimit { current: Some(v), maximum: Some(v) })
-                .map_err(at(format!("setrlimit {res:?}")))?;
+            k.set_rlimit(res, v)?;
         }
-        Ok(())
-    };
-    set(rustix::process::Resource::Cpu, spec.cpu_seconds)?;
-    set(rustix::process::Resource::Fsize, spec.max_file_size)?;
-    set(rustix::process::Resource::Core, Some(0))?;
+    }
     // A default process limit is only ever lowered here: one the caller already set lower stays.
     if let Some(n) = spec.max_procs {
-        let cur = rustix::process::getrlimit(rustix::process::Resource::Nproc);
-        if cur.maximum.is_none_or(|m| m > n) {
-            set(rustix::process::Resource::Nproc, Some(n))?;
+        if k.rlimit_max(Resource::Nproc).is_none_or(|m| m > n) {
+            k.set_rlimit(Resource::Nproc, n)?;
         }
     }
     // When the host runs out of memory, the command is the first thing the kernel kills, not
@@ -604,64 +521,23 @@ pub(crate) fn confine(spec: &SandboxSpec, seccomp: Option<&seccompiler::BpfProgr
     // Best effort: a run is never refused for it. The command cannot lower it again: as root
     // it loses CAP_SYS_RESOURCE at exec (and the minimum is set with it now), and Landlock
     // refuses writes under /proc.
-    let open_oom = || {
-        rustix::fs::open(
-            "/proc/self/oom_score_adj",
-            rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
-            rustix::fs::Mode::empty(),
-        )
-    };
-    // This process inherited "not dumpable" from the sandbox's init or the warm server, which
-    // gives its /proc files to the namespace's root: a command running as another uid cannot
-    // open its own oom_score_adj. Dumpable again only for the write, and only in this process,
-    // which holds nothing of the init's and is about to exec (which sets it dumpable anyway).
-    let fd = open_oom().or_else(|_| {
-        // SAFETY: prctl with integer arguments only.
-        unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 1, 0, 0, 0) };
-        let fd = open_oom();
-        // SAFETY: as above.
-        unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
-        fd
-    });
-    if let Ok(fd) = fd {
-        let _ = rustix::io::write(&fd, b"1000");
-    }
+    k.oom_score_adj();
     // Root without a user namespace keeps only the everyday capabilities (file ownership,
     // setuid to drop privileges, binding low ports): nothing that reaches the kernel, devices,
     // time, modules or other processes. The bounding set is what root gets back after exec.
     if !spec.userns {
         for cap in DROPPED_CAPS {
-            // SAFETY: PR_CAPBSET_DROP with a capability number; no pointers involved.
-            let r = unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap as libc::c_ulong, 0, 0, 0) };
-            if r != 0 && errno() != libc::EINVAL {
-                return Err(StepError {
-                    step: format!("drop capability {cap}"),
-                    errno: rustix::io::Errno::from_raw_os_error(errno()),
-                });
-            }
+            k.drop_capability(cap)?;
         }
     }
+    // No exec from here on may gain privileges (setuid, file capabilities): what Landlock and
+    // seccomp need to be installed without CAP_SYS_ADMIN, and what keeps them from being shed.
+    k.no_new_privs()?;
     // Landlock: writes only beneath the workspace view, /tmp, /dev and configured extras —
     // a second wall behind the read-only mounts, best effort by kernel ABI.
-    let mut writable = spec.writable.clone();
-    writable.extend(spec.caches.iter().map(|(_, t)| t.clone()));
-    let plan = crate::landlock::LandlockPlan::new(&spec.workspace, &writable);
-    crate::landlock::apply(&plan)
-        .map_err(|e| StepError { step: format!("landlock: {e}"), errno: rustix::io::Errno::PERM })?;
+    k.landlock(spec)?;
     // seccomp last: it refuses mount and friends, which everything above needed.
-    let seccomp_failed = |e| StepError { step: format!("seccomp: {e}"), errno: rustix::io::Errno::PERM };
-    match seccomp {
-        Some(program) => crate::seccomp::install(program).map_err(seccomp_failed)?,
-        None => crate::seccomp::apply().map_err(seccomp_failed)?,
-    }
-    Ok(())
-}
-
-/// In the command's process: reset what txbox changed, enter the working directory, exec
-/// with this process's environment or `env`.
-pub(crate) fn exec_command(argv: &[CString], cwd: &CString, env: Option<&[CString]>) -> ! {
-    let envp = env.map(nul_terminated);
-    exec_prepared(&nul_terminated(argv), cwd, envp.as_deref())
+    k.seccomp(seccomp)
 }
 
 /// The NULL-terminated pointer array of `strings`, for execve (valid while `strings` is).
@@ -669,11 +545,18 @@ pub(crate) fn nul_terminated(strings: &[CString]) -> Vec<*const libc::c_char> {
     strings.iter().map(|s| s.as_ptr()).chain(std::iter::once(std::ptr::null())).collect()
 }
 
-/// [`exec_command`] with its pointer arrays built beforehand: nothing is allocated before
+/// Exec with the pointer arrays built beforehand: nothing is allocated before
 /// execve, as a process sharing its parent's memory (the warm server's `CLONE_VM` child) must
 /// not: what it allocated would stay behind in the parent's heap. `argp` and `envp` end in NULL.
 pub(crate) fn exec_prepared(argp: &[*const libc::c_char], cwd: &CStr, envp: Option<&[*const libc::c_char]>) -> ! {
-    // SAFETY: async-signal-safe calls on valid, NUL-terminated buffers that outlive them.
+    reset_for_exec(cwd);
+    execute(argp, envp)
+}
+
+/// Default signal dispositions and an empty mask, `cwd` (else `/`), and every descriptor above
+/// 2 close-on-exec. Async-signal-safe; allocates nothing.
+pub(crate) fn reset_for_exec(cwd: &CStr) {
+    // SAFETY: async-signal-safe calls on a valid, NUL-terminated buffer that outlives them.
     unsafe {
         libc::signal(libc::SIGINT, libc::SIG_DFL);
         libc::signal(libc::SIGQUIT, libc::SIG_DFL);
@@ -684,9 +567,17 @@ pub(crate) fn exec_prepared(argp: &[*const libc::c_char], cwd: &CStr, envp: Opti
         if libc::chdir(cwd.as_ptr()) != 0 {
             libc::chdir(c"/".as_ptr());
         }
-        // Only stdin, stdout and stderr go on: whatever else is open (txbox's own descriptors,
-        // anything its caller left open) closes at exec.
-        crate::fds::cloexec_from(3);
+    }
+    // Only stdin, stdout and stderr go on: whatever else is open (txbox's own descriptors,
+    // anything its caller left open) closes at exec.
+    crate::fds::cloexec_from(3);
+}
+
+/// execvp(e) `argp`; on failure, say why on stderr and leave with 127 (not found) or 126.
+pub(crate) fn execute(argp: &[*const libc::c_char], envp: Option<&[*const libc::c_char]>) -> ! {
+    // SAFETY: argp and envp are NULL-terminated arrays of NUL-terminated strings that outlive
+    // the call (see `exec_prepared`).
+    unsafe {
         if let Some(&first) = argp.first().filter(|p| !p.is_null()) {
             match envp {
                 Some(envp) => libc::execvpe(first, argp.as_ptr(), envp.as_ptr()),

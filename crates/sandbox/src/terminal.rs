@@ -12,6 +12,9 @@
 //! ```text
 //! caller's tty ⇄ launcher (raw) ⇄ master ─ devpts ─ slave = the command's stdio and ctty
 //! ```
+//!
+//! Owns the command's pty and its relay; may not hand the command any descriptor of the caller's
+//! terminal.
 
 use std::io::IoSlice;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
@@ -47,12 +50,12 @@ pub(crate) fn open_for_launcher(sock: RawFd) -> Result<OwnedFd, StepError> {
     // SAFETY: TIOCSPTLCK reads an int; TIOCGPTPEER opens the slave and returns a descriptor.
     let slave = unsafe {
         if libc::ioctl(master.as_raw_fd(), libc::TIOCSPTLCK, &unlock) != 0 {
-            return Err(StepError { step: "unlock the terminal".into(), errno: last() });
+            return Err(StepError::new("unlock the terminal", last()));
         }
         libc::ioctl(master.as_raw_fd(), libc::TIOCGPTPEER, libc::O_RDWR | libc::O_NOCTTY | libc::O_CLOEXEC)
     };
     if slave < 0 {
-        return Err(StepError { step: "open the terminal's slave".into(), errno: last() });
+        return Err(StepError::new("open the terminal's slave", last()));
     }
     // SAFETY: a new descriptor from TIOCGPTPEER.
     let slave = unsafe { OwnedFd::from_raw_fd(slave) };
@@ -97,15 +100,15 @@ pub(crate) fn take(slave: Option<RawFd>) -> Result<(), StepError> {
     // SAFETY: setsid, ioctl and dup2 on descriptors of this process.
     unsafe {
         if libc::setsid() < 0 {
-            return Err(StepError { step: "setsid".into(), errno: last() });
+            return Err(StepError::new("setsid", last()));
         }
         let Some(slave) = slave else { return Ok(()) };
         if libc::ioctl(slave, libc::TIOCSCTTY, 0) != 0 {
-            return Err(StepError { step: "make the terminal controlling".into(), errno: last() });
+            return Err(StepError::new("make the terminal controlling", last()));
         }
         for fd in 0..3 {
             if is_tty(fd) && libc::dup2(slave, fd) < 0 {
-                return Err(StepError { step: "install the terminal".into(), errno: last() });
+                return Err(StepError::new("install the terminal", last()));
             }
         }
     }

@@ -359,7 +359,7 @@ pub(crate) fn execute(
     spec.max_procs = crate::limits::default_procs(limits);
     let exe = Path::new("/proc/self/exe");
     let (plan, expansion) = crate::network::plan(limits.host_network, &limits.allow_hosts, Some(env.state.base()));
-    let net = crate::network::Session::start(plan, exe, &mut spec).map_err(txbox_sandbox::SandboxError::Setup)?;
+    let net = crate::network::Session::start(plan, exe, &mut spec).map_err(txbox_sandbox::SandboxError::Proxy)?;
     let mut watch = crate::limits::Watcher::new(layers.upper, limits)?;
     spec.sync = watch.needs_sync();
     let opts = LaunchOptions {

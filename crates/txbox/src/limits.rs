@@ -47,11 +47,7 @@ impl Watcher {
     pub fn new(upper: &Path, limits: &Limits) -> Result<Watcher, SandboxError> {
         let wanted = cgroup::Limits { memory: limits.memory, pids: limits.pids, cpu_seconds: None };
         let cgroup = if wanted.needs_cgroup() {
-            let refuse = |e: cgroup::CgroupError| {
-                SandboxError::Setup(format!(
-                    "--memory/--pids need a cgroup, and none can be made here: {e} (see `txbox doctor`)"
-                ))
-            };
+            let refuse = SandboxError::NoCgroup;
             let layout = cgroup::CgroupLayout::detect().map_err(refuse)?;
             static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
             let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -99,9 +95,9 @@ impl Watcher {
 }
 
 impl Watch for Watcher {
-    fn started(&mut self, pid: u32) -> Result<(), String> {
+    fn started(&mut self, pid: u32) -> Result<(), cgroup::CgroupError> {
         match &self.cgroup {
-            Some(c) => c.add_pid(pid as i32).map_err(|e| e.to_string()),
+            Some(c) => c.add_pid(pid as i32),
             None => Ok(()),
         }
     }

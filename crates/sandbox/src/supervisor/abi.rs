@@ -1,6 +1,8 @@
 //! The kernel structures a notified call points to, read from the command's memory as bytes
 //! and parsed here. Pure: every byte is the command's and hostile; nothing here trusts a
 //! length or a pointer beyond what the kernel itself would accept.
+//!
+//! May not make a syscall.
 
 /// `offsetof(struct sockaddr_un, sun_path)`.
 const SUN_PATH: usize = 2;

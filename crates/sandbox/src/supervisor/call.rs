@@ -6,6 +6,9 @@
 //! takes its own copy of the descriptor, reads the address once, resolves a pathname to the
 //! socket's inode (as the command would) and connects or sends to *that inode*, through
 //! `/proc/self/fd/N`.
+//!
+//! Owns the decision on one call and its performance; may not read the command's memory or
+//! descriptors except through [`super::remote`].
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::sync::Arc;

@@ -12,6 +12,8 @@
 //!
 //! Installed on the sandbox's init, so every process of the sandbox inherits it; the
 //! supervisor is init's parent, outside the filter.
+//!
+//! Owns the notifying filter; may not decide calls (that is [`super::call`]'s).
 
 use std::os::fd::{FromRawFd, OwnedFd};
 

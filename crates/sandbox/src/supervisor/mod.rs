@@ -26,6 +26,9 @@
 //!
 //! Costs: the filter is a dozen BPF instructions per syscall; each notified call costs a
 //! round trip to the supervisor and a few syscalls there (docs/SECURITY.md has numbers).
+//!
+//! Owns the supervisor process and init's handoff of the listener; may not let the kernel carry on
+//! with a notified call, nor join the sandbox's pid namespace.
 
 pub mod abi;
 pub mod call;
@@ -429,10 +432,7 @@ impl Process {
         // SAFETY: the caller is single-threaded, so the child may run ordinary code.
         let pid = unsafe { libc::fork() };
         if pid < 0 {
-            return Err(StepError {
-                step: "fork the socket supervisor".into(),
-                errno: Errno::from_raw_os_error(crate::stage2::errno()),
-            });
+            return Err(StepError::last("fork the socket supervisor"));
         }
         if pid == 0 {
             drop((init_w, number_w, ack_r));
@@ -449,7 +449,7 @@ impl Process {
     /// Reap the supervisor (it exits when init has).
     pub(crate) fn wait(self) {
         drop(self.init_w);
-        let _ = crate::stage2::wait_for(self.pid);
+        let _ = crate::reap::wait(self.pid);
     }
 }
 
@@ -502,7 +502,7 @@ impl Handoff {
         let mut b = [0u8; 1];
         match rustix::io::read(&self.ack_r, &mut b) {
             Ok(1) if b[0] == b'y' => Ok(()),
-            _ => Err(StepError { step: "the socket supervisor could not take over".into(), errno: Errno::PERM }),
+            _ => Err(StepError::new("the socket supervisor could not take over", Errno::PERM)),
         }
     }
 }

@@ -2,6 +2,9 @@
 //! directory and root, its capabilities. Every read is followed, before it is used, by a
 //! check that the notification is still pending ([`Remote::valid`]): the thread number could
 //! have been reused by another process between the notification and the read.
+//!
+//! Owns reading the notifying thread's state; may not decide, nor use a read before it was
+//! validated.
 
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::Arc;

@@ -1,5 +1,7 @@
 //! The caller's side: claim a warm server for one command, or say why not (then the launcher
 //! builds a sandbox of its own), and start a server for next time.
+//!
+//! May not build a sandbox: the launcher or the server does.
 
 use std::ffi::OsString;
 use std::io::IoSlice;

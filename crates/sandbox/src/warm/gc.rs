@@ -5,6 +5,8 @@
 //! costs ~0.1 ms per freed block, happens here, off every caller's path. The server stops as
 //! soon as a client waits: what is left is deleted at the next idle moment, or by the state
 //! directory's own collector (`txbox_txn::StateDir::collect_retired`) when too many wait.
+//!
+//! May not delete outside the retired directory the server was told about.
 
 use std::ffi::{OsStr, OsString};
 use std::os::fd::OwnedFd;

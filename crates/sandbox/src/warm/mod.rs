@@ -16,6 +16,9 @@
 //! A server is keyed by [`SandboxSpec::sandbox_key`](crate::SandboxSpec::sandbox_key) and
 //! lives in the state directory (hidden from every sandbox); it exits when idle. Runs that need
 //! a terminal or cgroup limits, and runs while the server is busy, build their own sandbox.
+//!
+//! Owns what client and server share (names, the binary's identity, whether a spec fits); may not
+//! build a sandbox (the server's) nor claim one (the client's).
 
 pub mod client;
 pub mod gc;

@@ -14,6 +14,9 @@
 //! command also gets its own IPC and UTS namespaces. The server exits after `--idle` seconds
 //! without a request, when its socket is removed or replaced (the state directory was deleted),
 //! or when a secret it did not hide at start appears.
+//!
+//! Owns the server, its init loop and each run's mounts; may serve one transaction at a time only,
+//! and no client that `trusted` refuses.
 
 use std::ffi::{CString, OsString};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
@@ -29,8 +32,9 @@ use rustix::net::{
 
 use super::wire::{resource, with_suffix, Answer, Report, Request, ServerArgs, FIXED_FDS, MAX_LAYERS, MAX_REQUEST};
 use super::{LayerName, StateLayout};
+use crate::kernel::Linux;
 use crate::spec::{MountPlan, SandboxSpec, WarmPlan};
-use crate::stage2::{self, at, errno, mount, Pins, StepError};
+use crate::stage2::{self, at, at_path, mount, Pins, StepError};
 use crate::supervisor::{Guard, Handoff, Sandbox};
 
 /// How often an idle server checks that it is still wanted.
@@ -70,7 +74,7 @@ fn record_failure(dir: &OwnedFd, name: &OsString, e: &StepError) {
     failed.push(".failed");
     let flags = OFlags::CREATE | OFlags::WRONLY | OFlags::TRUNC | OFlags::NOFOLLOW | OFlags::CLOEXEC;
     if let Ok(fd) = rustix::fs::openat(dir, failed.as_os_str(), flags, Mode::from_raw_mode(0o600)) {
-        let _ = rustix::io::write(&fd, format!("{}: {}\n", e.step, stage2::hint(e)).as_bytes());
+        let _ = rustix::io::write(&fd, format!("{}: {}\n", e.what(), e.hint()).as_bytes());
     }
 }
 
@@ -81,7 +85,7 @@ fn serve(args: &ServerArgs, layout: StateLayout) -> Result<(), StepError> {
     let lock_path = with_suffix(&args.socket, ".lock");
     let lock =
         rustix::fs::open(&lock_path, OFlags::CREATE | OFlags::WRONLY | OFlags::CLOEXEC, Mode::from_raw_mode(0o600))
-            .map_err(at(format!("open {}", lock_path.display())))?;
+            .map_err(at_path("open", &lock_path))?;
     if rustix::fs::flock(&lock, FlockOperation::NonBlockingLockExclusive).is_err() {
         return Ok(()); // another server has it
     }
@@ -89,7 +93,7 @@ fn serve(args: &ServerArgs, layout: StateLayout) -> Result<(), StepError> {
     //    in the host's view of the state directory, which the sandbox hides.
     let dir = args.socket.parent().unwrap_or(Path::new("/"));
     let dir_fd = rustix::fs::open(dir, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
-        .map_err(at(format!("open {}", dir.display())))?;
+        .map_err(at_path("open", dir))?;
     let name = args.socket.file_name().map(|n| n.to_os_string()).unwrap_or_default();
     let served = listen_build_and_serve(args, layout, &dir_fd, &name);
     if let Err(e) = &served {
@@ -110,9 +114,8 @@ fn listen_build_and_serve(
     let _ = rustix::fs::unlinkat(dir_fd, name.as_os_str(), rustix::fs::AtFlags::empty());
     let listener = rustix::net::socket_with(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC, None)
         .map_err(at("socket"))?;
-    let addr =
-        SocketAddrUnix::new(args.socket.as_path()).map_err(at(format!("socket address {}", args.socket.display())))?;
-    rustix::net::bind(&listener, &addr).map_err(at(format!("bind {}", args.socket.display())))?;
+    let addr = SocketAddrUnix::new(args.socket.as_path()).map_err(at_path("socket address", &args.socket))?;
+    rustix::net::bind(&listener, &addr).map_err(at_path("bind", &args.socket))?;
     rustix::fs::chmod(&args.socket, Mode::from_raw_mode(0o600)).map_err(at("chmod socket"))?;
     rustix::net::listen(&listener, 8).map_err(at("listen"))?;
     let bound = Bound {
@@ -136,7 +139,7 @@ fn listen_build_and_serve(
     let host_proc = rustix::fs::open("/proc", OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
         .map_err(at("open the host's /proc"))?;
     let me = Me { binary: super::binary_id(), host_proc, layer: layout.layer };
-    stage2::enter_namespaces(spec)?;
+    stage2::enter_namespaces(&mut Linux, spec)?;
     crate::net::warm_open(spec);
     let roots = Roots::clone_from(&args.state, &spec.workspace, layout.retired)?;
     let plan = MountPlan::for_warm(spec);
@@ -160,7 +163,7 @@ fn listen_build_and_serve(
     // SAFETY: single-threaded (a fresh exec that started no threads).
     let pid = unsafe { libc::fork() };
     if pid < 0 {
-        return Err(StepError { step: "fork init".into(), errno: rustix::io::Errno::from_raw_os_error(errno()) });
+        return Err(StepError::last("fork init"));
     }
     let (supervisor, handoff) = supervisor.map_or((None, None), |(p, h)| (Some(p), Some(h)));
     if pid == 0 {
@@ -179,7 +182,7 @@ fn listen_build_and_serve(
     if let Some(s) = &supervisor {
         s.watch(pid);
     }
-    let _ = stage2::wait_for(pid);
+    let _ = crate::reap::wait(pid);
     if let Some(s) = supervisor {
         s.wait();
     }
@@ -210,7 +213,7 @@ impl Roots {
                 p,
                 OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
             )
-            .map_err(at(format!("clone {}", p.display())))
+            .map_err(at_path("clone", p))
         };
         Ok(Roots {
             state_path: state.to_path_buf(),
@@ -443,8 +446,8 @@ fn init(
     // now: the supervisor took the listener from us with the rights of a debugger.
     // SAFETY: prctl with integer arguments only.
     unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
-    let seccomp = crate::seccomp::build()
-        .map_err(|e| StepError { step: format!("seccomp: {e}"), errno: rustix::io::Errno::PERM })?;
+    let seccomp =
+        crate::seccomp::build().map_err(|e| StepError::new(format!("seccomp: {e}"), rustix::io::Errno::PERM))?;
     let stack = ChildStack::new()?;
     let ready = Ready { base: spec, plan, roots, seccomp: &seccomp, stack: &stack, hidden, me };
     let mut last_used = Instant::now();
@@ -660,7 +663,7 @@ fn serve_one(ready: &Ready<'_>, conn: &OwnedFd, in_use: &mut Option<OwnedFd>) ->
     let command = match Command::of(&req) {
         Ok(c) => c,
         Err(e) => {
-            say(conn, &Answer::Refuse(e.step).line());
+            say(conn, &Answer::Refuse(e.step.into_owned()).line());
             return true;
         }
     };
@@ -744,9 +747,8 @@ struct Command {
 
 impl Command {
     fn of(req: &Request) -> Result<Command, StepError> {
-        let cstr = |b: &[u8], what: &str| {
-            CString::new(b).map_err(|_| StepError { step: what.to_string(), errno: rustix::io::Errno::INVAL })
-        };
+        let cstr =
+            |b: &[u8], what: &'static str| CString::new(b).map_err(|_| StepError::new(what, rustix::io::Errno::INVAL));
         let argv: Vec<CString> =
             req.spec.argv.iter().map(|a| cstr(a.as_bytes(), "argument with a NUL byte")).collect::<Result<_, _>>()?;
         let env: Vec<CString> = req
@@ -783,8 +785,7 @@ fn run_command(
     // The command has its own copies; ours would keep the client's pipes open.
     drop(stdio);
     let pidfd = rustix::process::pidfd_open(
-        rustix::process::Pid::from_raw(child)
-            .ok_or(StepError { step: "command pid".into(), errno: rustix::io::Errno::SRCH })?,
+        rustix::process::Pid::from_raw(child).ok_or(StepError::new("command pid", rustix::io::Errno::SRCH))?,
         rustix::process::PidfdFlags::empty(),
     )
     .map_err(at("pidfd_open"))?;
@@ -813,12 +814,10 @@ fn run_command(
             kill_all();
         }
     }
-    let mut st = 0;
-    // SAFETY: waitpid on our own child with a valid out-pointer.
-    while unsafe { libc::waitpid(child, &mut st, 0) } < 0 && errno() == libc::EINTR {}
+    let st = crate::reap::wait(child).unwrap_or(0);
     // What the command left running goes with it, as when a cold sandbox's init exits.
     kill_all();
-    reap_all();
+    crate::reap::reap_all();
     Ok(Report::of_wait_status(st).line())
 }
 
@@ -826,18 +825,6 @@ fn run_command(
 fn kill_all() {
     // SAFETY: kill(-1) from the namespace's init reaches only that namespace's processes.
     unsafe { libc::kill(-1, libc::SIGKILL) };
-}
-
-/// Wait until no child is left.
-fn reap_all() {
-    loop {
-        let mut st = 0;
-        // SAFETY: waitpid on any child with a valid out-pointer.
-        let r = unsafe { libc::waitpid(-1, &mut st, 0) };
-        if r < 0 && errno() != libc::EINTR {
-            return; // ECHILD: nobody left
-        }
-    }
 }
 
 /// What the command's process needs from its parent, which waits while it uses it.
@@ -883,10 +870,7 @@ fn spawn(child: &Child<'_>, stack: &ChildStack) -> Result<i32, StepError> {
         )
     };
     if pid < 0 {
-        return Err(StepError {
-            step: "start the command (clone)".into(),
-            errno: rustix::io::Errno::from_raw_os_error(errno()),
-        });
+        return Err(StepError::last("start the command (clone)"));
     }
     Ok(pid)
 }
@@ -916,18 +900,12 @@ impl ChildStack {
             )
         };
         if base == libc::MAP_FAILED {
-            return Err(StepError {
-                step: "map the command's stack".into(),
-                errno: rustix::io::Errno::from_raw_os_error(errno()),
-            });
+            return Err(StepError::last("map the command's stack"));
         }
         let stack = ChildStack { base, len: Self::LEN };
         // SAFETY: the lowest page of the mapping just made.
         if unsafe { libc::mprotect(base, Self::GUARD, libc::PROT_NONE) } != 0 {
-            return Err(StepError {
-                step: "guard the command's stack".into(),
-                errno: rustix::io::Errno::from_raw_os_error(errno()),
-            });
+            return Err(StepError::last("guard the command's stack"));
         }
         Ok(stack)
     }
@@ -950,7 +928,7 @@ impl Drop for ChildStack {
 fn prepare_child(req: &Request, stdio: &[i32], seccomp: &seccompiler::BpfProgram) -> Result<(), StepError> {
     // SAFETY: in a freshly forked child, with fds that are open.
     if !unsafe { crate::launch::install_fds(&[(stdio[0], 0), (stdio[1], 1), (stdio[2], 2)]) } {
-        return Err(StepError { step: "install stdio".into(), errno: rustix::io::Errno::from_raw_os_error(errno()) });
+        return Err(StepError::last("install stdio"));
     }
     crate::terminal::take(None)?;
     // SAFETY: no flag here changes state the standard library caches.
@@ -965,7 +943,7 @@ fn prepare_child(req: &Request, stdio: &[i32], seccomp: &seccompiler::BpfProgram
             let _ = rustix::process::setrlimit(r, rustix::process::Rlimit { current: soft, maximum: hard });
         }
     }
-    stage2::confine(&req.spec, Some(seccomp))
+    stage2::confine(&mut Linux, &req.spec, Some(seccomp))
 }
 
 #[cfg(test)]

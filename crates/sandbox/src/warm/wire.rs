@@ -18,12 +18,15 @@
 //! Also the server's command line (`ServerArgs`), the names beside its socket
 //! (`with_suffix`) and the resource limits a request carries (`RESOURCES`): what client and
 //! server both need lives here, so neither depends on the other.
+//!
+//! May not make a syscall.
 
 use std::ffi::OsString;
 use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::spec::SpecError;
 use crate::SandboxSpec;
 
 const VERSION: &[u8] = b"txbox-warm/2";
@@ -163,11 +166,12 @@ impl ServerArgs {
         a
     }
 
-    pub fn from_args(args: &[OsString]) -> Result<ServerArgs, String> {
+    pub fn from_args(args: &[OsString]) -> Result<ServerArgs, SpecError> {
         match args {
             [s, socket, t, state, i, idle, rest @ ..] if s == "--socket" && t == "--state" && i == "--idle" => {
-                let idle = idle.to_str().and_then(|t| t.parse::<u64>().ok()).ok_or("bad --idle")?;
-                let spec = SandboxSpec::from_args(rest).map_err(|e| e.to_string())?;
+                let idle =
+                    idle.to_str().and_then(|t| t.parse::<u64>().ok()).ok_or_else(|| SpecError("bad --idle".into()))?;
+                let spec = SandboxSpec::from_args(rest)?;
                 Ok(ServerArgs {
                     socket: PathBuf::from(socket),
                     state: PathBuf::from(state),
@@ -175,7 +179,7 @@ impl ServerArgs {
                     spec,
                 })
             }
-            _ => Err("usage: __warm --socket PATH --state DIR --idle SECS SPEC…".into()),
+            _ => Err(SpecError("usage: __warm --socket PATH --state DIR --idle SECS SPEC…".into())),
         }
     }
 }
