@@ -65,6 +65,9 @@ pub struct Context {
     pub workspace: PathBuf,
     pub cwd: PathBuf,
     pub home: Option<PathBuf>,
+    /// Places outside the workspace the sandbox keeps writable (package caches): writing there
+    /// is like writing to `/tmp`.
+    pub writable: Vec<PathBuf>,
 }
 
 /// The result of evaluating one command string or argv.
@@ -254,6 +257,7 @@ pub fn example_context() -> Context {
         workspace: PathBuf::from("/home/dev/proj"),
         cwd: PathBuf::from("/home/dev/proj"),
         home: Some(PathBuf::from("/home/dev")),
+        writable: vec![PathBuf::from("/home/dev/.npm")],
     }
 }
 

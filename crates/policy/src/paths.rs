@@ -560,7 +560,8 @@ pub fn classify_abs(p: &Path, children: bool, ctx: &Context) -> ClassSet {
     let first = comp(0);
     let scratch = matches!(first, Some("tmp"))
         || (first == Some("var") && comp(1) == Some("tmp"))
-        || (first == Some("dev") && comp(1) == Some("shm"));
+        || (first == Some("dev") && comp(1) == Some("shm"))
+        || ctx.writable.iter().any(|w| p.starts_with(normalized(w)));
     // An ancestor of the workspace is one whatever else it is: deleting /var/tmp/proj while
     // working in /var/tmp/proj/ws destroys the workspace itself.
     if ws.starts_with(p) {
@@ -680,6 +681,16 @@ pub fn classify_abs(p: &Path, children: bool, ctx: &Context) -> ClassSet {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_package_cache_is_scratch_not_the_host() {
+        let c = ctx();
+        let class = |p: &str| classify_abs(Path::new(p), false, &c);
+        assert!(class("/home/dev/.npm/_cacache/x").contains(PathClass::Scratch));
+        assert!(!class("/home/dev/.npm/_cacache/x").contains(PathClass::Outside));
+        assert!(class("/home/dev/.npmrc").contains(PathClass::Outside));
+        assert!(class("/home/dev/.npm2/x").contains(PathClass::Outside));
+    }
 
     fn ctx() -> Context {
         crate::example_context()

@@ -308,6 +308,7 @@ fn ancestors_of_a_workspace_below_tmp_are_protected() {
         workspace: PathBuf::from("/var/tmp/proj/ws"),
         cwd: PathBuf::from("/var/tmp/proj/ws"),
         home: Some(PathBuf::from("/var/tmp/proj")),
+        writable: Vec::new(),
     };
     let p = Policy::builtin();
     for s in ["rm -rf /var/tmp/proj", "rm -rf ~", "rm -rf ..", "rm -rf /var/tmp"] {

@@ -280,7 +280,10 @@ impl Kernel for Linux {
     }
 
     fn landlock(&mut self, spec: &SandboxSpec) -> Result<(), StepError> {
-        let plan = crate::landlock::LandlockPlan::new(&spec.workspace, &spec.writable);
+        // Package caches are written like the extra writable paths.
+        let mut writable = spec.writable.clone();
+        writable.extend(spec.caches.iter().map(|(_, t)| t.clone()));
+        let plan = crate::landlock::LandlockPlan::new(&spec.workspace, &writable);
         crate::landlock::apply(&plan)
             .map(|_| ())
             .map_err(|e| StepError::new(format!("landlock: {e}"), rustix::io::Errno::PERM))

@@ -22,6 +22,9 @@ pub struct SandboxSpec {
     pub hide: Vec<PathBuf>,
     /// Extra paths that stay writable (off by default; e.g. a build cache).
     pub writable: Vec<PathBuf>,
+    /// Package caches: a host directory (txbox's) bound writable over a path (the tool's
+    /// default location), `(source, target)`. Not part of the transaction.
+    pub caches: Vec<(PathBuf, PathBuf)>,
     /// Working directory of the command inside the sandbox.
     pub cwd: PathBuf,
     /// Create a user namespace (needed without root; the invoking ids map to themselves).
@@ -67,6 +70,7 @@ impl SandboxSpec {
             layers: Vec::new(),
             hide: Vec::new(),
             writable: Vec::new(),
+            caches: Vec::new(),
             userns: false,
             uid: 0,
             gid: 0,
@@ -100,6 +104,10 @@ impl SandboxSpec {
         for w in &self.writable {
             kv("--writable", w.as_os_str());
         }
+        for (from, to) in &self.caches {
+            kv("--cache", from.as_os_str());
+            kv("--cache-at", to.as_os_str());
+        }
         kv("--cwd", self.cwd.as_os_str());
         kv("--ids", OsStr::new(&format!("{}:{}:{}", u8::from(self.userns), self.uid, self.gid)));
         let opt = |v: Option<u64>| v.map(|n| n.to_string()).unwrap_or_else(|| "-".into());
@@ -128,6 +136,7 @@ impl SandboxSpec {
 
     pub fn from_args(args: &[OsString]) -> Result<SandboxSpec, SpecError> {
         let mut spec = SandboxSpec::new(PathBuf::new(), PathBuf::new(), PathBuf::new(), Vec::new());
+        let mut cache_from: Option<PathBuf> = None;
         let mut it = args.iter();
         while let Some(k) = it.next() {
             if k == "--" {
@@ -146,6 +155,11 @@ impl SandboxSpec {
                 b"--work" => spec.work = PathBuf::from(v),
                 b"--hide" => spec.hide.push(PathBuf::from(v)),
                 b"--writable" => spec.writable.push(PathBuf::from(v)),
+                b"--cache" => cache_from = Some(PathBuf::from(v)),
+                b"--cache-at" => {
+                    let from = cache_from.take().ok_or_else(|| SpecError("--cache-at without --cache".into()))?;
+                    spec.caches.push((from, PathBuf::from(v)));
+                }
                 b"--layer" => spec.layers.push(PathBuf::from(v)),
                 b"--cwd" => spec.cwd = PathBuf::from(v),
                 b"--proxy" => spec.proxy_port = Some(s.parse::<u16>().ok().filter(|p| *p > 0).ok_or_else(bad)?),
@@ -175,6 +189,9 @@ impl SandboxSpec {
         if spec.argv.is_empty() {
             return Err(SpecError("no command".into()));
         }
+        if cache_from.is_some() || spec.caches.iter().any(|(a, b)| !a.is_absolute() || !b.is_absolute()) {
+            return Err(SpecError("each --cache needs an absolute --cache-at, and both absolute".into()));
+        }
         if !spec.workspace.is_absolute() || !spec.upper.is_absolute() || !spec.work.is_absolute() {
             return Err(SpecError("workspace, upper and work must be absolute paths".into()));
         }
@@ -190,6 +207,7 @@ impl SandboxSpec {
         let mut s = SandboxSpec::new(ws.clone(), ws.clone(), ws, vec![OsString::from("-")]);
         s.hide = self.hide.clone();
         s.writable = self.writable.clone();
+        s.caches = self.caches.clone();
         s.userns = self.userns;
         s.uid = self.uid;
         s.gid = self.gid;
@@ -257,6 +275,12 @@ pub enum MountOp {
         source: PathBuf,
         target: PathBuf,
     },
+    /// Bind a host directory (opened before the first mount) over a directory, without
+    /// setuid or device files (a package cache over the tool's default location).
+    BindDir {
+        source: PathBuf,
+        target: PathBuf,
+    },
     /// A private devpts instance.
     Devpts {
         target: PathBuf,
@@ -320,11 +344,16 @@ impl MountPlan {
                 upper: spec.upper.clone(),
                 work: spec.work.clone(),
             },
+        ];
+        // Package caches before everything is made read-only, writable again after.
+        ops.extend(spec.caches.iter().map(|(s, t)| MountOp::BindDir { source: s.clone(), target: t.clone() }));
+        ops.extend([
             MountOp::ReadOnlyRoot,
             MountOp::Writable { target: spec.workspace.clone() },
             MountOp::Writable { target: p("/tmp") },
-        ];
+        ]);
         ops.extend(spec.writable.iter().map(|w| MountOp::Writable { target: w.clone() }));
+        ops.extend(spec.caches.iter().map(|(_, t)| MountOp::Writable { target: t.clone() }));
         if !spec.host_network {
             ops.push(MountOp::Sysfs { target: p("/sys") });
         }
@@ -422,7 +451,7 @@ pub fn sources(ops: &[MountOp]) -> Vec<PathBuf> {
                 out.push(upper.clone());
                 out.push(work.clone());
             }
-            MountOp::Bind { source, .. } => out.push(source.clone()),
+            MountOp::Bind { source, .. } | MountOp::BindDir { source, .. } => out.push(source.clone()),
             _ => {}
         }
     }
@@ -482,6 +511,7 @@ mod tests {
         s.sync = true;
         s.env = vec![OsString::from("HTTPS_PROXY=http://127.0.0.1:3128"), OsString::from_vec(b"ODD=\xff=".to_vec())];
         s.terminal = true;
+        s.caches = vec![("/state/caches/ab/pip".into(), "/home/u/.cache/pip".into())];
         s
     }
 
@@ -499,6 +529,32 @@ mod tests {
         };
         assert!(bad("--proxy", "0").contains("--proxy"));
         assert!(bad("--setenv", "NOEQUALS").contains("unknown option --setenv"));
+        // A cache without its place, or a relative one, is refused.
+        let mut a = spec().to_args();
+        let Some(at) = a.iter().position(|x| x == "--cache-at") else { panic!("no --cache-at in {a:?}") };
+        a.drain(at..at + 2);
+        assert!(SandboxSpec::from_args(&a).is_err());
+        let mut a = spec().to_args();
+        a[at + 1] = OsString::from("rel");
+        assert!(SandboxSpec::from_args(&a).is_err());
+    }
+
+    #[test]
+    fn caches_are_bound_before_everything_turns_read_only_and_writable_after() {
+        let s = spec();
+        let plan = MountPlan::for_spec(&s);
+        let pos = |op: &MountOp| plan.namespace.iter().position(|o| o == op).unwrap_or(usize::MAX);
+        let (src, dst) = s.caches[0].clone();
+        let bind = pos(&MountOp::BindDir { source: src.clone(), target: dst.clone() });
+        let read_only = pos(&MountOp::ReadOnlyRoot);
+        let writable = pos(&MountOp::Writable { target: dst.clone() });
+        assert!(bind < read_only && read_only < writable && writable != usize::MAX, "{plan:?}");
+        assert!(plan.sources().contains(&src), "the source is opened before any mount");
+        // Warm: built once with the sandbox, not per transaction.
+        let warm = MountPlan::for_warm(&s);
+        assert!(warm.base.namespace.contains(&MountOp::BindDir { source: src, target: dst.clone() }));
+        assert!(warm.base.namespace.contains(&MountOp::Writable { target: dst }));
+        assert!(!warm.per_run.iter().any(|o| matches!(o, MountOp::BindDir { .. })));
     }
 
     #[test]
@@ -523,7 +579,8 @@ mod tests {
                 && !only.terminal
         );
         assert!(!only.to_args().iter().any(|x| x.as_bytes().windows(4).any(|w| w == b"echo")));
-        let changes: [fn(&mut SandboxSpec); 7] = [
+        let changes: [fn(&mut SandboxSpec); 8] = [
+            |s| s.caches.push(("/state/caches/ab/npm".into(), "/home/u/.npm".into())),
             |s| s.proxy_port = Some(3128),
             |s| s.workspace = "/w/other".into(),
             |s| s.hide.push("/home/u/.aws".into()),

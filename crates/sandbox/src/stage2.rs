@@ -270,6 +270,8 @@ struct MountAttr {
 }
 
 const MOUNT_ATTR_RDONLY: u64 = 0x1;
+const MOUNT_ATTR_NOSUID: u64 = 0x2;
+const MOUNT_ATTR_NODEV: u64 = 0x4;
 
 fn mount_setattr(target: &std::path::Path, recursive: bool, set: u64, clr: u64) -> Result<(), StepError> {
     let c = CString::new(target.as_os_str().as_bytes())
@@ -343,6 +345,16 @@ pub(crate) fn mount(op: &MountOp, pins: &Pins) -> Result<(), StepError> {
             let Some(src) = pins.name(source) else { return Ok(()) };
             let _ = std::fs::File::create(target);
             mnt(src.as_path(), target.as_path(), "", MountFlags::BIND, None).map_err(at_path("bind", target))
+        }
+        MountOp::BindDir { source, target } => {
+            let Some(src) = pins.name(source) else { return Ok(()) };
+            // The target must be a directory already (made by the launcher, never here: this
+            // mount namespace shares the host's filesystems).
+            if !std::fs::symlink_metadata(target).is_ok_and(|m| m.is_dir()) {
+                return Ok(());
+            }
+            mnt(src.as_path(), target.as_path(), "", MountFlags::BIND, None).map_err(at_path("bind cache", target))?;
+            mount_setattr(target, false, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV, 0)
         }
         MountOp::Devpts { target } => {
             mkdir_p(target);

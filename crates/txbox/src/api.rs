@@ -169,6 +169,8 @@ pub struct Ceiling {
     /// lifting a rule is an operator's decision ([`Ceiling::may_lift`] is where a request's
     /// ask will be checked).
     pub liftable: Vec<String>,
+    /// Kept directories (the configuration's, else the defaults); a request cannot change them.
+    pub keep: txbox_txn::keep::KeepRules,
 }
 
 impl Ceiling {
@@ -582,6 +584,7 @@ impl Api {
             keep_on_failure: body.keep_on_failure,
             isolation: self.ceiling.isolation(body.isolation)?,
             pass_env: self.ceiling.pass_env.clone(),
+            keep: self.ceiling.keep.clone(),
         };
         Ok(capped(engine::run(&req)?))
     }

@@ -13,6 +13,7 @@ use txbox::options::{Isolation, LimitArgs, Seconds};
 use txbox::render;
 use txbox::session;
 use txbox_policy::Policy;
+use txbox_txn::keep::KeepRules;
 use txbox_txn::{audit, CrashHook, Recovered, StateDir};
 
 #[derive(Parser, Debug)]
@@ -108,7 +109,8 @@ enum Sub {
     /// Undo the workspace's last commit, or TX, or (--to TX) every commit after TX; itself a
     /// transaction (undo it to redo). Refused with exit 3 if what it would touch changed since.
     Undo(UndoArgs),
-    /// Apply the retention budget to undo data (oldest first); --purge deletes retained data now.
+    /// Apply the retention budget to undo data (oldest first; --purge deletes retained data now)
+    /// and bring the package caches within theirs (whole caches, least recently used first).
     Gc(GcArgs),
     /// Drop-in for `sh -c STRING` (usable as $SHELL): run and commit on success.
     #[command(disable_help_flag = true)]
@@ -194,6 +196,7 @@ impl ServerArgs {
         let ceiling = Ceiling {
             limits: self.limits.or(&config.limits),
             isolation: self.isolation.or(config.isolation).unwrap_or_default(),
+            keep: config.keep_rules()?,
             pass_env: if self.pass_env.is_empty() { config.pass_env } else { self.pass_env },
             liftable: Vec::new(),
         };
@@ -246,6 +249,10 @@ struct RunArgs {
     /// Leave the transaction pending for review (prints its id) instead of committing.
     #[arg(long)]
     no_commit: bool,
+    /// Keep nothing of a failed command: without it, what it wrote in kept directories (build
+    /// output: target/, __pycache__/, ...; the configuration's `keep`) is committed anyway.
+    #[arg(long)]
+    no_keep: bool,
     /// `strict`: refused as a conflict (exit 3, nothing applied) if any other transaction
     /// committed to the workspace while it ran. Default `read-committed` (see README, Isolation).
     #[arg(long, value_enum)]
@@ -280,6 +287,9 @@ struct GcArgs {
     /// Delete all retained data of the state directory now (every workspace that uses it).
     #[arg(long, conflicts_with = "purge")]
     purge_all: bool,
+    /// The most every package cache together may take (suffixes K, M, G; default 10G).
+    #[arg(long, value_name = "BYTES", value_parser = txbox::size::parse_size)]
+    max_cache_size: Option<u64>,
 }
 
 #[derive(Args, Debug)]
@@ -651,6 +661,7 @@ fn cmd_run(state_dir: Option<PathBuf>, json: bool, a: RunArgs) -> Result<i32> {
         keep_on_failure: a.on_failure == OnFailure::Keep,
         isolation: a.isolation.unwrap_or_default(),
         pass_env: a.opts.pass_env,
+        keep: if a.no_keep { KeepRules::none() } else { configured_keep(&a.ws) },
     };
     let r = engine::run(&req)?;
     Ok(show(json, &r))
@@ -679,6 +690,26 @@ fn cmd_undo(state_dir: Option<PathBuf>, json: bool, a: UndoArgs) -> Result<i32> 
     Ok(show(json, &r))
 }
 
+/// The kept directories of the configuration file, else the defaults. `run` reads no other key
+/// of it; a file it cannot use is reported and the defaults apply.
+fn configured_keep(ws: &WorkspaceArg) -> KeepRules {
+    let cwd = std::env::current_dir().unwrap_or_default();
+    let untrusted = Untrusted {
+        workspaces: ws.workspace.iter().cloned().collect(),
+        state_dir: None,
+        fallback: ws.workspace.is_none().then_some(cwd),
+    };
+    match Config::load(Source::default_location().as_ref(), &untrusted).and_then(|c| c.keep_rules()) {
+        Ok(k) => k,
+        Err(e) => {
+            eprintln!("txbox: {}; the default kept directories apply", e.message);
+            KeepRules::default()
+        }
+    }
+}
+
+/// `txbox gc`: undo data within the retention budget (`txbox_txn::retain`), retired
+/// directories, and the package caches within theirs (`txbox::caches::gc`).
 fn cmd_gc(state_dir: Option<PathBuf>, json: bool, a: GcArgs) -> Result<i32> {
     let Some(state) = state_for(state_dir, &a.ws)? else {
         if json {
@@ -696,6 +727,7 @@ fn cmd_gc(state_dir: Option<PathBuf>, json: bool, a: GcArgs) -> Result<i32> {
     };
     let retired = state.collect_retired()?;
     let c = txbox_txn::retain::collect(&state, &budget)?;
+    let caches = txbox::caches::gc(&state.root, a.max_cache_size.unwrap_or(txbox::caches::DEFAULT_BUDGET));
     if json {
         println!(
             "{}",
@@ -703,6 +735,7 @@ fn cmd_gc(state_dir: Option<PathBuf>, json: bool, a: GcArgs) -> Result<i32> {
                 "purged": purged, "evicted": c.evicted, "measured": c.measured, "retired_deleted": retired,
                 "count": c.count, "bytes": c.bytes,
                 "budget": {"count": budget.count, "bytes": budget.bytes, "min_free": budget.min_free.to_string()},
+                "caches": caches,
             })
         );
     } else {
@@ -720,8 +753,17 @@ fn cmd_gc(state_dir: Option<PathBuf>, json: bool, a: GcArgs) -> Result<i32> {
             txbox::undo::human_bytes(budget.bytes),
             budget.min_free
         );
+        eprintln!(
+            "txbox: package caches {} → {} ({} removed)",
+            txbox::size::show_size(caches.before),
+            txbox::size::show_size(caches.after),
+            caches.removed.len()
+        );
     }
-    Ok(0)
+    for e in &caches.errors {
+        eprintln!("txbox: gc: {e}");
+    }
+    Ok(i32::from(!caches.errors.is_empty()))
 }
 
 /// The workspace's state directory if it has one (nothing is made: these commands only look).

@@ -19,6 +19,7 @@ use serde::Deserialize;
 
 use crate::api::ApiError;
 use crate::options::{Isolation, LimitArgs};
+use txbox_txn::keep::KeepRules;
 
 /// The configuration's keys (all optional). Unknown keys are errors.
 #[derive(Debug, Default, Clone, Deserialize, JsonSchema)]
@@ -49,6 +50,11 @@ pub struct Config {
     /// Undo data yields while less than this is free: a size (`2G`) or a percentage (`5%`).
     #[serde(default)]
     pub retain_min_free: Option<String>,
+    /// Kept directories (build output committed even when a command fails; docs/DEVIATIONS.md):
+    /// names matched at any depth of the workspace, e.g. `["target", "__pycache__"]`; `[]`
+    /// keeps nothing. Default: `txbox_txn::keep::DEFAULT`.
+    #[serde(default)]
+    pub keep: Option<Vec<String>>,
     #[serde(flatten)]
     pub limits: LimitArgs,
 }
@@ -150,7 +156,18 @@ impl Config {
         let value: toml::Value =
             toml::from_str(text).map_err(|e| ApiError::usage(format!("{}: {e}", path.display())))?;
         let json = serde_json::to_value(value).map_err(|e| ApiError::usage(format!("{}: {e}", path.display())))?;
-        crate::api::parse::<Config>(json).map_err(|e| ApiError::usage(format!("{}: {}", path.display(), e.message)))
+        let config = crate::api::parse::<Config>(json)
+            .map_err(|e| ApiError::usage(format!("{}: {}", path.display(), e.message)))?;
+        config.keep_rules().map_err(|e| ApiError::usage(format!("{}: {}", path.display(), e.message)))?;
+        Ok(config)
+    }
+
+    /// The kept directories this configuration sets (the defaults without the key).
+    pub fn keep_rules(&self) -> Result<KeepRules, ApiError> {
+        match &self.keep {
+            None => Ok(KeepRules::default()),
+            Some(list) => KeepRules::parse(list.iter().map(String::as_str)).map_err(ApiError::usage),
+        }
     }
 
     /// The keys set here that widen confinement beyond txbox's defaults: another workspace or
@@ -174,6 +191,10 @@ impl Config {
         // What can be undone is a person's safety net: a file a command could have written may
         // neither switch it off nor make it hold the disk.
         keys.extend(self.retain_keys());
+        // Keeping more than the defaults lands more of a failed command's writes.
+        if !self.keep_rules().is_ok_and(|k| k.within_defaults()) {
+            keys.push("keep");
+        }
         let mut limits = self.limits.clone();
         // Each limit over the defaults, one at a time.
         let ceiling = crate::limits::defaults_ceiling();
@@ -253,6 +274,12 @@ mod tests {
         assert!(Config::parse("timeout = \"30\"", p).is_err());
         assert!(Config::parse("memory = \"1K\"", p).is_err());
         assert!(Config::parse("isolation = \"strict\"", p).is_ok());
+        assert!(Config::parse("keep = []", p).unwrap().keep_rules().unwrap().is_empty());
+        assert!(Config::parse("", p).unwrap().limits.to_limits().caches, "caches are on by default");
+        let c = Config::parse("no_caches = true", p).unwrap();
+        assert!(!c.limits.to_limits().caches && c.widening().is_empty(), "turning caches off only narrows");
+        assert!(Config::parse("keep = [\".git\"]", p).is_err(), "version control is never kept");
+        assert!(Config::parse("keep = [\"../x\"]", p).is_err());
     }
 
     #[test]
@@ -271,6 +298,10 @@ mod tests {
         assert!(w("timeout = 3600\npids = 100\nmax_write = \"1G\"").is_empty());
         assert_eq!(w("workspace = \"/\"\nstate_dir = \"/s\"\npolicy = \"/p\"\npass_env = [\"T\"]").len(), 4);
         assert_eq!(w("retain_count = 0\nretain_size = \"1G\"\nretain_min_free = \"5%\"").len(), 3);
+        // Keeping less narrows; keeping another directory widens.
+        assert!(w("keep = []\n").is_empty());
+        assert!(w("keep = [\"target\"]\n").is_empty());
+        assert_eq!(w("keep = [\"target\", \"src\"]\n"), ["keep"]);
     }
 
     #[test]

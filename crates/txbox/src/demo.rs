@@ -32,6 +32,7 @@ fn step(ws: &Path, title: &str, script: &str) -> Result<engine::RunResult> {
         keep_on_failure: false,
         isolation: Default::default(),
         pass_env: Vec::new(),
+        keep: Default::default(),
     };
     let r = engine::run(&req)?;
     println!("{}", render::summary(&r));

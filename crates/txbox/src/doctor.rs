@@ -218,6 +218,7 @@ fn live_probe() -> Check {
         keep_on_failure: false,
         isolation: Default::default(),
         pass_env: Vec::new(),
+        keep: Default::default(),
     };
     let r = engine::run(&req);
     let ok = matches!(&r, Ok(r) if r.outcome == Outcome::Committed) && dir.join("probe.txt").exists();

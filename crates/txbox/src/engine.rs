@@ -12,6 +12,7 @@ use txbox_sandbox::{Finished, LaunchOptions, SandboxSpec, WarmUse};
 use txbox_txn::audit::{self, Counts};
 use txbox_txn::commit::{CommitError, CommitTarget, Durability};
 use txbox_txn::durable::{Flush, Fsync};
+use txbox_txn::keep::KeepRules;
 use txbox_txn::layout::TxKind;
 use txbox_txn::meta::display_rel;
 use txbox_txn::retain::{self, KeepOptions, Retention};
@@ -61,6 +62,9 @@ pub struct RunRequest {
     pub isolation: Isolation,
     /// Variables passed to the command although their name or value marks a credential.
     pub pass_env: Vec<String>,
+    /// Kept directories (build output): committed even when the command fails, exempt from
+    /// conflict checks. `KeepRules::none()` keeps nothing.
+    pub keep: KeepRules,
 }
 
 use crate::options::Isolation;
@@ -142,6 +146,9 @@ pub fn policy_context(workspace: &Path, cwd: &Path) -> Context {
         workspace: workspace.to_path_buf(),
         cwd: cwd.to_path_buf(),
         home: std::env::var_os("HOME").map(PathBuf::from),
+        // The package caches a run may mount (whether or not this one does: the sandbox is
+        // what keeps the rest read-only).
+        writable: crate::caches::locations_here(workspace),
     }
 }
 
@@ -242,6 +249,8 @@ pub struct Limits {
     /// Bytes the command may write into its upper layer.
     pub max_write: Option<u64>,
     pub host_network: bool,
+    /// Mount txbox's package caches at the tools' default locations (`crate::caches`).
+    pub caches: bool,
     /// `--allow-host` items (network by allowlist; ignored with `host_network`).
     pub allow_hosts: Vec<txbox_netproxy::Spec>,
 }
@@ -308,6 +317,16 @@ fn other_states(workspace: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
+/// The package caches of a run: the installed tools' caches, per workspace, in the state
+/// directory (`STATE/caches`, hidden from commands), over the tools' default locations in the
+/// caller's environment (`crate::caches`).
+fn package_caches(env: &Env) -> Vec<(PathBuf, PathBuf)> {
+    let var = |k: &str| std::env::var(k).ok();
+    let tools = crate::caches::installed_here();
+    let plan = crate::caches::plan(tools, &var, &env.state.root, &env.workspace);
+    crate::caches::prepare(plan).into_iter().map(|m| (m.source, m.target)).collect()
+}
+
 // Each argument is one independent input of the sandbox; grouping them would only rename them.
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn execute(
@@ -332,8 +351,13 @@ pub(crate) fn execute(
     spec.hide.extend(policy_file.and_then(|p| std::fs::canonicalize(p).ok()));
     // Everything else by rule: other homes, host keys, credentials, sockets' places, other
     // state directories (txbox_sandbox::secrets).
+    if limits.caches {
+        spec.caches = package_caches(env);
+    }
     let host = txbox_sandbox::secrets::Host::gather(other_states(&env.workspace));
-    spec.hide.extend(txbox_sandbox::secrets::hidden(&host, &env.workspace, &spec.writable));
+    let mut writable = spec.writable.clone();
+    writable.extend(spec.caches.iter().map(|(_, t)| t.clone()));
+    spec.hide.extend(txbox_sandbox::secrets::hidden(&host, &env.workspace, &writable));
     spec.cwd = env.cwd_for(cwd);
     spec.userns = !rustix::process::geteuid().is_root();
     spec.uid = rustix::process::getuid().as_raw();
@@ -441,13 +465,41 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
         });
     }
 
-    // 5. Decide: commit only a command that ran to completion with status 0.
+    // 5. Decide: commit only a command that ran to completion with status 0. A failed one
+    // still commits what it wrote in kept directories (build output), if anything.
     if !record(&mut r, finished) {
         r.outcome = Outcome::RolledBack;
-        drop_tx(&env.state, tx, served_warm);
-        timeline.mark("rollback");
-        audit(&env, &req.command, &mut r, started, false);
+        // By names first: a failed command that wrote nowhere kept costs no classification.
+        if !txbox_txn::keep::upper_has_kept(&tx.upper, &req.keep) {
+            drop_tx(&env.state, tx, served_warm);
+            timeline.mark("rollback");
+            audit(&env, &req.command, &mut r, started, false);
+            timeline.mark("audit");
+            return Ok(r);
+        }
+        let target = Target {
+            id: &tx.id,
+            upper: &tx.upper,
+            trash: &tx.trash,
+            max_write: limits.max_write,
+            policy: &req.policy,
+            approved: None,
+            keep: &req.keep,
+            kept_only: true,
+        };
+        let mut hook = CrashHook::from_env();
+        let mut auditor = CommitAudit::new(&env, &req.command, &r, started);
+        let kept = commit_upper(&env, &target, Base::Generation(base_generation), None, &mut auditor, &mut hook);
+        timeline.mark("keep");
+        settle_kept(&mut r, kept);
+        auditor.finish(&mut r);
         timeline.mark("audit");
+        let _ = hook.tick();
+        match r.pending_recovery {
+            Some(_) => drop(tx),
+            None => drop_tx(&env.state, tx, served_warm),
+        }
+        timeline.mark("rollback");
         return Ok(r);
     }
 
@@ -460,6 +512,8 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
         max_write: limits.max_write,
         policy: &req.policy,
         approved: None,
+        keep: &req.keep,
+        kept_only: false,
     };
     // The audit entry of a commit is appended at its commit point. 7. Audit what else
     // happened, 8. clean up (in this order: a crash in between leaves a directory recovery
@@ -508,13 +562,14 @@ fn keep_held(env: &Env, tx: TxDir, fps: &Fingerprints, r: &mut RunResult, served
 /// Turn a commit attempt into the result's outcome. Returns, for a held change, the base
 /// fingerprints a run's transaction keeps (a session has its own: the default set), and what
 /// retention did (the transaction's directory is retention's if `retained`).
-pub(crate) fn settle(r: &mut RunResult, committed: Result<Committed, TxError>) -> Settled {
+pub(crate) fn settle(r: &mut RunResult, committed: Result<Landed, TxError>) -> Settled {
     match committed {
-        Ok(Committed { cs, retention }) => {
+        Ok(Landed { cs, kept, retention }) => {
             r.outcome = Outcome::Committed;
             r.changes = Changes::of(&cs);
             r.skipped = cs.skipped.iter().map(|p| display_rel(p)).collect();
             r.dropped_xattrs = DroppedXattr::of(&cs);
+            r.kept = kept;
             r.no_longer_undoable.extend(retention.evicted.iter().cloned());
             if !retention.retained && !cs.is_empty() && retention.error.is_some() {
                 r.no_longer_undoable.push(r.tx.clone());
@@ -527,9 +582,11 @@ pub(crate) fn settle(r: &mut RunResult, committed: Result<Committed, TxError>) -
             r.conflicts = paths;
             r.error = Some(msg);
         }
-        Err(TxError::Unfinished(cs, msg)) => {
+        Err(TxError::Unfinished(landed, msg)) => {
             // Committed: the command's exit status stands (125 would say nothing changed).
+            let Landed { cs, kept, .. } = *landed;
             r.outcome = Outcome::Committed;
+            r.kept = kept;
             r.changes = Changes::of(&cs);
             r.skipped = cs.skipped.iter().map(|p| display_rel(p)).collect();
             r.dropped_xattrs = DroppedXattr::of(&cs);
@@ -581,9 +638,40 @@ pub(crate) struct Settled {
     pub retention: Retention,
 }
 
-/// A commit that happened: its change set and what retention did with it.
-pub(crate) struct Committed {
+/// Turn the commit of a failed command's kept directories into its result: the outcome stays
+/// `rolled_back` (the command's status stands); what landed is in `changes` and `kept`, and
+/// why nothing was kept, if so, in `kept_error`.
+pub(crate) fn settle_kept(r: &mut RunResult, kept: Result<Landed, TxError>) {
+    let refused = |r: &mut RunResult, why: String| r.kept_error = Some(format!("{why}; nothing was kept"));
+    match kept {
+        Ok(Landed { cs, kept, .. }) => {
+            r.changes = Changes::of(&cs);
+            r.skipped = cs.skipped.iter().map(|p| display_rel(p)).collect();
+            r.dropped_xattrs = DroppedXattr::of(&cs);
+            r.kept = kept;
+        }
+        Err(TxError::Unfinished(landed, msg)) => {
+            let Landed { cs, kept, .. } = *landed;
+            r.changes = Changes::of(&cs);
+            r.kept = kept;
+            r.pending_recovery = Some(msg);
+        }
+        Err(TxError::Held(h)) => {
+            let why: Vec<String> =
+                h.findings.iter().map(|f| format!("{} ({}: {})", f.path, f.rule, f.reason)).collect();
+            refused(r, format!("the commit-time policy holds {}", why.join(", ")));
+        }
+        Err(TxError::Denied { rule, reason }) => refused(r, format!("commit refused by rule {rule}: {reason}")),
+        Err(TxError::Limit { msg, .. }) => refused(r, msg),
+        Err(TxError::Conflict(_, msg) | TxError::Other(msg)) => refused(r, msg),
+    }
+}
+
+/// What a commit landed: the change set, the kept directories it changed, and what retention
+/// did with it.
+pub(crate) struct Landed {
     pub cs: ChangeSet,
+    pub kept: Vec<String>,
     pub retention: Retention,
 }
 
@@ -610,7 +698,7 @@ pub(crate) enum TxError {
         reason: String,
     },
     /// Past its commit point: committed, applying stopped; recovery applies the rest.
-    Unfinished(Box<ChangeSet>, String),
+    Unfinished(Box<Landed>, String),
     /// Refused or failed before the commit point: nothing changed.
     Other(String),
 }
@@ -627,6 +715,11 @@ pub(crate) struct Target<'a> {
     /// A person's approval (`txbox approve`): these held changes may commit; any other hold
     /// (something changed since) holds the transaction again.
     pub approved: Option<&'a [HeldChange]>,
+    /// Kept directories: exempt from conflict checks, and listed.
+    pub keep: &'a KeepRules,
+    /// A failed command: commit only what lies in kept directories; a hold or a denial of it
+    /// keeps nothing (nobody is asked about a failed command's build output).
+    pub kept_only: bool,
 }
 
 /// Commits with at least this many steps show progress on a terminal.
@@ -649,9 +742,12 @@ fn overlapping(ours: &[PathBuf], theirs: &[PathBuf]) -> Vec<PathBuf> {
 /// Classify `upper` and commit it, under the workspace lock, unless a path it changes was
 /// changed since the transaction's base (first committer wins), or, with `strict_since` (strict
 /// isolation: the workspace's commit generation when the transaction began), unless any
-/// transaction committed to the workspace since then. `audit` is made ready before the commit
-/// point (a log that cannot be written refuses the commit) and told at it. A commit that changes
-/// something is retained for undo (`txbox_txn::retain`) within the budget in force.
+/// transaction committed to the workspace since then. Paths in kept directories
+/// (`t.keep`) are exempt from both (last writer wins) and are not logged for others' checks;
+/// with `t.kept_only`, only they are committed. `audit` is made ready before the commit point
+/// (a log that cannot be written refuses the commit) and told at it. A commit that changes
+/// something is retained for undo (`txbox_txn::retain`) within the budget in force; one that
+/// changed only kept directories is retained as such (undo does not call it the last commit).
 pub(crate) fn commit_upper(
     env: &Env,
     t: &Target<'_>,
@@ -659,13 +755,30 @@ pub(crate) fn commit_upper(
     strict_since: Option<u64>,
     audit: &mut CommitAudit<'_>,
     hook: &mut CrashHook,
-) -> Result<Committed, TxError> {
+) -> Result<Landed, TxError> {
     let other = |e: &dyn std::fmt::Display| TxError::Other(e.to_string());
     let _lock = env.state.lock_workspace(&env.workspace).map_err(|e| other(&e))?;
     if let Some(since) = strict_since {
         strict_check(env, since).map_err(|e| other(&e))??;
     }
-    let cs = txbox_txn::classify(t.upper, &env.workspace, &env.exclude).map_err(|e| other(&e))?;
+    let whole = txbox_txn::classify(t.upper, &env.workspace, &env.exclude).map_err(|e| other(&e))?;
+    let split =
+        txbox_txn::keep::split(&whole, t.keep, &txbox_txn::keep::Layers { upper: t.upper, workspace: &env.workspace });
+    if t.kept_only && !split.roots.is_empty() && !split.inputs_changed.is_empty() {
+        let mut shown: Vec<String> = split.inputs_changed.iter().take(3).map(|p| display_rel(p)).collect();
+        if split.inputs_changed.len() > 3 {
+            shown.push(format!("and {} more", split.inputs_changed.len() - 3));
+        }
+        return Err(TxError::Other(format!(
+            "the command also changed {}, which the rollback restores: build output made from the changed \
+             files would look newer than them",
+            shown.join(", ")
+        )));
+    }
+    let kept_only = t.kept_only || split.rest.is_empty();
+    let kept: Vec<String> = split.roots.iter().map(|p| display_rel(p)).collect();
+    let in_kept = |p: &Path| split.roots.iter().any(|r| p.starts_with(r));
+    let cs = if t.kept_only { split.kept } else { whole };
     let run_base = matches!(base, Base::Generation(_));
     if let Some(max) = t.max_write.filter(|max| cs.bytes > *max) {
         return Err(TxError::Limit {
@@ -673,10 +786,11 @@ pub(crate) fn commit_upper(
             msg: format!("the change set allocates {} bytes, over the write limit of {max}", cs.bytes),
         });
     }
+    // What others' commits are checked against: kept directories are last writer wins.
     let ours: Vec<PathBuf> = cs
         .changes
         .iter()
-        .filter(|c| !matches!(c.op, txbox_txn::changeset::ChangeOp::DirMeta { .. }))
+        .filter(|c| !matches!(c.op, txbox_txn::changeset::ChangeOp::DirMeta { .. }) && !in_kept(&c.path))
         .map(|c| c.path.clone())
         .collect();
     let mut paths = match base {
@@ -685,6 +799,7 @@ pub(crate) fn commit_upper(
         }
         Base::Fingerprints(f) => f.conflicts(&cs, &env.workspace).map_err(|e| other(&e))?,
     };
+    paths.retain(|p| !in_kept(p));
     paths.sort();
     paths.dedup();
     if !paths.is_empty() {
@@ -692,7 +807,8 @@ pub(crate) fn commit_upper(
         let msg = format!("changed in the workspace since this transaction began: {}", shown.join(", "));
         return Err(TxError::Conflict(shown, msg));
     }
-    // The commit-time policy: files the host runs later by itself wait for a person.
+    // The commit-time policy: files the host runs later by itself wait for a person. Kept
+    // content is judged like any other.
     let findings = crate::judge::judge(t.policy, &cs, t.upper, &env.workspace);
     if let Some(d) = findings.iter().find(|f| f.action == CommitAction::Deny) {
         return Err(TxError::Denied { rule: d.rule.clone(), reason: d.reason.clone() });
@@ -705,7 +821,7 @@ pub(crate) fn commit_upper(
     let approved = |h: &HeldChange| t.approved.is_some_and(|a| a.iter().any(|x| x.path == h.path && x.rule == h.rule));
     if !holds.iter().all(approved) {
         // A run keeps its base from now on as a session does: what each path holds now.
-        let fps = if run_base {
+        let fps = if run_base && !t.kept_only {
             let mut fps = Fingerprints::default();
             fps.record_layer(1, t.upper, &env.workspace).map_err(|e| other(&e))?;
             Some(fps)
@@ -715,8 +831,9 @@ pub(crate) fn commit_upper(
         return Err(TxError::Held(Box::new(Held { cs, findings: holds, fps })));
     }
     if cs.is_empty() {
-        return Ok(Committed { cs, retention: Retention::default() });
+        return Ok(Landed { cs, kept: Vec::new(), retention: Retention::default() });
     }
+    audit.kept(kept.clone(), kept_only, t.kept_only);
     audit.prepare().map_err(TxError::Other)?;
     env.state.release_reserve_if_low();
     let budget = crate::retention::budget().map_err(|e| other(&e))?;
@@ -776,7 +893,7 @@ pub(crate) fn commit_upper(
         Ok(()) => {
             let retention = match prepared {
                 Some(Ok(())) => {
-                    let opts = KeepOptions { budget, kept_only: false };
+                    let opts = KeepOptions { budget, kept_only };
                     retain::keep_commit(&env.state, t.id, Some(generation), &opts)
                         .unwrap_or_else(|e| Retention { error: Some(e.to_string()), ..Retention::default() })
                 }
@@ -785,7 +902,7 @@ pub(crate) fn commit_upper(
             };
             let mut retention = retention;
             retention.evicted.splice(0..0, yielded);
-            Ok(Committed { cs, retention })
+            Ok(Landed { cs, kept, retention })
         }
         Err(CommitError::Conflict { path, what }) => {
             let p = display_rel(&path);
@@ -794,7 +911,9 @@ pub(crate) fn commit_upper(
                 format!("{p} changed in the workspace during the transaction ({what})"),
             ))
         }
-        Err(e) if e.committed() => Err(TxError::Unfinished(Box::new(cs), e.to_string())),
+        Err(e) if e.committed() => {
+            Err(TxError::Unfinished(Box::new(Landed { cs, kept, retention: Retention::default() }), e.to_string()))
+        }
         Err(e) => Err(TxError::Other(format!("commit failed: {e}"))),
     }
 }
@@ -823,7 +942,7 @@ fn strict_check(env: &Env, since: u64) -> Result<Result<(), TxError>, EngineErro
 /// collector is wanted now (under sustained load the server is never idle).
 pub(crate) fn drop_tx(state: &StateDir, tx: TxDir, collected: bool) {
     let id = tx.id.clone();
-    let wrote_something = std::fs::read_dir(&tx.upper).map(|mut d| d.next().is_some()).unwrap_or(true);
+    let wrote_something = wrote_something(&tx.upper);
     // A run that left nothing in its directory gives it to the next one (the lock held in
     // `tx` goes with it and is released below); one that wrote cannot, so is not examined.
     if !wrote_something && state.recycle_tx(&id) {
@@ -853,6 +972,11 @@ pub(crate) fn drop_tx(state: &StateDir, tx: TxDir, collected: bool) {
         return;
     }
     start_collector(state, true);
+}
+
+/// Whether a layer holds anything (unreadable: assume it does).
+fn wrote_something(upper: &Path) -> bool {
+    std::fs::read_dir(upper).map(|mut d| d.next().is_some()).unwrap_or(true)
 }
 
 /// Start a detached `txbox __gc` for the state directory's retired directories if one is
@@ -931,6 +1055,11 @@ pub(crate) struct CommitAudit<'a> {
     fresh: bool,
     /// Set once the commit's entry was appended (Ok) or could not be (why).
     written: Option<Result<(), String>>,
+    /// The kept directories the commit changes, and whether it changes nothing else.
+    kept: Vec<String>,
+    kept_only: bool,
+    /// A failed command's kept directories: the entry keeps the outcome `rolled_back`.
+    failed: bool,
 }
 
 impl<'a> CommitAudit<'a> {
@@ -943,7 +1072,15 @@ impl<'a> CommitAudit<'a> {
             log: None,
             fresh: false,
             written: None,
+            kept: Vec::new(),
+            kept_only: false,
+            failed: false,
         }
+    }
+
+    /// Before the commit point: what of the commit is kept directories.
+    fn kept(&mut self, kept: Vec<String>, kept_only: bool, failed: bool) {
+        (self.kept, self.kept_only, self.failed) = (kept, kept_only, failed);
     }
 
     /// Before the commit point: open the log, or say why the commit cannot be audited.
@@ -962,8 +1099,12 @@ impl<'a> CommitAudit<'a> {
     /// At the commit point: the entry, outcome `committed`.
     fn committed(&mut self, cs: &ChangeSet) {
         let mut entry = self.template.clone();
-        entry.outcome = Outcome::Committed.as_str().to_string();
-        entry.rollback_reason = None;
+        if !self.failed {
+            entry.outcome = Outcome::Committed.as_str().to_string();
+            entry.rollback_reason = None;
+        }
+        entry.kept = self.kept.clone();
+        entry.kept_only = self.kept_only;
         entry.changes = Changes::of(cs).counts();
         entry.duration_ms = rounded_ms(self.started);
         entry.time_ms = audit::now_ms();

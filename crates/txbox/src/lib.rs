@@ -12,6 +12,7 @@
 //!   [`retention`]: how much undo data is kept.
 
 pub mod api;
+pub mod caches;
 pub mod config;
 pub mod diff;
 pub mod engine;

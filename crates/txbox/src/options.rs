@@ -336,6 +336,10 @@ pub struct LimitArgs {
     #[arg(long, value_enum, value_name = "NET")]
     #[serde(skip_serializing_if = "Option::is_none")]
     pub network: Option<Network>,
+    /// No package caches: pip, npm, cargo and go see their default cache locations read-only (by default txbox's own persistent caches are mounted there, outside the transaction).
+    #[arg(long)]
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub no_caches: bool,
     /// Hosts the command may reach through txbox's proxy (HTTP and HTTPS, with the proxy variables txbox sets), with network `none`: `host`, `*.domain`, `host:port`, an address, or a preset `@pypi` `@npm` `@crates` `@go` `@github` (from the caller's package manager configuration); each value a comma list. Every connection, allowed or refused, is in the result's `network`.
     #[arg(long = "allow-host", value_name = "SPEC")]
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -514,6 +518,8 @@ impl LimitArgs {
             max_write: narrow("max_write", self.max_write, ceiling.max_write, |a, c| by_value(&a.get(), &c.get()))?,
             allow_hosts: narrow_hosts(self.allow_hosts.as_ref(), ceiling.allow_hosts.as_ref(), expand)?,
             network,
+            // Without caches only narrows: the operator's `no_caches` holds for every request.
+            no_caches: self.no_caches || ceiling.no_caches,
         })
     }
 
@@ -527,6 +533,7 @@ impl LimitArgs {
             max_output: self.max_output.or(fallback.max_output),
             max_write: self.max_write.or(fallback.max_write),
             network: self.network.or(fallback.network),
+            no_caches: self.no_caches || fallback.no_caches,
             allow_hosts: self.allow_hosts.clone().or_else(|| fallback.allow_hosts.clone()),
         }
     }
@@ -541,6 +548,7 @@ impl LimitArgs {
             max_output: self.max_output.map(|m| m.get()),
             max_write: self.max_write.map(|m| m.get()),
             host_network: self.network == Some(Network::Host),
+            caches: !self.no_caches,
             // With the host's network there is nothing to allow.
             allow_hosts: match self.network {
                 Some(Network::Host) => Vec::new(),

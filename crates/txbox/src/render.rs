@@ -28,6 +28,9 @@ pub fn warnings(r: &RunResult) -> Vec<String> {
     if let Some(p) = &r.pending_recovery {
         out.push(format!("txbox: tx {} is committed but not yet applied in full: {p}", short(&r.tx)));
     }
+    if let Some(k) = &r.kept_error {
+        out.push(format!("txbox: tx {}'s build output was not kept: {k}", short(&r.tx)));
+    }
     if let Some(a) = &r.audit_error {
         out.push(format!("txbox: the outcome of tx {} could not be written to the audit log: {a}", short(&r.tx)));
     }
@@ -71,7 +74,9 @@ fn outcome_line(r: &RunResult) -> String {
                     short(&r.tx),
                     r.tx
                 ),
-                None => format!("txbox: rolled back tx {}: {why}", short(&r.tx)),
+                None if r.kept.is_empty() => format!("txbox: rolled back tx {}: {why}", short(&r.tx)),
+                // Build output survives the failure (docs/DEVIATIONS.md).
+                None => format!("txbox: rolled back tx {}: {why}; kept {}", short(&r.tx), r.kept.join(", ")),
             }
         }
         Outcome::Denied => {

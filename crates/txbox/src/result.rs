@@ -164,6 +164,14 @@ pub struct RunResult {
     /// The outcome could not be written to the audit log (why). The outcome stands.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub audit_error: Option<String>,
+    /// Kept directories (build output) this transaction changed in the workspace: committed
+    /// even when the command failed (then `changes` lists what of them landed).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub kept: Vec<String>,
+    /// A failed command's kept directories were not committed: why (the commit-time policy,
+    /// the write limit, an error). The outcome stands.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kept_error: Option<String>,
 }
 
 impl RunResult {
@@ -194,6 +202,8 @@ impl RunResult {
             network: None,
             pending_recovery: None,
             audit_error: None,
+            kept: Vec::new(),
+            kept_error: None,
         }
     }
 }

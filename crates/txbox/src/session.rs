@@ -228,8 +228,18 @@ fn commit_as(state: &StateDir, tx: &str, policy: &Policy, approving: bool) -> Re
     let mut retention = None;
     if let Some(upper) = squash(&layers)? {
         let trash = tx_dir.join(txbox_txn::layout::TRASH);
-        let target =
-            Target { id: tx, upper: &upper, trash: &trash, max_write: None, policy, approved: approved.as_deref() };
+        let target = Target {
+            id: tx,
+            upper: &upper,
+            trash: &trash,
+            max_write: None,
+            policy,
+            approved: approved.as_deref(),
+            // Sessions keep nothing on rollback, and their kept directories are checked
+            // for conflicts like any path (docs/DEVIATIONS.md).
+            keep: &txbox_txn::keep::KeepRules::none(),
+            kept_only: false,
+        };
         let settled = settle(
             &mut r,
             commit_upper(&env, &target, Base::Fingerprints(&fps), meta.strict_since, &mut auditor, &mut hook),

@@ -158,6 +158,7 @@ pub fn main(state_dir: Option<PathBuf>, args: Vec<OsString>) -> Result<i32> {
         keep_on_failure: false,
         isolation: config.isolation.unwrap_or_default(),
         pass_env,
+        keep: config.keep_rules()?,
     };
     let r = engine::run(&req)?;
     // Speak only when the shell itself would not explain the result: a refusal, a failure of

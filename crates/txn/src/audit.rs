@@ -64,6 +64,14 @@ pub struct Entry {
     pub signal: Option<i32>,
     pub changes: Counts,
     pub duration_ms: f64,
+    /// Kept directories (build output, `txbox_txn::keep`) this transaction changed in the
+    /// workspace: committed even when the command failed (`outcome` then says `rolled_back`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub kept: Vec<String>,
+    /// The transaction changed nothing in the workspace but kept directories: not what undo
+    /// calls the last commit.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub kept_only: bool,
     /// What the command did with the network (txbox's `network` result object), if anything.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<serde_json::Value>,
@@ -450,7 +458,8 @@ pub fn has_committed(path: &Path, tx: &str, not_before_ms: u64) -> Result<bool, 
         carry = buf[..cut].to_vec();
         for line in buf[cut..].split(|b| *b == b'\n').rev().filter(|l| !l.is_empty()) {
             let Ok(e) = serde_json::from_slice::<Entry>(line) else { continue };
-            if e.tx == tx && e.outcome == "committed" && e.action != "recover" {
+            // A failed command's kept directories were committed too (`kept`).
+            if e.tx == tx && (e.outcome == "committed" || !e.kept.is_empty()) && e.action != "recover" {
                 return Ok(true);
             }
             if e.time_ms < horizon {

@@ -24,6 +24,7 @@ pub mod durable;
 pub mod fsx;
 pub mod hex;
 pub mod journal;
+pub mod keep;
 pub mod layout;
 pub mod meta;
 pub mod plan;

@@ -94,9 +94,12 @@ pub fn agent_commands(dir: &Path) -> Vec<AgentCommand> {
         .map(|r| {
             let counts = workdir_tasks.get(&(r[0].clone(), r[1].clone())).copied().unwrap_or_default();
             let ctx = match task_workspace(&r[0], &r[1], counts) {
-                Some(ws) => {
-                    Context { workspace: PathBuf::from(ws), cwd: PathBuf::from(ws), home: Some(PathBuf::from("/root")) }
-                }
+                Some(ws) => Context {
+                    workspace: PathBuf::from(ws),
+                    cwd: PathBuf::from(ws),
+                    home: Some(PathBuf::from("/root")),
+                    writable: Vec::new(),
+                },
                 None => example_context(),
             };
             AgentCommand { source: r[0].clone(), command: unescape(&r[2]), ctx }
