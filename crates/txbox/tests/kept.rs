@@ -353,3 +353,43 @@ fn a_failing_build_run_twice_builds_once_unprivileged_too() {
         }
     }
 }
+
+/// A failed command that only kept build output is not the last commit for `txbox undo`: the
+/// undo takes back the real commit before it, and the kept output stays (#15, #16).
+#[test]
+fn undo_passes_over_a_transaction_that_only_kept_build_output() {
+    for who in identities() {
+        for cold in [false, true] {
+            let at = format!("{who:?} cold={cold}");
+            let s = scratch(who, "kept-undo");
+            let (_, first) = run(who, &s, &[], "echo v1 > src.txt", cold);
+            assert_eq!(first["outcome"], "committed", "{at}: {first}");
+            let (_, real) = run(who, &s, &[], "echo v2 > src.txt", cold);
+            assert_eq!(real["outcome"], "committed", "{at}: {real}");
+            let (_, failed) = run(who, &s, &[], "mkdir -p target && echo obj > target/out.o; exit 1", cold);
+            assert_eq!(failed["outcome"], "rolled_back", "{at}: {failed}");
+            assert_eq!(failed["kept"], serde_json::json!(["target"]), "{at}: {failed}");
+            let mut cmd = txbox_command(who);
+            if who != As::Me {
+                cmd.env("HOME", &s.root);
+            }
+            let out = cmd
+                .arg("--state-dir")
+                .arg(&s.state)
+                .args(["--json", "undo", "-C"])
+                .arg(&s.ws)
+                .current_dir(&s.ws)
+                .output()
+                .unwrap();
+            let u: serde_json::Value =
+                serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{at}: {e}: {}", describe(&out)));
+            assert_eq!(u["outcome"], "committed", "{at}: {u}");
+            assert_eq!(std::fs::read_to_string(s.ws.join("src.txt")).unwrap(), "v1\n", "{at}: the real commit undone");
+            assert_eq!(
+                std::fs::read_to_string(s.ws.join("target/out.o")).unwrap(),
+                "obj\n",
+                "{at}: the kept output is not what undo took back"
+            );
+        }
+    }
+}
