@@ -123,9 +123,13 @@ enum Sub {
     /// Finish (roll forward) or discard transactions interrupted by a crash.
     Recover(WorkspaceArg),
     /// A guided run on a scratch workspace: a commit, a rollback and a refusal.
-    Demo,
+    Demo {
+        /// Make the scratch workspace inside DIR (default: $TMPDIR, else /var/tmp).
+        #[arg(short = 'C', long = "workspace", value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
     /// What this host supports, and how to fix what it lacks.
-    Doctor,
+    Doctor(WorkspaceArg),
     /// Inspect the policy.
     #[command(subcommand)]
     Policy(PolicyCmd),
@@ -535,8 +539,8 @@ fn dispatch(cli: Cli) -> Result<i32> {
         Sub::Sh { args } => crate::shim::main(state_dir, args),
         Sub::Log(a) => cmd_log(state_dir, json, a),
         Sub::Recover(a) => cmd_recover(state_dir, json, a),
-        Sub::Demo => crate::demo::run(),
-        Sub::Doctor => crate::doctor::run(json),
+        Sub::Demo { dir } => crate::demo::run(dir.as_deref()),
+        Sub::Doctor(a) => crate::doctor::run(json, state_dir.as_deref(), a.workspace.as_deref()),
         Sub::Policy(PolicyCmd::Check { ws, policy, allow_host, command }) => {
             cmd_policy_check(json, ws, &policy, &allow_host, &command)
         }

@@ -9,10 +9,13 @@ use txbox::engine::{self, Command, Io, RunRequest};
 use txbox::render;
 use txbox_policy::Policy;
 
-fn scratch_root() -> PathBuf {
+/// The scratch workspace: inside `dir` (`demo -C DIR`), else $TMPDIR, else /var/tmp.
+fn scratch_root(dir: Option<&Path>) -> PathBuf {
     // /var/tmp rather than /tmp: on many hosts /tmp is a tmpfs, and the demo should show the
     // workspace's own filesystem at work.
-    let base = std::env::var_os("TMPDIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/var/tmp"));
+    let base = dir
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| std::env::var_os("TMPDIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/var/tmp")));
     base.join(format!("txbox-demo-{}", std::process::id()))
 }
 
@@ -52,8 +55,13 @@ fn listing(ws: &Path) -> String {
     names.join("  ")
 }
 
-pub fn run() -> Result<i32> {
-    let ws = scratch_root();
+pub fn run(dir: Option<&Path>) -> Result<i32> {
+    if let Some(d) = dir {
+        if !d.is_dir() {
+            anyhow::bail!("{}: not a directory (demo -C names where its scratch workspace is made)", d.display());
+        }
+    }
+    let ws = scratch_root(dir);
     std::fs::create_dir_all(ws.join("src")).with_context(|| format!("creating {}", ws.display()))?;
     std::fs::write(ws.join("README.md"), "# scratch project\n")?;
     std::fs::write(ws.join("src/main.rs"), "fn main() { println!(\"hello\"); }\n")?;

@@ -1,7 +1,7 @@
 //! `txbox doctor`: what this host supports, and for anything missing, the exact fix.
 //! Ends with a live probe: a real transaction in a scratch workspace.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use serde::Serialize;
@@ -29,7 +29,7 @@ fn kernel_version() -> (u32, u32, String) {
     (it.next().unwrap_or(0), it.next().unwrap_or(0), release)
 }
 
-fn checks() -> Vec<Check> {
+fn checks(dir: &Path) -> Vec<Check> {
     let mut v = Vec::new();
     let root = rustix::process::geteuid().is_root();
     let (major, minor, release) = kernel_version();
@@ -104,16 +104,15 @@ fn checks() -> Vec<Check> {
         detail: cg.to_string(),
         fix: cg.hint.clone().map(|h| format!("{h} — without it --memory and --pids are refused")),
     });
-    v.push(default_limits(root));
+    v.push(default_limits(root, dir));
     v
 }
 
 /// The default limits of a run without options (`txbox::limits`), and the one this host cannot
 /// enforce: the kernel does not apply RLIMIT_NPROC to root.
-fn default_limits(root: bool) -> Check {
+fn default_limits(root: bool, dir: &Path) -> Check {
     let limits = engine::Limits::default();
-    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
-    let d = txbox::limits::with_defaults(&limits, &cwd);
+    let d = txbox::limits::with_defaults(&limits, dir);
     let write = d.max_write.map_or("none (the filesystem does not say)".into(), |w| format!("{} MiB here", w >> 20));
     let procs = txbox::limits::default_procs(&limits).unwrap_or(0);
     Check {
@@ -231,8 +230,49 @@ fn live_probe() -> Check {
     Check { name: "live transaction", ok, essential: true, detail, fix: (!ok).then(|| "see the checks above".into()) }
 }
 
-pub fn run(json: bool) -> Result<i32> {
-    let mut all = checks();
+/// `doctor -C DIR`: whether DIR can be a workspace, and where its state directory is (or will
+/// be). Reads only: nothing is made for it.
+fn workspace_check(state_dir: Option<&Path>, ws: &Path) -> Check {
+    let failed = |detail: String, fix: &str| Check {
+        name: "workspace",
+        ok: false,
+        essential: true,
+        detail,
+        fix: Some(fix.into()),
+    };
+    let real = match engine::resolve_workspace(ws) {
+        Ok(real) => real,
+        Err(e) => return failed(e.to_string(), "name a project directory with -C"),
+    };
+    match txbox_txn::StateDir::existing_for_workspace(state_dir, &real) {
+        Ok(Some(state)) => Check {
+            name: "workspace",
+            ok: true,
+            essential: true,
+            detail: format!("{}: state directory {}", real.display(), state.root.display()),
+            fix: None,
+        },
+        Ok(None) => Check {
+            name: "workspace",
+            ok: true,
+            essential: true,
+            detail: format!("{}: no state directory yet; the first transaction makes one", real.display()),
+            fix: None,
+        },
+        Err(e) => {
+            failed(format!("{}: {e}", real.display()), "see the message: txbox uses only state directories it made")
+        }
+    }
+}
+
+/// `dir`: the workspace `-C` named (its filesystem's default write limit, its state
+/// directory), else the current directory.
+pub fn run(json: bool, state_dir: Option<&Path>, workspace: Option<&Path>) -> Result<i32> {
+    let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
+    let mut all = checks(workspace.unwrap_or(&cwd));
+    if let Some(ws) = workspace {
+        all.push(workspace_check(state_dir, ws));
+    }
     all.push(live_probe());
     let healthy = all.iter().all(|c| c.ok || !c.essential);
     if json {

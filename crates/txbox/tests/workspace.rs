@@ -115,3 +115,42 @@ fn git_clean_fdx_inside_cleans_like_native_and_keeps_what_came_before() {
         }
     }
 }
+
+/// `-C` on every subcommand (#15): `doctor -C` says whether the directory can be a workspace
+/// and where its state lives, and refuses an unreasonable one; `demo -C` makes its scratch
+/// workspace inside the directory named and leaves nothing there.
+#[test]
+fn doctor_and_demo_take_a_directory() {
+    let s = Scratch::new("doctor-c");
+    let doctor = |dir: &Path| {
+        let out = Command::new(binary())
+            .arg("--state-dir")
+            .arg(&s.state)
+            .args(["--json", "doctor", "-C"])
+            .arg(dir)
+            .output()
+            .unwrap();
+        let j: serde_json::Value =
+            serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", describe(&out)));
+        let check = j["checks"].as_array().unwrap().iter().find(|c| c["name"] == "workspace").cloned();
+        (out.status.code(), j, check.unwrap_or_else(|| panic!("no workspace check: {}", describe(&out))))
+    };
+    let (_, _, ws) = doctor(&s.ws);
+    assert_eq!(ws["ok"], true, "{ws}");
+    assert!(ws["detail"].as_str().unwrap().contains(s.ws.to_str().unwrap()), "{ws}");
+    let (code, j, root) = doctor(Path::new("/"));
+    assert_eq!((code, &j["ok"], &root["ok"]), (Some(1), &serde_json::json!(false), &serde_json::json!(false)), "{j}");
+
+    let out = Command::new(binary()).args(["demo", "-C"]).arg(&s.root).output().unwrap();
+    assert!(out.status.success(), "{}", describe(&out));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains(&format!("{}/txbox-demo-", s.root.display())), "{stdout}");
+    let left: Vec<_> = std::fs::read_dir(&s.root)
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| e.file_name().to_string_lossy().starts_with("txbox-demo-"))
+        .collect();
+    assert!(left.is_empty(), "the demo's scratch workspace is removed");
+    let bad = Command::new(binary()).args(["demo", "-C"]).arg(s.root.join("missing")).output().unwrap();
+    assert!(!bad.status.success(), "{}", describe(&bad));
+}
