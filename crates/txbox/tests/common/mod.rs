@@ -33,9 +33,13 @@ impl Scratch {
     }
 
     /// Hand the whole scratch area to `uid` (for unprivileged runs).
+    /// A collector of an earlier run may still be deleting retired directories in the state
+    /// directory, so a file can vanish under `chown -R`: tried again, a few times.
     pub fn chown(&self, uid: u32) {
-        let st = Command::new("chown").arg("-R").arg(format!("{uid}:{uid}")).arg(&self.root).status().unwrap();
-        assert!(st.success());
+        let ok = (0..5).any(|_| {
+            Command::new("chown").arg("-R").arg(format!("{uid}:{uid}")).arg(&self.root).status().unwrap().success()
+        });
+        assert!(ok, "chown -R {uid} {}", self.root.display());
     }
 }
 
