@@ -20,7 +20,8 @@ use serde_json::{json, Value};
 use txbox_policy::Policy;
 use txbox_txn::{audit, StateDir, StateError};
 
-use crate::engine::{self, Command, EngineError, Io, RunRequest};
+use crate::engine::{self, Command, EngineError, RunRequest};
+use crate::execute::{Io, Limits};
 use crate::options::{Exceeds, Isolation, LimitArgs, RangeError};
 use crate::result::{Changes, RunResult};
 use crate::session;
@@ -177,7 +178,7 @@ impl Ceiling {
     /// A request's limits under this ceiling.
     /// An allowlist asked for narrows the operator's by host: a preset is compared by the hosts
     /// it stands for (from the caller's package managers, `crate::network`).
-    pub fn limits(&self, asked: &LimitArgs) -> Result<engine::Limits, ApiError> {
+    pub fn limits(&self, asked: &LimitArgs) -> Result<Limits, ApiError> {
         let base = txbox_txn::layout::base_dir().ok();
         let expand = |p| Some(crate::network::preset_rules(p, base.as_deref()));
         Ok(asked.within_expanding(&self.limits, &expand)?.to_limits())

@@ -8,7 +8,8 @@ use anyhow::{Context as _, Result};
 use clap::{Args, Parser, Subcommand};
 use txbox::api::{ApiError, Ceiling, ErrorKind};
 use txbox::config::{Config, Source, Untrusted};
-use txbox::engine::{self, Command, Io, RunRequest};
+use txbox::engine::{self, Command, RunRequest};
+use txbox::execute::{Io, Limits};
 use txbox::options::{Isolation, LimitArgs, Seconds};
 use txbox::render;
 use txbox::session;
@@ -473,8 +474,8 @@ fn dispatch(cli: Cli) -> Result<i32> {
             let held = session::held(&state, &tx)?;
             let text = session::with_diff(&state, &tx, |env, cs, upper| {
                 Ok(if json {
-                    let c = txbox::engine::Changes::of(cs);
-                    let dropped = txbox::engine::DroppedXattr::of(cs);
+                    let c = txbox::result::Changes::of(cs);
+                    let dropped = txbox::result::DroppedXattr::of(cs);
                     serde_json::json!({"tx": tx, "added": c.added, "modified": c.modified, "deleted": c.deleted,
                         "dropped_xattrs": dropped, "held": held})
                     .to_string()
@@ -620,7 +621,7 @@ fn command_of(command: Option<String>, argv: Vec<OsString>) -> Result<Command> {
 
 /// What `run` and `exec` enforce: the flags' limits; `--allow-host` with `--network host` is a
 /// usage error (the host's whole network leaves nothing to allow).
-fn limits_of(l: &LimitArgs) -> Result<engine::Limits> {
+fn limits_of(l: &LimitArgs) -> Result<Limits> {
     if l.network == Some(txbox::options::Network::Host) && l.allow_hosts.as_ref().is_some_and(|a| !a.is_empty()) {
         return Err(Usage(
             "--allow-host limits a command's network; with --network host it has the host's whole network".into(),
@@ -632,7 +633,7 @@ fn limits_of(l: &LimitArgs) -> Result<engine::Limits> {
 
 /// Print a result (JSON on stdout, or the summary on stderr, after what the network saw) and
 /// return its exit status.
-fn show(json: bool, r: &engine::RunResult) -> i32 {
+fn show(json: bool, r: &txbox::RunResult) -> i32 {
     // The network's hint (it was off, or hosts were refused) is said on stderr either way.
     let hint = r.network.as_ref().and_then(|n| n.hint.as_deref());
     if json {
@@ -905,7 +906,7 @@ fn cmd_recover(state_dir: Option<PathBuf>, json: bool, a: WorkspaceArg) -> Resul
     };
     let done = txbox_txn::recover(&state, None, &mut CrashHook::from_env())?;
     // What was recovered stays recovered: a log that cannot take it is reported, not an error.
-    let audit_error = engine::audit_recovered(&state, &done).err().map(|e| e.to_string());
+    let audit_error = txbox::audit::audit_recovered(&state, &done).err().map(|e| e.to_string());
     if let Some(e) = &audit_error {
         eprintln!("txbox: what recovery did could not be audited: {e}");
     }
@@ -943,7 +944,7 @@ fn cmd_policy_check(json: bool, ws: WorkspaceArg, policy: &PolicyArg, allow: &[S
     let mut ev = policy.evaluate_str(command, &engine::policy_context(&workspace, &cwd));
     if ev.decision.action != txbox_policy::Action::Deny {
         let allow_hosts = txbox_netproxy::allow::parse_all(allow).map_err(|e| Usage(e.to_string()))?;
-        let limits = engine::Limits { allow_hosts, ..engine::Limits::default() };
+        let limits = Limits { allow_hosts, ..Limits::default() };
         let limits = txbox::network::with_policy_hosts(&limits, &policy, &[]).map_err(anyhow::Error::msg)?;
         if let Some(d) = txbox::network::visible_denial(&ev.commands, false, &limits.allow_hosts, None) {
             ev.decision = d;

@@ -5,8 +5,10 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
-use txbox::engine::{self, Command, Io, RunRequest};
+use txbox::engine::{self, Command, RunRequest};
+use txbox::execute::{Io, Limits};
 use txbox::render;
+use txbox::result::{Outcome, RunResult};
 use txbox_policy::Policy;
 
 /// The scratch workspace: inside `dir` (`demo -C DIR`), else $TMPDIR, else /var/tmp.
@@ -19,7 +21,7 @@ fn scratch_root(dir: Option<&Path>) -> PathBuf {
     base.join(format!("txbox-demo-{}", std::process::id()))
 }
 
-fn step(ws: &Path, title: &str, script: &str) -> Result<engine::RunResult> {
+fn step(ws: &Path, title: &str, script: &str) -> Result<RunResult> {
     println!("\n== {title}\n$ txbox run -c '{script}'");
     let req = RunRequest {
         workspace: ws.to_path_buf(),
@@ -29,7 +31,7 @@ fn step(ws: &Path, title: &str, script: &str) -> Result<engine::RunResult> {
         policy: Policy::builtin(),
         policy_file: None,
         io: Io::Inherit,
-        limits: engine::Limits { timeout: Some(std::time::Duration::from_secs(30)), ..engine::Limits::default() },
+        limits: Limits { timeout: Some(std::time::Duration::from_secs(30)), ..Limits::default() },
         validate: None,
         no_commit: false,
         keep_on_failure: false,
@@ -115,11 +117,11 @@ pub fn run(dir: Option<&Path>) -> Result<i32> {
             println!("   {} {:<11} {:<20} {}", render::short(&e.tx), e.outcome, mark, e.command);
         }
     }
-    let ok = r.outcome == engine::Outcome::Committed
-        && r2.outcome == engine::Outcome::RolledBack
-        && r3.outcome == engine::Outcome::Denied
-        && r4.outcome == engine::Outcome::Committed
-        && u.outcome == engine::Outcome::Committed
+    let ok = r.outcome == Outcome::Committed
+        && r2.outcome == Outcome::RolledBack
+        && r3.outcome == Outcome::Denied
+        && r4.outcome == Outcome::Committed
+        && u.outcome == Outcome::Committed
         && ws.join("src/main.rs").exists();
     // The demo's retained data goes with its scratch workspace.
     if let Some(state) = &state {

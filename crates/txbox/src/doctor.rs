@@ -5,7 +5,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use serde::Serialize;
-use txbox::engine::{self, Command, Io, Outcome, RunRequest};
+use txbox::engine::{self, Command, RunRequest};
+use txbox::execute::{Io, Limits};
+use txbox::result::Outcome;
 use txbox_policy::Policy;
 
 #[derive(Serialize)]
@@ -111,7 +113,7 @@ fn checks(dir: &Path) -> Vec<Check> {
 /// The default limits of a run without options (`txbox::limits`), and the one this host cannot
 /// enforce: the kernel does not apply RLIMIT_NPROC to root.
 fn default_limits(root: bool, dir: &Path) -> Check {
-    let limits = engine::Limits::default();
+    let limits = Limits::default();
     let d = txbox::limits::with_defaults(&limits, dir);
     let write = d.max_write.map_or("none (the filesystem does not say)".into(), |w| format!("{} MiB here", w >> 20));
     let procs = txbox::limits::default_procs(&limits).unwrap_or(0);
@@ -211,7 +213,7 @@ fn live_probe() -> Check {
         policy: Policy::builtin(),
         policy_file: None,
         io: Io::Api,
-        limits: engine::Limits::default(),
+        limits: Limits::default(),
         validate: None,
         no_commit: false,
         keep_on_failure: false,

@@ -1,6 +1,9 @@
 //! txbox as a library: the orchestration every front end shares, and how results are rendered.
 //!
-//! - [`engine`]: one command → one transaction (policy, sandbox, classify, commit/rollback, audit);
+//! - [`engine`]: one command → one transaction (policy, sandbox, classify, commit/rollback, audit),
+//!   the pipeline's order; its stages: [`execute`] (the command in the sandbox), `commit`
+//!   (conflict check, commit, settling the result), [`audit`] (the entries), `collect`
+//!   (dropping transaction directories, the background collector);
 //! - [`result`]: what one transaction did (the JSON object of docs/DESIGN.md §4);
 //! - [`judge`]: the commit-time policy on a change set (what is held for a person);
 //! - [`options`]: limits and other run options, defined once for the CLI, HTTP, MCP and the
@@ -12,11 +15,15 @@
 //!   [`retention`]: how much undo data is kept.
 
 pub mod api;
+pub mod audit;
 pub mod caches;
+mod collect;
+mod commit;
 pub mod config;
 pub mod diff;
 pub mod engine;
 pub mod environ;
+pub mod execute;
 pub mod judge;
 pub mod limits;
 pub mod network;
@@ -31,4 +38,5 @@ pub mod size;
 mod timing;
 pub mod undo;
 
-pub use engine::{run, Command, Outcome, RunRequest, RunResult};
+pub use engine::{run, Command, RunRequest};
+pub use result::{Outcome, RunResult};

@@ -34,7 +34,7 @@ fn main() {
     if args.get(1).is_some_and(|a| a == txbox_netproxy::process::SUBCOMMAND) {
         txbox_netproxy::process::main();
     }
-    // Background deletion of retired layers (see engine::drop_tx) and the retention budget, in a
+    // Background deletion of retired layers (see txbox::collect::drop_tx) and the retention budget, in a
     // state directory txbox made (anything else is refused by opening it).
     if args.get(1).is_some_and(|a| a == "__gc") {
         // Nothing the caller left open lives on here (a pipe would never see its end).

@@ -21,8 +21,8 @@ use serde_json::{json, Value};
 use txbox::api::{
     self, Api, ApiError, BeginBody, ExecArgs, ListArgs, LogArgs, RollbackArgs, RunBody, TxArgs, UndoArgs,
 };
-use txbox::engine::RunResult;
 use txbox::render;
+use txbox::result::RunResult;
 
 /// A tool: its name, its description written for the model that calls it, and its input
 /// schema generated from the request type that parses its arguments.

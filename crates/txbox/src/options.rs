@@ -15,7 +15,7 @@ use std::time::Duration;
 use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::engine::Limits;
+use crate::execute::Limits;
 
 /// A value out of its range, or not a value of its kind; the message names the option and
 /// the accepted range.

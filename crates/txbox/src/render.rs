@@ -1,7 +1,7 @@
 //! Output for people and for programs. Human summaries go to stderr, so the command's own
 //! stdout stays exactly what it printed.
 
-use crate::engine::{Outcome, RollbackReason, RunResult};
+use crate::result::{Outcome, RollbackReason, RunResult};
 
 /// A short transaction id for humans: the first 8 hex digits and an ellipsis.
 pub fn short(tx: &str) -> String {

@@ -209,7 +209,7 @@ impl RunResult {
 }
 
 /// Copy a finished command's fate into the result; true when it succeeded (status 0).
-pub(crate) fn record(r: &mut RunResult, executed: crate::engine::Executed) -> bool {
+pub(crate) fn record(r: &mut RunResult, executed: crate::execute::Executed) -> bool {
     r.network = executed.network;
     let finished = executed.finished;
     r.stdout = String::from_utf8_lossy(&finished.stdout).into_owned();

@@ -30,7 +30,7 @@ use txbox::api::{
     self, Api, ApiError, BeginBody, Ceiling, ErrorKind, ListArgs, LogArgs, Principal, RollbackBody, RunBody, StepBody,
     UndoBody,
 };
-use txbox::engine::{Outcome, RunResult};
+use txbox::result::{Outcome, RunResult};
 
 /// What the operator chose for a server: workspaces, state, policy, ceilings.
 pub struct Served {

@@ -12,10 +12,11 @@ use txbox_txn::session;
 use txbox_txn::state::{remove_tree, TxMeta};
 use txbox_txn::{ChangeSet, CrashHook, StateDir};
 
-use crate::engine::{
-    audit, commit_upper, evaluate, execute, policy_context, settle, Base, Command, CommitAudit, EngineError, Env, Io,
-    Layers, Limits, RunRequest, Target,
-};
+use crate::audit::{audit, CommitAudit};
+use crate::collect::start_retention_collector;
+use crate::commit::{commit_upper, settle, Base, Target};
+use crate::engine::{evaluate, policy_context, Command, EngineError, Env, RunRequest};
+use crate::execute::{execute, Io, Layers, Limits};
 use crate::options::Isolation;
 use crate::result::{deny, record, setup_failed, Changes, HeldChange, Outcome, RollbackReason, RunResult};
 
@@ -259,7 +260,7 @@ fn commit_as(state: &StateDir, tx: &str, policy: &Policy, approving: bool) -> Re
         // A committed session is retained for undo as one transaction (its directory is in
         // `kept/`).
         if retention.collector {
-            crate::engine::start_retention_collector(state);
+            start_retention_collector(state);
         }
     } else if r.pending_recovery.is_none() {
         // A commit left to recovery keeps its layers (removing them is refused anyway).

@@ -17,9 +17,11 @@ use std::path::PathBuf;
 use anyhow::Result;
 use txbox::api::ApiError;
 use txbox::config::{Config, Source, Untrusted};
-use txbox::engine::{self, Command, Io, Outcome, RunRequest};
+use txbox::engine::{self, Command, RunRequest};
+use txbox::execute::Io;
 use txbox::options::{HostItems, Seconds};
 use txbox::render;
+use txbox::result::Outcome;
 use txbox_policy::Policy;
 
 /// Split a shell command line into the script the policy judges and the argv the sandbox runs,

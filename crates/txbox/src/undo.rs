@@ -12,7 +12,10 @@ use txbox_txn::retain::{self, Undoability};
 use txbox_txn::undo::{self as txn_undo, Target, UndoOptions};
 use txbox_txn::{CrashHook, StateDir};
 
-use crate::engine::{audit, Changes, Command, EngineError, Env, Outcome, RunResult};
+use crate::audit::audit;
+use crate::collect::start_retention_collector;
+use crate::engine::{Command, EngineError, Env};
+use crate::result::{Changes, Outcome, RollbackReason, RunResult};
 
 /// What to undo, where.
 #[derive(Debug, Clone)]
@@ -74,7 +77,7 @@ pub fn undo(req: &UndoRequest) -> Result<RunResult, EngineError> {
                 };
                 r.no_longer_undoable = u.evicted;
                 if u.collector {
-                    crate::engine::start_retention_collector(&env.state);
+                    start_retention_collector(&env.state);
                 }
             } else {
                 r.outcome = Outcome::Conflict;
@@ -94,7 +97,7 @@ pub fn undo(req: &UndoRequest) -> Result<RunResult, EngineError> {
             r.tx = txbox_txn::state::new_tx_id();
             r.outcome = Outcome::Denied;
             r.exit_code = 126;
-            r.rollback_reason = Some(crate::engine::RollbackReason::Policy);
+            r.rollback_reason = Some(RollbackReason::Policy);
             r.decision = Decision { action: Action::Deny, rule: None, reason: why.clone() };
             r.error = Some(why);
         }

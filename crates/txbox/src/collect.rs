@@ -1,0 +1,84 @@
+//! What becomes of a finished transaction's directory, and the background collector. An empty
+//! one is a spare for the next run; any other is retired (renamed aside, O(1)) and deleted by a
+//! detached `txbox __gc`, or by the warm server that ran it when idle; `__gc` also measures
+//! retained undo data and applies the retention budget.
+//!
+//! Owns what becomes of a directory its run is done with (recycled, retired or removed) and when
+//! a collector starts; may not decide a transaction's outcome, nor be given a directory still
+//! needed (held, retained for undo, or committed but not applied in full: the callers keep those,
+//! and `StateDir::retire_tx` refuses one that has a commit record).
+
+use std::path::Path;
+
+use txbox_txn::{StateDir, TxDir};
+
+/// Discard a transaction's directory. Failure to clean up leaves garbage for `recover`, never
+/// a wrong workspace, so it is not an error of the run.
+/// `collected`: a warm server ran the transaction, and deletes retired directories itself
+/// when idle, so retiring it is all there is to do here, unless so many wait that a
+/// collector is wanted now (under sustained load the server is never idle).
+pub(crate) fn drop_tx(state: &StateDir, tx: TxDir, collected: bool) {
+    let id = tx.id.clone();
+    let wrote_something = wrote_something(&tx.upper);
+    // A run that left nothing in its directory gives it to the next one (the lock held in
+    // `tx` goes with it and is released below); one that wrote cannot, so is not examined.
+    if !wrote_something && state.recycle_tx(&id) {
+        return;
+    }
+    // The owner lock is let go only once the directory has left `tx`: a finished run's
+    // directory without its lock is what another run's recovery takes for abandoned (and
+    // audits as discarded).
+    if collected && state.retire_tx(&id).is_ok() {
+        drop(tx);
+        start_collector(state, false);
+        return;
+    }
+    if !wrote_something {
+        // An empty layer is gone in a few syscalls.
+        let _ = state.remove_tx(&id);
+        drop(tx);
+        return;
+    }
+    // A rollback returns as soon as the layer is retired; a detached collector deletes it
+    // (docs/DESIGN.md §9: rollback ≤ 50 ms, cleanup may continue in the background). Should it die,
+    // the next collector finishes the job.
+    let retired = state.retire_tx(&id);
+    drop(tx);
+    if retired.is_err() {
+        let _ = state.remove_tx(&id);
+        return;
+    }
+    start_collector(state, true);
+}
+
+/// Whether a layer holds anything (unreadable: assume it does).
+fn wrote_something(upper: &Path) -> bool {
+    std::fs::read_dir(upper).map(|mut d| d.next().is_some()).unwrap_or(true)
+}
+
+/// Start a detached `txbox __gc` for the state directory's retired directories if one is
+/// wanted (see `StateDir::collector_wanted`).
+fn start_collector(state: &StateDir, cold: bool) {
+    if !state.collector_wanted(cold) {
+        return;
+    }
+    spawn_collector(state);
+}
+
+/// Start a detached `txbox __gc` for retained data to measure or evicted (unless a collector
+/// is at work already).
+pub(crate) fn start_retention_collector(state: &StateDir) {
+    if state.collector_idle() {
+        spawn_collector(state);
+    }
+}
+
+fn spawn_collector(state: &StateDir) {
+    let _ = std::process::Command::new("/proc/self/exe")
+        .arg("__gc")
+        .arg(&state.root)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn();
+}

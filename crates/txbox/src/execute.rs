@@ -1,0 +1,188 @@
+//! Run one command in the sandbox, for a `run` or a session's step: the sandbox spec assembled
+//! from the workspace, its state directory, the transaction's layers and the limits (what to
+//! hide, package caches, the network plan and its proxy, the limits watcher), launched warm or
+//! cold (starting a warm server for the next runs), and the command's fate with what it did on
+//! the network.
+//!
+//! Owns what one execution is given ([`Limits`], [`Io`], `Layers`) and the glue to
+//! `txbox_sandbox::launch`; may not judge the command (the policy, before it: `crate::engine`),
+//! nor look at what it changed (classification and commit, after it: `crate::commit`).
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use txbox_sandbox::warm::NotWarm;
+use txbox_sandbox::{Finished, LaunchOptions, SandboxSpec, WarmUse};
+use txbox_txn::StateDir;
+
+use crate::engine::{Command, Env};
+
+/// Where one sandboxed execution writes, and what it sees below.
+pub(crate) struct Layers<'a> {
+    /// Earlier steps, topmost first.
+    pub lower: Vec<PathBuf>,
+    pub upper: &'a Path,
+    pub work: &'a Path,
+}
+
+/// Resource limits and network access of one execution (docs/DESIGN.md §3, `run`/`exec` options).
+#[derive(Debug, Clone, Default)]
+pub struct Limits {
+    pub timeout: Option<Duration>,
+    pub memory: Option<u64>,
+    pub pids: Option<u64>,
+    pub cpu_seconds: Option<u64>,
+    /// Captured output per stream; exceeding it kills the command.
+    pub max_output: Option<u64>,
+    /// Bytes the command may write into its upper layer.
+    pub max_write: Option<u64>,
+    pub host_network: bool,
+    /// Mount txbox's package caches at the tools' default locations (`crate::caches`).
+    pub caches: bool,
+    /// `--allow-host` items (network by allowlist; ignored with `host_network`).
+    pub allow_hosts: Vec<txbox_netproxy::Spec>,
+}
+
+/// Where a command's stdio goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Io {
+    /// The caller's stdin, stdout and stderr (the CLI, `txbox sh`).
+    Inherit,
+    /// The caller's stdin; stdout and stderr captured into the result (`--json`).
+    Capture,
+    /// `/dev/null` as stdin, output captured: front ends whose own stdin is their protocol
+    /// (MCP on stdio) or that answer a network peer (HTTP).
+    Api,
+}
+
+/// Captured output per stream when no `--max-output` is given: truncated, not killed.
+pub const DEFAULT_CAPTURE: usize = 16 << 20;
+
+/// How long a warm server waits for its next transaction before it exits, unless
+/// `TXBOX_WARM_IDLE` (seconds) says otherwise.
+const WARM_IDLE: Duration = Duration::from_secs(60);
+
+fn warm_idle() -> Duration {
+    std::env::var("TXBOX_WARM_IDLE").ok().and_then(|v| v.parse::<u64>().ok()).map_or(WARM_IDLE, Duration::from_secs)
+}
+
+/// The socket of the warm server for sandboxes like `spec` (`STATE/warm/KEY.sock`), unless warm
+/// servers are off (`TXBOX_WARM=0`) or the path is too long for a socket address.
+fn warm_socket(state: &StateDir, spec: &SandboxSpec) -> Option<PathBuf> {
+    if std::env::var_os("TXBOX_WARM").is_some_and(|v| v == "0") {
+        return None;
+    }
+    // Named by this binary too: another one's server is never asked.
+    let p = state.warm_dir().join(txbox_sandbox::warm::socket_name(spec, &txbox_sandbox::warm::binary_id()));
+    txbox_sandbox::warm::fits(&p).then_some(p)
+}
+
+/// A command's fate and what it did with the network.
+pub(crate) struct Executed {
+    pub finished: Finished,
+    pub network: Option<crate::network::Summary>,
+}
+
+impl std::ops::Deref for Executed {
+    type Target = Finished;
+    fn deref(&self) -> &Finished {
+        &self.finished
+    }
+}
+
+/// Other users' state directories at the root of the workspace's filesystem
+/// (`.txbox-state-<uid>`). Only root can read another user's (they are 0700), so only root's
+/// runs look (this user's own is hidden with the state directory).
+fn other_states(workspace: &Path) -> Vec<PathBuf> {
+    if !rustix::process::geteuid().is_root() {
+        return Vec::new();
+    }
+    let Some(root) = txbox_txn::layout::mount_root(workspace) else { return Vec::new() };
+    let Ok(dir) = std::fs::read_dir(&root) else { return Vec::new() };
+    dir.flatten()
+        .filter(|e| e.file_name().as_encoded_bytes().starts_with(txbox_txn::layout::AT_MOUNT_PREFIX.as_bytes()))
+        .map(|e| e.path())
+        .collect()
+}
+
+/// The package caches of a run: the installed tools' caches, per workspace, in the state
+/// directory (`STATE/caches`, hidden from commands), over the tools' default locations in the
+/// caller's environment (`crate::caches`).
+fn package_caches(env: &Env) -> Vec<(PathBuf, PathBuf)> {
+    let var = |k: &str| std::env::var(k).ok();
+    let tools = crate::caches::installed_here();
+    let plan = crate::caches::plan(tools, &var, &env.state.root, &env.workspace);
+    crate::caches::prepare(plan).into_iter().map(|m| (m.source, m.target)).collect()
+}
+
+// Each argument is one independent input of the sandbox; grouping them would only rename them.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn execute(
+    env: &Env,
+    cwd: &Path,
+    command: &Command,
+    layers: Layers<'_>,
+    io: Io,
+    limits: &Limits,
+    policy_file: Option<&Path>,
+    pass_env: &[String],
+) -> Result<Executed, txbox_sandbox::SandboxError> {
+    let argv = match command {
+        Command::Argv(a) | Command::Script { argv: a, .. } => a.clone(),
+        Command::Shell(s) => txbox_sandbox::shell_argv(s),
+    };
+    let mut spec = SandboxSpec::new(env.workspace.clone(), layers.upper.to_path_buf(), layers.work.to_path_buf(), argv);
+    spec.layers = layers.lower;
+    // The state directory and the directory of the key that authenticates it.
+    spec.hide = env.state.hidden().to_vec();
+    // The policy in force is neither readable for tricks nor writable for the command.
+    spec.hide.extend(policy_file.and_then(|p| std::fs::canonicalize(p).ok()));
+    // Everything else by rule: other homes, host keys, credentials, sockets' places, other
+    // state directories (txbox_sandbox::secrets).
+    if limits.caches {
+        spec.caches = package_caches(env);
+    }
+    let host = txbox_sandbox::secrets::Host::gather(other_states(&env.workspace));
+    let mut writable = spec.writable.clone();
+    writable.extend(spec.caches.iter().map(|(_, t)| t.clone()));
+    spec.hide.extend(txbox_sandbox::secrets::hidden(&host, &env.workspace, &writable));
+    spec.cwd = env.cwd_for(cwd);
+    spec.userns = !rustix::process::geteuid().is_root();
+    spec.uid = rustix::process::getuid().as_raw();
+    spec.gid = rustix::process::getgid().as_raw();
+    spec.host_network = limits.host_network;
+    spec.cpu_seconds = limits.cpu_seconds;
+    // The write limit counts allocated blocks, so it is not RLIMIT_FSIZE (a file's length: a
+    // sparse file's may exceed what it allocates, and an fallocate past it would just fail
+    // while the command goes on to exit 0): the watcher and the change-set check hold it.
+    spec.max_procs = crate::limits::default_procs(limits);
+    let exe = Path::new("/proc/self/exe");
+    let (plan, expansion) = crate::network::plan(limits.host_network, &limits.allow_hosts, Some(env.state.base()));
+    let net = crate::network::Session::start(plan, exe, &mut spec).map_err(txbox_sandbox::SandboxError::Proxy)?;
+    let mut watch = crate::limits::Watcher::new(layers.upper, limits)?;
+    spec.sync = watch.needs_sync();
+    let opts = LaunchOptions {
+        capture: (io != Io::Inherit)
+            .then(|| limits.max_output.map_or(DEFAULT_CAPTURE, |m| usize::try_from(m).unwrap_or(usize::MAX))),
+        null_stdin: io == Io::Api,
+        output_limit_kills: limits.max_output.is_some(),
+        timeout: limits.timeout,
+        // A proxied run makes its own network namespace (and its listener in it).
+        warm: if spec.proxy_port.is_some() { None } else { warm_socket(&env.state, &spec) },
+        net_handoff: net.handoff(),
+        env: Some(crate::environ::for_command(pass_env)),
+    };
+    let mut finished = txbox_sandbox::launch(exe, &spec, &opts, &mut watch)?;
+    if let (WarmUse::Cold(NotWarm::Absent), Some(socket)) = (&finished.warm, &opts.warm) {
+        // No server for sandboxes like this one yet: start one for the next runs. Failing to
+        // is only a missed speed-up.
+        let _ = txbox_sandbox::warm::spawn(exe, socket, &env.state.root, warm_idle(), &spec);
+    }
+    if finished.limit.is_none() {
+        finished.limit = watch.after(&finished);
+    }
+    // Dropping the watcher kills anything left in its cgroup and removes it.
+    drop(watch);
+    let network = net.finish(finished.net_attempts, expansion);
+    Ok(Executed { finished, network })
+}
