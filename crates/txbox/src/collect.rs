@@ -1,13 +1,14 @@
 //! What becomes of a finished transaction's directory, and the background collector. An empty
 //! one is a spare for the next run; any other is retired (renamed aside, O(1)) and deleted by a
-//! detached `txbox __gc`, or by the warm server that ran it when idle; `__gc` also measures
-//! retained undo data and applies the retention budget.
+//! detached `txbox __gc` ([`main`], which the binary dispatches to), or by the warm server that
+//! ran it when idle; `__gc` also measures retained undo data and applies the retention budget.
 //!
 //! Owns what becomes of a directory its run is done with (recycled, retired or removed) and when
 //! a collector starts; may not decide a transaction's outcome, nor be given a directory still
 //! needed (held, retained for undo, or committed but not applied in full: the callers keep those,
 //! and `StateDir::retire_tx` refuses one that has a commit record).
 
+use std::ffi::OsString;
 use std::path::Path;
 
 use txbox_txn::{StateDir, TxDir};
@@ -75,10 +76,35 @@ pub(crate) fn start_retention_collector(state: &StateDir) {
 
 fn spawn_collector(state: &StateDir) {
     let _ = std::process::Command::new("/proc/self/exe")
-        .arg("__gc")
+        .arg(SUBCOMMAND)
         .arg(&state.root)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn();
+}
+
+/// The hidden subcommand of the background collector: `txbox __gc STATE`.
+pub const SUBCOMMAND: &str = "__gc";
+
+/// `txbox __gc STATE` (`args`: what follows the subcommand): delete the state directory's retired
+/// transaction directories, and measure retained undo data and apply the retention budget to it,
+/// in a state directory txbox made (anything else is refused by opening it). Exits 0 whatever
+/// happened: nobody waits for it, and what it leaves is the next collector's.
+pub fn main(args: &[OsString]) -> ! {
+    // Nothing the caller left open lives on here (a pipe would never see its end).
+    txbox_sandbox::fds::close_from_except(3, &[]);
+    if let Some(root) = args.first() {
+        // Detach from the caller's session so its terminal signals do not stop us.
+        let _ = rustix::process::setsid();
+        if let Ok(Some(state)) = StateDir::open_existing(Path::new(root)) {
+            let _ = state.collect_retired();
+            // Retained undo data: measure what waits, apply the budget (crate txn::retain).
+            if let Ok(budget) = crate::retention::budget() {
+                let _ = txbox_txn::retain::collect(&state, &budget);
+            }
+            let _ = state.collect_retired();
+        }
+    }
+    std::process::exit(0);
 }

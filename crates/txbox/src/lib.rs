@@ -2,7 +2,7 @@
 //!
 //! - [`engine`]: one command → one transaction (policy, sandbox, classify, commit/rollback, audit),
 //!   the pipeline's order; its stages: [`execute`] (the command in the sandbox), `commit`
-//!   (conflict check, commit, settling the result), [`audit`] (the entries), `collect`
+//!   (conflict check, commit, settling the result), [`audit`] (the entries), [`collect`]
 //!   (dropping transaction directories, the background collector);
 //! - [`result`]: what one transaction did (the JSON object of docs/DESIGN.md §4);
 //! - [`judge`]: the commit-time policy on a change set (what is held for a person);
@@ -17,7 +17,7 @@
 pub mod api;
 pub mod audit;
 pub mod caches;
-mod collect;
+pub mod collect;
 mod commit;
 pub mod config;
 pub mod diff;

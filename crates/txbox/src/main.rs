@@ -34,24 +34,10 @@ fn main() {
     if args.get(1).is_some_and(|a| a == txbox_netproxy::process::SUBCOMMAND) {
         txbox_netproxy::process::main();
     }
-    // Background deletion of retired layers (see txbox::collect::drop_tx) and the retention budget, in a
-    // state directory txbox made (anything else is refused by opening it).
-    if args.get(1).is_some_and(|a| a == "__gc") {
-        // Nothing the caller left open lives on here (a pipe would never see its end).
-        txbox_sandbox::fds::close_from_except(3, &[]);
-        if let Some(root) = args.get(2) {
-            // Detach from the caller's session so its terminal signals do not stop us.
-            let _ = rustix::process::setsid();
-            if let Ok(Some(state)) = txbox_txn::StateDir::open_existing(std::path::Path::new(root)) {
-                let _ = state.collect_retired();
-                // Retained undo data: measure what waits, apply the budget (crate txn::retain).
-                if let Ok(budget) = txbox::retention::budget() {
-                    let _ = txbox_txn::retain::collect(&state, &budget);
-                }
-                let _ = state.collect_retired();
-            }
-        }
-        std::process::exit(0);
+    // Background deletion of retired layers and the retention budget (txbox::collect), started
+    // by runs for their state directory.
+    if args.get(1).is_some_and(|a| a == txbox::collect::SUBCOMMAND) {
+        txbox::collect::main(&args[2..]);
     }
     std::process::exit(cli::main(args));
 }
