@@ -49,6 +49,20 @@ pub(crate) fn audit(env: &Env, command: &Command, r: &mut RunResult, started: In
     }
 }
 
+/// Why a commit's audit entry is not in the log.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum CommitAuditError {
+    /// Before the commit point: the log does not open, so the commit is refused.
+    #[error("the commit cannot be audited ({0}); nothing changed")]
+    Unavailable(audit::AuditError),
+    /// At the commit point: the log was not opened before it.
+    #[error("the audit log was not opened")]
+    NotOpened,
+    /// At the commit point: appending failed; the commit stands, reported with `audit_error`.
+    #[error(transparent)]
+    Append(audit::AuditError),
+}
+
 /// The audit of a transaction that may commit: the log is opened before the commit point (a
 /// log that cannot be written refuses the commit: nothing changed), and the entry is appended
 /// at the commit point, and the commit's flush after applying makes it durable with the change.
@@ -60,9 +74,9 @@ pub(crate) struct CommitAudit<'a> {
     log: Option<audit::Log>,
     /// The log or its head was empty when opened (maybe just created): the commit flushes
     /// the state directory too, for their names.
-    pub(crate) fresh: bool,
+    fresh: bool,
     /// Set once the commit's entry was appended (Ok) or could not be (why).
-    written: Option<Result<(), String>>,
+    written: Option<Result<(), CommitAuditError>>,
     /// The kept directories the commit changes, and whether it changes nothing else.
     kept: Vec<String>,
     kept_only: bool,
@@ -92,7 +106,7 @@ impl<'a> CommitAudit<'a> {
     }
 
     /// Before the commit point: open the log, or say why the commit cannot be audited.
-    pub(crate) fn prepare(&mut self) -> Result<(), String> {
+    pub(crate) fn prepare(&mut self) -> Result<(), CommitAuditError> {
         match self.env.state.audit_log() {
             Ok(log) => {
                 let empty = |p: PathBuf| std::fs::symlink_metadata(p).map_or(true, |m| m.len() == 0);
@@ -100,8 +114,14 @@ impl<'a> CommitAudit<'a> {
                 self.log = Some(log);
                 Ok(())
             }
-            Err(e) => Err(format!("the commit cannot be audited ({e}); nothing changed")),
+            Err(e) => Err(CommitAuditError::Unavailable(e)),
         }
+    }
+
+    /// Once prepared: the log or its head was empty when opened (maybe just created), so the
+    /// commit flushes the state directory too, for their names.
+    pub(crate) fn fresh(&self) -> bool {
+        self.fresh
     }
 
     /// At the commit point: the entry, outcome `committed`.
@@ -117,8 +137,8 @@ impl<'a> CommitAudit<'a> {
         entry.duration_ms = rounded_ms(self.started);
         entry.time_ms = audit::now_ms();
         self.written = Some(match self.log.as_mut() {
-            Some(log) => log.append(entry, false).map(drop).map_err(|e| e.to_string()),
-            None => Err("the audit log was not opened".to_string()),
+            Some(log) => log.append(entry, false).map(drop).map_err(CommitAuditError::Append),
+            None => Err(CommitAuditError::NotOpened),
         });
     }
 
@@ -128,7 +148,7 @@ impl<'a> CommitAudit<'a> {
         r.duration_ms = rounded_ms(self.started);
         match self.written.take() {
             Some(Ok(())) => {}
-            Some(Err(e)) => r.audit_error = Some(e),
+            Some(Err(e)) => r.audit_error = Some(e.to_string()),
             None => {
                 let durable = r.outcome == Outcome::Committed && r.changes.counts() != Counts::default();
                 let entry = entry_of(self.env, self.command, r);
@@ -194,4 +214,23 @@ pub fn audit_recovered(state: &StateDir, done: &[Recovered]) -> Result<(), audit
         log.append(entry, true)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The typed errors say what the strings they replaced said: `error` and `audit_error` are
+    /// part of the result a caller reads.
+    #[test]
+    fn commit_audit_errors_keep_their_words() {
+        let broken =
+            || audit::AuditError::Broken { path: PathBuf::from("/s/audit.log"), line: 3, what: "bad hash".into() };
+        assert_eq!(
+            CommitAuditError::Unavailable(broken()).to_string(),
+            "the commit cannot be audited (audit log /s/audit.log, line 3: bad hash); nothing changed"
+        );
+        assert_eq!(CommitAuditError::NotOpened.to_string(), "the audit log was not opened");
+        assert_eq!(CommitAuditError::Append(broken()).to_string(), "audit log /s/audit.log, line 3: bad hash");
+    }
 }

@@ -299,7 +299,7 @@ pub(crate) fn commit_upper(
         return Ok(Landed { cs, kept: Vec::new(), retention: Retention::default() });
     }
     audit.kept(kept.clone(), kept_only, t.kept_only);
-    audit.prepare().map_err(TxError::Other)?;
+    audit.prepare().map_err(|e| TxError::Other(e.to_string()))?;
     env.state.release_reserve_if_low();
     let budget = crate::retention::budget().map_err(|e| other(&e))?;
     // The command may have filled the disk: undo data yields before the commit needs room.
@@ -327,7 +327,7 @@ pub(crate) fn commit_upper(
         Flush::data(root, Path::new(txbox_txn::layout::AUDIT)),
         Flush::data(root, Path::new(txbox_txn::layout::AUDIT_HEAD)),
     ];
-    if audit.fresh {
+    if audit.fresh() {
         after.push(Flush::dir(root, Path::new("")));
     }
     let record = env.state.record_path(t.id);
