@@ -22,6 +22,7 @@
 
 pub mod client;
 pub mod gc;
+mod refusal;
 pub mod server;
 pub mod wire;
 

@@ -30,6 +30,7 @@ use rustix::net::{
     AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SocketAddrUnix, SocketFlags, SocketType,
 };
 
+use super::refusal::Refusal;
 use super::wire::{resource, with_suffix, Answer, Report, Request, ServerArgs, FIXED_FDS, MAX_LAYERS, MAX_REQUEST};
 use super::{LayerName, StateLayout};
 use crate::kernel::Linux;
@@ -225,10 +226,9 @@ impl Roots {
 
     /// A directory of a transaction (upper, work, a layer) beneath the state directory,
     /// resolved without following symlinks, and checked to be the one the client opened.
-    fn resolve(&self, p: &Path, client: &OwnedFd) -> Result<OwnedFd, String> {
+    fn resolve(&self, p: &Path, client: &OwnedFd) -> Result<OwnedFd, Refusal> {
         use rustix::fs::ResolveFlags;
-        let rel =
-            p.strip_prefix(&self.state_path).map_err(|_| format!("{} is not in the state directory", p.display()))?;
+        let rel = p.strip_prefix(&self.state_path).map_err(|_| Refusal::NotInState(p.to_path_buf()))?;
         let fd = rustix::fs::openat2(
             &self.state,
             rel,
@@ -236,8 +236,8 @@ impl Roots {
             Mode::empty(),
             ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS | ResolveFlags::NO_XDEV,
         )
-        .map_err(|e| format!("open {}: {e}", p.display()))?;
-        same_object(&fd, client).then_some(fd).ok_or_else(|| format!("{} changed under the request", p.display()))
+        .map_err(|errno| Refusal::Open { path: p.to_path_buf(), errno })?;
+        same_object(&fd, client).then_some(fd).ok_or_else(|| Refusal::Changed(p.to_path_buf()))
     }
 
     /// Delete retired transaction directories until a client knocks on `listener`. Returns
@@ -475,7 +475,7 @@ fn init(
         }
         let Ok(conn) = rustix::net::accept_with(listener, SocketFlags::CLOEXEC) else { continue };
         if let Err(why) = trusted(&conn, &me.host_proc) {
-            say(&conn, &Answer::Refuse(why).line());
+            say(&conn, &Answer::Refuse(why.to_string()).line());
             continue;
         }
         let mut in_use = None;
@@ -509,18 +509,18 @@ struct Me {
 /// (as seen in its user namespace) outside every sandbox. A command runs in a pid namespace
 /// below the host's (every sandbox has one), so its depth, counted in the host's procfs from a
 /// pidfd of the peer (race-free: it names that very process), is more than one.
-fn trusted(conn: &OwnedFd, host_proc: &OwnedFd) -> Result<(), String> {
+fn trusted(conn: &OwnedFd, host_proc: &OwnedFd) -> Result<(), Refusal> {
     let me = rustix::process::geteuid().as_raw();
     match super::peer_uid(conn.as_fd()) {
         Ok(uid) if uid == me => {}
-        Ok(uid) => return Err(format!("uid {uid} may not use the warm server of uid {me}")),
-        Err(e) => return Err(format!("who is asking: {e}")),
+        Ok(uid) => return Err(Refusal::OtherUser { uid, server: me }),
+        Err(e) => return Err(Refusal::WhoIsAsking(e)),
     }
     let pidfd = match super::peer_pidfd(conn.as_fd()) {
         Ok(fd) => fd,
         // Before Linux 6.5 nothing says who it is beyond its user.
         Err(rustix::io::Errno::NOPROTOOPT) => return Ok(()),
-        Err(e) => return Err(format!("who is asking: {e}")),
+        Err(e) => return Err(Refusal::WhoIsAsking(e)),
     };
     let path = format!("self/fdinfo/{}", pidfd.as_raw_fd());
     let info = rustix::fs::openat(host_proc, path.as_str(), OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
@@ -532,8 +532,8 @@ fn trusted(conn: &OwnedFd, host_proc: &OwnedFd) -> Result<(), String> {
         .unwrap_or_default();
     match super::pid_ns_depth(&info) {
         Some(1) => Ok(()),
-        Some(n) => Err(format!("the client runs inside a sandbox ({n} pid namespaces deep)")),
-        None => Err("the client is gone".into()),
+        Some(depth) => Err(Refusal::InsideSandbox { depth }),
+        None => Err(Refusal::ClientGone),
     }
 }
 
@@ -541,23 +541,18 @@ fn trusted(conn: &OwnedFd, host_proc: &OwnedFd) -> Result<(), String> {
 /// upper and work of one run, or of one session step above that session's earlier steps'
 /// uppers, topmost first. The client cannot lay an overlay on anything else of the state
 /// directory (another transaction's layer would plant files in its next commit).
-fn one_transaction(state: &Path, spec: &SandboxSpec, layer: fn(&Path) -> Option<LayerName>) -> Result<(), String> {
-    let name = |p: &Path| {
-        p.strip_prefix(state)
-            .ok()
-            .and_then(layer)
-            .ok_or_else(|| format!("{} is not a transaction's layer", p.display()))
-    };
+fn one_transaction(state: &Path, spec: &SandboxSpec, layer: fn(&Path) -> Option<LayerName>) -> Result<(), Refusal> {
+    let name = |p: &Path| p.strip_prefix(state).ok().and_then(layer).ok_or_else(|| Refusal::NotALayer(p.to_path_buf()));
     let (upper, work) = (name(&spec.upper)?, name(&spec.work)?);
     if !upper.upper || work.upper || work.tx != upper.tx || work.step != upper.step {
-        return Err("upper and work are not one transaction's".into());
+        return Err(Refusal::NotOneTransaction);
     }
     let mut above = upper.step;
     for l in &spec.layers {
         let n = name(l)?;
         match (above, n.step) {
             (Some(a), Some(s)) if n.tx == upper.tx && n.upper && s < a => above = Some(s),
-            _ => return Err(format!("{} is not an earlier step of the same session", l.display())),
+            _ => return Err(Refusal::NotAnEarlierStep(l.clone())),
         }
     }
     Ok(())
@@ -574,7 +569,7 @@ fn say(conn: &OwnedFd, line: &str) {
 }
 
 /// Read one request and the fds that came with it.
-fn receive(conn: &OwnedFd) -> Result<(Request, Vec<OwnedFd>), String> {
+fn receive(conn: &OwnedFd) -> Result<(Request, Vec<OwnedFd>), Refusal> {
     let _ = rustix::net::sockopt::set_socket_timeout(conn, rustix::net::sockopt::Timeout::Recv, Some(REQUEST_TIMEOUT));
     let mut fds: Vec<OwnedFd> = Vec::new();
     let mut frame: Vec<u8> = Vec::new();
@@ -585,9 +580,7 @@ fn receive(conn: &OwnedFd) -> Result<(Request, Vec<OwnedFd>), String> {
         let mut control = RecvAncillaryBuffer::new(&mut space);
         let n = {
             let mut iov = [std::io::IoSliceMut::new(&mut chunk)];
-            rustix::net::recvmsg(conn, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC)
-                .map_err(|e| format!("reading the request: {e}"))?
-                .bytes
+            rustix::net::recvmsg(conn, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC).map_err(Refusal::Read)?.bytes
         };
         for msg in control.drain() {
             if let RecvAncillaryMessage::ScmRights(received) = msg {
@@ -595,20 +588,20 @@ fn receive(conn: &OwnedFd) -> Result<(Request, Vec<OwnedFd>), String> {
             }
         }
         if n == 0 {
-            return Err("the client left before sending its whole request".into());
+            return Err(Refusal::Incomplete);
         }
         frame.extend_from_slice(&chunk[..n]);
         if want == 4 && frame.len() >= 4 {
             let len = u32::from_le_bytes([frame[0], frame[1], frame[2], frame[3]]) as usize;
             if len > MAX_REQUEST {
-                return Err(format!("request of {len} bytes is too large"));
+                return Err(Refusal::TooLarge { len });
             }
             want = 4 + len;
         }
     }
-    let req = Request::decode(&frame[4..want]).map_err(|e| e.to_string())?;
+    let req = Request::decode(&frame[4..want])?;
     if fds.len() != req.fd_count() {
-        return Err(format!("{} fds came with a request that needs {}", fds.len(), req.fd_count()));
+        return Err(Refusal::FdCount { got: fds.len(), want: req.fd_count() });
     }
     Ok((req, fds))
 }
@@ -631,70 +624,62 @@ struct Ready<'a> {
 /// a directory its run left empty for a later transaction (`TxDir::create` takes it as a
 /// spare), and waits for this lock first: two overlays must never share upper and work.
 fn serve_one(ready: &Ready<'_>, conn: &OwnedFd, in_use: &mut Option<OwnedFd>) -> bool {
-    let Ready { base, plan, roots, seccomp, stack, hidden, me } = *ready;
-    let (req, mut fds) = match receive(conn) {
-        Ok(r) => r,
+    let (req, command, stdio) = match admit(ready, conn, in_use) {
+        Ok(admitted) => admitted,
         Err(why) => {
-            say(conn, &Answer::Refuse(why).line());
-            return true;
+            say(conn, &Answer::Refuse(why.to_string()).line());
+            return !why.retires();
         }
     };
+    // When the command's fate is reported, no process of it is left (all killed and reaped),
+    // so nothing writes to the upper layer any more and the client may classify it. The view
+    // is detached afterwards, off the client's path: unmounting waits for an RCU grace period.
+    let status = run_command(&req, &command, stdio, ready.seccomp, conn, ready.stack);
+    if let Some(line) = crate::net::warm_since_last() {
+        say(conn, &line);
+    }
+    match status {
+        Ok(line) => say(conn, &line),
+        Err(e) => say(conn, &Report::Error(stage2::setup_failed(&e)).line()),
+    }
+    true
+}
+
+/// Read a request and judge it; if it may run here, mount its view. Returns the request, its
+/// command ready for exec, and the stdio the client sent.
+fn admit(
+    ready: &Ready<'_>,
+    conn: &OwnedFd,
+    in_use: &mut Option<OwnedFd>,
+) -> Result<(Request, Command, Vec<OwnedFd>), Refusal> {
+    let Ready { base, plan, roots, hidden, me, .. } = *ready;
+    let (req, mut fds) = receive(conn)?;
     if req.binary != me.binary {
         // Another txbox binary (rebuilt, upgraded): this server retires.
-        say(conn, &Answer::Refuse("this server was started by another txbox binary".into()).line());
-        return false;
+        return Err(Refusal::OtherBinary);
     }
-    if let Err(why) = one_transaction(&roots.state_path, &req.spec, me.layer) {
-        say(conn, &Answer::Refuse(why).line());
-        return true;
-    }
+    one_transaction(&roots.state_path, &req.spec, me.layer)?;
     if !base.same_sandbox(&req.spec) {
-        say(conn, &Answer::Refuse("this server was built for another sandbox".into()).line());
-        return true;
+        return Err(Refusal::OtherSandbox);
     }
     if let Some(p) = hidden.changed() {
-        say(
-            conn,
-            &Answer::Refuse(format!("{} appeared or was replaced after this server started", p.display())).line(),
-        );
-        return false;
+        return Err(Refusal::SecretMoved(p.to_path_buf()));
     }
     let spec = &req.spec;
-    let command = match Command::of(&req) {
-        Ok(c) => c,
-        Err(e) => {
-            say(conn, &Answer::Refuse(e.step.into_owned()).line());
-            return true;
-        }
-    };
+    let command = Command::of(&req).map_err(Refusal::Command)?;
     // fds: stdin, stdout, stderr, then the client's view of the workspace and the layers.
     // Ours are found beneath the roots and named by the paths of the spec, so the per-run ops
     // (the plan of this very spec) find them through `/proc/self/fd`.
     let client_layers = fds.split_off(STDIO);
-    let Some(workspace) = roots.workspace(&client_layers[0]) else {
-        // Deleted and made anew since the server started: this server shows the old one.
-        say(conn, &Answer::Refuse("the workspace was replaced since this server started".into()).line());
-        return false;
-    };
+    // Deleted and made anew since the server started: this server shows the old one.
+    let workspace = roots.workspace(&client_layers[0]).ok_or(Refusal::WorkspaceReplaced)?;
     let mut pins = Pins::default();
     pins.insert(spec.workspace.clone(), workspace);
     let layers = [&spec.upper, &spec.work].into_iter().chain(spec.layers.iter());
     for (p, client) in layers.zip(&client_layers[1..]) {
-        let fd = match roots.resolve(p, client) {
-            Ok(fd) => fd,
-            Err(why) => {
-                say(conn, &Answer::Refuse(why).line());
-                return true;
-            }
-        };
+        let fd = roots.resolve(p, client)?;
         if *p == spec.work {
-            match lock_shared(&fd) {
-                Ok(lock) => *in_use = Some(lock),
-                Err(e) => {
-                    say(conn, &Answer::Refuse(format!("locking {}: {e}", p.display())).line());
-                    return true;
-                }
-            }
+            *in_use = Some(lock_shared(&fd).map_err(|errno| Refusal::Lock { path: p.clone(), errno })?);
         }
         pins.insert(p.clone(), fd);
     }
@@ -705,23 +690,11 @@ fn serve_one(ready: &Ready<'_>, conn: &OwnedFd, in_use: &mut Option<OwnedFd>) ->
             for op in &plan.release {
                 let _ = mount(op, &Pins::default());
             }
-            say(conn, &Answer::Refuse(stage2::setup_failed(&e)).line());
-            return true;
+            return Err(Refusal::Setup(e));
         }
     }
     drop(pins);
-    // When the command's fate is reported, no process of it is left (all killed and reaped),
-    // so nothing writes to the upper layer any more and the client may classify it. The view
-    // is detached afterwards, off the client's path: unmounting waits for an RCU grace period.
-    let status = run_command(&req, &command, fds, seccomp, conn, stack);
-    if let Some(line) = crate::net::warm_since_last() {
-        say(conn, &line);
-    }
-    match status {
-        Ok(line) => say(conn, &line),
-        Err(e) => say(conn, &Report::Error(stage2::setup_failed(&e)).line()),
-    }
-    true
+    Ok((req, command, fds))
 }
 
 /// Open the directory behind `dir` (an `O_PATH` fd) for reading and take a shared `flock` on it.
@@ -972,15 +945,13 @@ mod tests {
             s
         };
         let ok = |s: &SandboxSpec| one_transaction(Path::new("/s"), s, layer);
-        assert_eq!(ok(&spec("/s/tx/a/upper", "/s/tx/a/work", &[])), Ok(()));
-        assert_eq!(
-            ok(&spec(
-                "/s/tx/a/steps/3/upper",
-                "/s/tx/a/steps/3/work",
-                &["/s/tx/a/steps/2/upper", "/s/tx/a/steps/1/upper"]
-            )),
-            Ok(())
-        );
+        assert!(ok(&spec("/s/tx/a/upper", "/s/tx/a/work", &[])).is_ok());
+        assert!(ok(&spec(
+            "/s/tx/a/steps/3/upper",
+            "/s/tx/a/steps/3/work",
+            &["/s/tx/a/steps/2/upper", "/s/tx/a/steps/1/upper"]
+        ))
+        .is_ok());
         for bad in [
             spec("/s/journal", "/s/tx/a/work", &[]),
             spec("/s/tx/a/upper", "/s/tx/b/work", &[]),
@@ -994,5 +965,13 @@ mod tests {
         ] {
             assert!(ok(&bad).is_err(), "{bad:?}");
         }
+        // Each says which path and why.
+        let why = |s: SandboxSpec| ok(&s).err().map(|e| e.to_string()).unwrap_or_default();
+        assert_eq!(why(spec("/s/journal", "/s/tx/a/work", &[])), "/s/journal is not a transaction's layer");
+        assert_eq!(why(spec("/s/tx/a/upper", "/s/tx/b/work", &[])), "upper and work are not one transaction's");
+        assert_eq!(
+            why(spec("/s/tx/a/upper", "/s/tx/a/work", &["/s/tx/b/steps/1/upper"])),
+            "/s/tx/b/steps/1/upper is not an earlier step of the same session"
+        );
     }
 }
