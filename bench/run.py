@@ -32,7 +32,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from txbench import charts, config, report, session, suites  # noqa: E402
+from txbench import api, charts, config, report, session, suites  # noqa: E402
 from txbench.timing import BenchError  # noqa: E402
 from txbench.workspaces import Scratch  # noqa: E402
 
@@ -46,6 +46,7 @@ SUITES = {
     "rollback": suites.rollback,
     "session": session.session,
     "policy": suites.policy,
+    "api": api.api,
 }
 RESULT_KEYS = {"change": "change_size"}
 

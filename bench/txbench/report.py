@@ -65,6 +65,21 @@ def targets(res):
     if thr:
         v = thr["true_tx_per_s"]
         out.append(("sequential `txbox run -- true` throughput", f"{v:.0f} tx/s", "≥ 300 tx/s", v >= 300))
+    ses = res.get("session")
+    if ses:
+        v = ses["overhead_pct"]
+        out.append(("replayed agent session, overhead over `bash -c` (#18)", f"{v:+.1f}%", "≤ 5%", v <= 5))
+    if ps:
+        v = ps["p99_us"]
+        out.append(("policy evaluation p99 (#18)", f"{v:.1f} µs", "≤ 20 µs", v <= 20))
+    ap = res.get("api")
+    if ap:
+        v = ap["latency"]["added_ms"]
+        out.append(("`true` over `POST /v1/run`, added over `bash -c true` and the HTTP round trip (#18)",
+                    ms(v), "≤ 1 ms", v <= 1))
+        v = ap["throughput"]["tx_per_s"]
+        out.append((f"`true` over the API, {ap['throughput']['clients']} clients on as many workspaces (#18)",
+                    f"{v:.0f} tx/s", "≥ 400 tx/s", v >= 400))
     return out
 
 
@@ -127,6 +142,16 @@ def throughput_section(thr):
             f"{thr['true_tx_per_s']:.0f} tx/s; one-file commit {thr['one_file_commit_tx_per_s']:.0f} tx/s.\n")
 
 
+def api_section(ap):
+    lat, thr = ap["latency"], ap["throughput"]
+    rows = [[k, ms(v["median_ms"]), ms(v["min_ms"]), v["n"]] for k, v in lat["variants"].items()]
+    return ("HTTP API (`txbox serve` on loopback, kept-alive connections; interleaved):\n\n"
+            + table(["request", "median", "min", "runs"], rows)
+            + f"\nAdded by a transaction beyond the round trip and `bash -c true`: {ms(lat['added_ms'])}. "
+            f"Throughput: {thr['clients']} clients on {thr['clients']} workspaces, {thr['requests']} "
+            f"`true` transactions in {thr['seconds']:.2f} s: {thr['tx_per_s']:.0f} tx/s.\n")
+
+
 def set_label(name):
     """A string set's name for the table: a file path shortened to its file name, a described
     set (`representative (benches/…/commands.txt)`) kept whole."""
@@ -163,7 +188,7 @@ def target_section(res):
 
 SECTIONS = [("latency", latency_section), ("scaling", scaling_section), ("change_size", change_section),
             ("rollback", rollback_section), ("throughput", throughput_section), ("policy", policy_section),
-            ("session", session_section)]
+            ("session", session_section), ("api", api_section)]
 
 
 def markdown(res, charts=()):

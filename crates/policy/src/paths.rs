@@ -121,6 +121,17 @@ impl ClassSet {
     pub fn contains(self, c: PathClass) -> bool {
         self.0 & c.bit() != 0
     }
+    /// A stream (`/dev/null`, `/dev/stderr`, `/dev/fd/N`, `/proc/self/fd/N`, a terminal, bash's
+    /// `/dev/tcp/*`): outside the workspace and scratch space, yet no file of the host
+    /// ([`classify_abs`] gives every other such path but `/` [`PathClass::Host`]). Writing one
+    /// changes no file.
+    pub fn is_stream(self) -> bool {
+        self.contains(PathClass::Outside)
+            && !self.contains(PathClass::Host)
+            && !self.contains(PathClass::Scratch)
+            && !self.contains(PathClass::Root)
+    }
+
     pub fn intersects(self, other: ClassSet) -> bool {
         self.0 & other.0 != 0
     }
@@ -681,6 +692,21 @@ pub fn classify_abs(p: &Path, children: bool, ctx: &Context) -> ClassSet {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn streams_are_outside_yet_no_file_of_the_host() {
+        let c = ctx();
+        let class = |p: &str| classify_abs(Path::new(p), false, &c);
+        for p in
+            ["/dev/null", "/dev/stderr", "/dev/stdout", "/dev/tty", "/dev/fd/2", "/proc/self/fd/1", "/dev/tcp/h/80"]
+        {
+            assert!(class(p).is_stream(), "{p}");
+        }
+        for p in ["/dev/sda", "/etc/motd", "/tmp/x", "/dev/shm/x", "/proc/sys/kernel/x", "/", "/dev"] {
+            assert!(!class(p).is_stream(), "{p}");
+        }
+        assert!(!class(&format!("{}/a", c.workspace.display())).is_stream());
+    }
 
     #[test]
     fn a_package_cache_is_scratch_not_the_host() {

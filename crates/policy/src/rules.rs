@@ -497,7 +497,8 @@ impl<'a> CmdView<'a> {
         })
     }
 
-    /// The files the command writes: its write redirects, then the operands it writes.
+    /// The files the command writes: its write redirects, then the operands it writes; streams
+    /// (`/dev/null`, `/dev/stderr`, …) are left out, as writing them changes no file.
     pub fn writes(&self) -> &[PathInfo] {
         self.writes.get_or_init(|| {
             let mut v: Vec<PathInfo> = self.redirects().iter().filter(|(w, _)| *w).map(|(_, p)| p.clone()).collect();
@@ -509,6 +510,8 @@ impl<'a> CmdView<'a> {
                 let dyn_at = self.cmd.dyn_at.get(o.index).copied().flatten().map(|d| d.saturating_sub(o.offset));
                 v.push(paths::classify(text, dyn_at, self.cmd.cwd.as_deref(), self.ctx));
             }
+            // Writing a stream changes no file: `touch a 2>/dev/null` writes `a`, not `/dev`.
+            v.retain(|p| !p.classes.is_stream());
             v
         })
     }

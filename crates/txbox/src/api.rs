@@ -382,17 +382,25 @@ fn without_null(prop: &mut Value) {
 }
 
 /// The property names a request type accepts (from its schema, so never out of step with it).
-fn known_fields<T: JsonSchema>() -> Vec<String> {
-    schema_of::<T>()
-        .get("properties")
-        .and_then(Value::as_object)
-        .map(|m| m.keys().cloned().collect())
-        .unwrap_or_default()
+/// Generated once per type and process: every request is parsed against them, and generating
+/// a schema costs more than the rest of parsing.
+fn known_fields<T: JsonSchema + 'static>() -> std::sync::Arc<[String]> {
+    type Known = std::collections::HashMap<std::any::TypeId, std::sync::Arc<[String]>>;
+    static KNOWN: std::sync::OnceLock<std::sync::Mutex<Known>> = std::sync::OnceLock::new();
+    let generate = || -> std::sync::Arc<[String]> {
+        schema_of::<T>()
+            .get("properties")
+            .and_then(Value::as_object)
+            .map(|m| m.keys().cloned().collect())
+            .unwrap_or_default()
+    };
+    let mut known = KNOWN.get_or_init(Default::default).lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    known.entry(std::any::TypeId::of::<T>()).or_insert_with(generate).clone()
 }
 
 /// Parse a request from JSON: an object whose fields are all known (a misspelt option is an
 /// error, never silently ignored) and of the right types and ranges.
-pub fn parse<T: DeserializeOwned + JsonSchema>(v: Value) -> Result<T, ApiError> {
+pub fn parse<T: DeserializeOwned + JsonSchema + 'static>(v: Value) -> Result<T, ApiError> {
     let v = match v {
         Value::Null => Value::Object(serde_json::Map::new()),
         Value::Object(m) => Value::Object(m),
@@ -408,7 +416,7 @@ pub fn parse<T: DeserializeOwned + JsonSchema>(v: Value) -> Result<T, ApiError> 
 }
 
 /// [`parse`] from raw bytes (an HTTP body); empty means `{}`.
-pub fn parse_bytes<T: DeserializeOwned + JsonSchema>(body: &[u8]) -> Result<T, ApiError> {
+pub fn parse_bytes<T: DeserializeOwned + JsonSchema + 'static>(body: &[u8]) -> Result<T, ApiError> {
     if body.iter().all(u8::is_ascii_whitespace) {
         return parse(Value::Null);
     }

@@ -10,6 +10,22 @@
 //! list, the caller's environment (the tools' own variables and `HOME`), the state base and
 //! the workspace; [`gc`] bounds their size.
 //!
+//! A cache must work for a user with no history: a tool that never ran on the host has no
+//! directory there, and inside the sandbox its parent is read-only, so `npm install` would fail
+//! on `~/.npm` and `cargo build` on `~/.cargo/registry`. So [`prepare`] makes a missing
+//! location on the host, as the tool's own first run would: an empty directory per missing
+//! name, mode 0700, the caller's, nothing in it (the command's writes go to txbox's directory
+//! mounted over it). Only where that is what the caller's own tool could do and nobody else
+//! can interfere ([`decide`]): beneath a directory the caller owns and no one else may write,
+//! not directly in `/`, for a caller with a real home (`HOME` set, absolute, not `/`), never in
+//! the workspace, txbox's state or a hidden path ([`clashes`]); walking with directory handles
+//! that follow no symlink (`make`). Otherwise, or when anything fails, that tool gets no
+//! cache (its location stays read-only) and the run goes on.
+//!
+//! A location reached through a symlink (`~/.cache` → `/data/cache`) is mounted over at its
+//! real path, where the tool lands following the same link inside the sandbox; the checks
+//! apply to the real path (a link into the workspace gets no cache).
+//!
 //! Shared between workspaces only where the tool verifies content on use against something
 //! the command cannot write. None of these does, so every cache is per workspace (one
 //! repository's command cannot poison another's builds):
@@ -170,29 +186,217 @@ pub fn locations_here(workspace: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
-/// Make txbox's directories (0700) for `mounts` and keep those whose location is a real
-/// directory at its own path on the host. Nothing is made at a tool's location: a missing one
-/// gets no cache (txbox writes nothing into the host's home; the tool's first run on the host,
-/// or a `mkdir`, makes it), and one reached through a symlink gets none either (the mount
-/// would land where the link points).
-pub fn prepare(mounts: Vec<CacheMount>) -> Vec<CacheMount> {
+/// What the host holds at a cache's location, as [`look`] finds it: the facts [`decide`] needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Found {
+    /// The real path (symlinks resolved) of the deepest part of the location that exists.
+    pub real: PathBuf,
+    /// Who owns it and its mode, when it is a directory (`None`: something else).
+    pub dir: Option<Owner>,
+    /// The names beneath `real` that do not exist yet, outermost first; empty when the whole
+    /// location exists.
+    pub missing: Vec<std::ffi::OsString>,
+}
+
+/// A directory's owner and permission bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Owner {
+    pub uid: u32,
+    pub mode: u32,
+}
+
+/// What to do for one cache's location.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Step {
+    /// The location is a directory: mount over its real path.
+    Mount { target: PathBuf },
+    /// Make `names` one below the other beneath the directory `at` (mode 0700, the caller's),
+    /// then mount over the last (`target`).
+    Make { at: PathBuf, names: Vec<std::ffi::OsString>, target: PathBuf },
+}
+
+impl Step {
+    /// Where the cache is mounted.
+    pub fn target(&self) -> &Path {
+        match self {
+            Step::Mount { target } | Step::Make { target, .. } => target,
+        }
+    }
+}
+
+/// Why a location gets no cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Skip {
+    /// The location (or the deepest part of it that exists) is not a directory.
+    NotADirectory,
+    /// Something would have to be made, and the caller has no usable home (`HOME` unset,
+    /// relative, not plain, or `/`): a service account, not a user whose tools would make it.
+    NoHome,
+    /// Something would have to be made directly in `/`.
+    AtRoot,
+    /// Something would have to be made in a directory the caller does not own.
+    NotTheCallers,
+    /// Something would have to be made in a directory others may write (and so swap what is
+    /// made for a link before it is mounted).
+    WritableByOthers,
+}
+
+/// Whether `home` (the caller's `HOME`) is a home txbox may make a tool's directory beneath.
+fn usable_home(home: Option<&Path>) -> bool {
+    home.is_some_and(|h| {
+        h.is_absolute()
+            && h != Path::new("/")
+            && h.components().all(|c| matches!(c, std::path::Component::RootDir | std::path::Component::Normal(_)))
+    })
+}
+
+/// What to do for a location, from what the host holds there (pure). An existing directory is
+/// mounted over at its real path, wherever a symlink on the way led (the tool, following the
+/// same link inside the sandbox, lands on the mount). A missing location is made as the tool's
+/// own first run would make it, an empty directory per missing name, but only beneath a
+/// directory the caller owns and no one else may write, never directly in `/`, and only for a
+/// caller with a usable home (`home`: its `HOME`).
+pub fn decide(found: &Found, home: Option<&Path>, euid: u32) -> Result<Step, Skip> {
+    let dir = found.dir.ok_or(Skip::NotADirectory)?;
+    if found.missing.is_empty() {
+        return Ok(Step::Mount { target: found.real.clone() });
+    }
+    if !usable_home(home) {
+        return Err(Skip::NoHome);
+    }
+    if found.real == Path::new("/") {
+        return Err(Skip::AtRoot);
+    }
+    if dir.uid != euid {
+        return Err(Skip::NotTheCallers);
+    }
+    if dir.mode & 0o022 != 0 {
+        return Err(Skip::WritableByOthers);
+    }
+    let target = found.missing.iter().fold(found.real.clone(), |p, n| p.join(n));
+    Ok(Step::Make { at: found.real.clone(), names: found.missing.clone(), target })
+}
+
+/// Whether a cache at `target` (a real path) would clash with the workspace, txbox's state
+/// (`base`), a hidden path (mounting there would make it visible again: `secrets::hidden`
+/// keeps every path above a writable one), or a cache already placed (`taken`).
+pub fn clashes(target: &Path, workspace: &Path, base: &Path, hidden: &[PathBuf], taken: &[PathBuf]) -> bool {
+    let nested = |a: &Path, b: &Path| beneath(a, b) || beneath(b, a);
+    target == Path::new("/")
+        || nested(target, workspace)
+        || nested(target, base)
+        || hidden.iter().any(|h| beneath(target, h))
+        || taken.iter().any(|t| nested(target, t))
+}
+
+/// Whether `p` is `dir` or lies beneath it, by bytes: every path here is absolute and plain,
+/// and a run compares each cache with every hidden path (a hundred).
+fn beneath(p: &Path, dir: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let (p, d) = (p.as_os_str().as_bytes(), dir.as_os_str().as_bytes());
+    p.starts_with(d) && (p.len() == d.len() || p[d.len()] == b'/' || d.ends_with(b"/"))
+}
+
+/// Where the caches of one run may not go: the workspace, txbox's state base, the paths the
+/// sandbox hides; and the caller's `HOME` (as the caller's environment has it).
+#[derive(Debug, Clone, Copy)]
+pub struct Bounds<'a> {
+    pub workspace: &'a Path,
+    pub base: &'a Path,
+    pub hidden: &'a [PathBuf],
+    pub home: Option<&'a Path>,
+}
+
+/// Make ready the caches of `mounts`: for each, look at its location on the host, [`decide`]
+/// what to do, drop it when its real path [`clashes`], make the tool's missing directories
+/// (`make`) and txbox's own (0700), and mark the cache used. Anything unexpected (a link
+/// where a directory was made, another owner, a read-only or unreadable place) drops that
+/// cache and nothing else: a run never fails for want of one. The kept mounts' targets are
+/// real paths.
+pub fn prepare(mounts: Vec<CacheMount>, bounds: &Bounds<'_>) -> Vec<CacheMount> {
     use std::os::unix::fs::{DirBuilderExt, MetadataExt};
     let uid = rustix::process::geteuid().as_raw();
-    let real_dir = |p: &Path| {
-        std::fs::symlink_metadata(p).is_ok_and(|m| m.is_dir()) && std::fs::canonicalize(p).is_ok_and(|c| c == p)
-    };
-    let mut ready = Vec::new();
+    let mut ready: Vec<CacheMount> = Vec::new();
     for m in mounts {
-        if !real_dir(&m.target) {
+        let Some(found) = look(&m.target) else { continue };
+        let Ok(step) = decide(&found, bounds.home, uid) else { continue };
+        let taken: Vec<PathBuf> = ready.iter().map(|r| r.target.clone()).collect();
+        if clashes(step.target(), bounds.workspace, bounds.base, bounds.hidden, &taken) {
             continue;
         }
         let made = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&m.source).is_ok();
-        if made && std::fs::symlink_metadata(&m.source).is_ok_and(|md| md.is_dir() && md.uid() == uid) {
-            let _ = touch(&m.source);
-            ready.push(m);
+        if !made || !std::fs::symlink_metadata(&m.source).is_ok_and(|md| md.is_dir() && md.uid() == uid) {
+            continue;
         }
+        if let Step::Make { at, names, .. } = &step {
+            if make(at, names, uid).is_err() {
+                continue;
+            }
+        }
+        let _ = touch(&m.source);
+        ready.push(CacheMount { cache: m.cache, source: m.source, target: step.target().to_path_buf() });
     }
     ready
+}
+
+/// The facts about `location` on the host: the real path of the deepest part that exists, what
+/// that is, and the names missing beneath it. None when the host cannot say (no permission to
+/// look, a file where a directory would be).
+fn look(location: &Path) -> Option<Found> {
+    let mut missing = Vec::new();
+    let mut at = location;
+    loop {
+        match std::fs::canonicalize(at) {
+            Ok(real) => {
+                let md = std::fs::metadata(&real).ok()?;
+                let dir = md.is_dir().then(|| {
+                    use std::os::unix::fs::MetadataExt;
+                    Owner { uid: md.uid(), mode: md.mode() }
+                });
+                missing.reverse();
+                return Some(Found { real, dir, missing });
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                missing.push(at.file_name()?.to_os_string());
+                at = at.parent()?;
+            }
+            Err(_) => return None,
+        }
+    }
+}
+
+/// Make `names` one below the other beneath `at` (mode 0700), walking with directory handles:
+/// `at` is opened without following any symlink (it is a real path) and checked again (a
+/// directory of `uid`'s that no one else may write), and each name is made with `mkdirat`,
+/// opened with `O_NOFOLLOW` and checked to be `uid`'s directory, so a link or someone else's
+/// directory put in its place stops the walk. A name that exists already (a concurrent run
+/// made it) is used when it passes the same check.
+fn make(at: &Path, names: &[std::ffi::OsString], uid: u32) -> rustix::io::Result<()> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags};
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let mut dir = rustix::fs::openat2(rustix::fs::CWD, at, flags, Mode::empty(), ResolveFlags::NO_SYMLINKS)?;
+    let st = rustix::fs::fstat(&dir)?;
+    if st.st_uid != uid || st.st_mode & 0o022 != 0 {
+        return Err(rustix::io::Errno::PERM);
+    }
+    for name in names {
+        let made = match rustix::fs::mkdirat(&dir, name.as_os_str(), Mode::from_raw_mode(0o700)) {
+            Ok(()) => true,
+            Err(rustix::io::Errno::EXIST) => false,
+            Err(e) => return Err(e),
+        };
+        let next = rustix::fs::openat(&dir, name.as_os_str(), flags, Mode::empty())?;
+        let st = rustix::fs::fstat(&next)?;
+        if st.st_uid != uid || !rustix::fs::FileType::from_raw_mode(st.st_mode).is_dir() {
+            return Err(rustix::io::Errno::PERM);
+        }
+        if made {
+            // Exactly 0700, whatever the umask.
+            rustix::fs::fchmod(&next, Mode::from_raw_mode(0o700))?;
+        }
+        dir = next;
+    }
+    Ok(())
 }
 
 /// Mark a cache used now (its directory's mtime), for [`gc`]'s order.
@@ -388,6 +592,140 @@ mod tests {
         let m = plan(&[Cache::Pip, Cache::GoModules], &var, base, ws);
         assert_eq!(m.iter().map(|c| c.cache).collect::<Vec<_>>(), [Cache::Pip]);
         assert!(plan(&[], &var, base, ws).is_empty());
+    }
+
+    fn os(names: &[&str]) -> Vec<std::ffi::OsString> {
+        names.iter().map(std::ffi::OsString::from).collect()
+    }
+
+    fn found(real: &str, dir: Option<(u32, u32)>, missing: &[&str]) -> Found {
+        Found {
+            real: PathBuf::from(real),
+            dir: dir.map(|(uid, mode)| Owner { uid, mode: 0o040_000 | mode }),
+            missing: os(missing),
+        }
+    }
+
+    #[test]
+    fn an_existing_location_is_mounted_at_its_real_path_whoever_owns_it() {
+        let home = Some(Path::new("/home/a"));
+        // Reached through a link (`~/.cache` → `/data/cache`): the real path.
+        let f = found("/data/cache/pip", Some((0, 0o777)), &[]);
+        assert_eq!(decide(&f, home, 1000), Ok(Step::Mount { target: PathBuf::from("/data/cache/pip") }));
+        // Nothing is made, so neither the home nor the owner matters.
+        assert!(matches!(decide(&f, None, 1000), Ok(Step::Mount { .. })));
+        // Not a directory: no cache.
+        assert_eq!(decide(&found("/home/a/.npm", None, &[]), home, 1000), Err(Skip::NotADirectory));
+    }
+
+    #[test]
+    fn a_missing_location_is_made_beneath_the_callers_own_directory() {
+        let home = Some(Path::new("/home/a"));
+        // The leaf (`~/.npm`).
+        let f = found("/home/a", Some((1000, 0o755)), &[".npm"]);
+        assert_eq!(
+            decide(&f, home, 1000),
+            Ok(Step::Make {
+                at: PathBuf::from("/home/a"),
+                names: os(&[".npm"]),
+                target: PathBuf::from("/home/a/.npm")
+            })
+        );
+        // A chain (`~/.cargo/registry` on a fresh machine), in order.
+        let f = found("/home/a", Some((1000, 0o700)), &[".cargo", "registry"]);
+        let step = decide(&f, home, 1000).unwrap();
+        assert_eq!(step.target(), Path::new("/home/a/.cargo/registry"));
+        assert!(matches!(&step, Step::Make { names, .. } if *names == os(&[".cargo", "registry"])));
+        // Beneath a link's real path: made there.
+        let f = found("/data/cache", Some((1000, 0o700)), &["pip"]);
+        assert_eq!(decide(&f, home, 1000).unwrap().target(), Path::new("/data/cache/pip"));
+        // Root makes beneath its own directories, outside its home too (`CARGO_HOME=/usr/local/cargo`).
+        let f = found("/usr/local/cargo", Some((0, 0o755)), &["registry"]);
+        assert_eq!(decide(&f, Some(Path::new("/root")), 0).unwrap().target(), Path::new("/usr/local/cargo/registry"));
+    }
+
+    #[test]
+    fn nothing_is_made_where_the_caller_is_not_alone_or_has_no_home() {
+        let home = Some(Path::new("/home/a"));
+        let mine = Some((1000, 0o755));
+        // Someone else's directory (root's, or the caller's home under `sudo` keeping `HOME`).
+        assert_eq!(decide(&found("/home/a", Some((0, 0o755)), &[".npm"]), home, 1000), Err(Skip::NotTheCallers));
+        assert_eq!(decide(&found("/home/a", Some((1000, 0o755)), &[".npm"]), home, 0), Err(Skip::NotTheCallers));
+        // Writable by the group or by anyone (`/tmp`-like, sticky or not).
+        for mode in [0o775, 0o757, 0o1777, 0o770] {
+            let f = found("/home/a", Some((1000, mode)), &[".npm"]);
+            assert_eq!(decide(&f, home, 1000), Err(Skip::WritableByOthers), "{mode:o}");
+        }
+        // Directly in `/`, even as root.
+        assert_eq!(decide(&found("/", Some((0, 0o755)), &[".npm"]), Some(Path::new("/root")), 0), Err(Skip::AtRoot));
+        // No usable home: unset, relative, `/`, not plain.
+        for h in [None, Some(""), Some("home/a"), Some("/"), Some("/home/a/../b")] {
+            let f = found("/home/a", mine, &[".npm"]);
+            assert_eq!(decide(&f, h.map(Path::new), 1000), Err(Skip::NoHome), "{h:?}");
+        }
+        // Beneath something that is not a directory.
+        assert_eq!(decide(&found("/home/a/.cache", None, &["pip"]), home, 1000), Err(Skip::NotADirectory));
+    }
+
+    #[test]
+    fn real_paths_clash_with_the_workspace_the_state_hidden_paths_and_each_other() {
+        let ws = Path::new("/home/a/proj");
+        let base = Path::new("/home/a/.local/state/txbox");
+        let hidden = [PathBuf::from("/home/a/.aws"), PathBuf::from("/run/user")];
+        let taken = [PathBuf::from("/home/a/.npm")];
+        let c = |t: &str| clashes(Path::new(t), ws, base, &hidden, &taken);
+        assert!(!c("/home/a/.cache/pip") && !c("/data/cache/pip"));
+        // A link into the workspace, above it, into txbox's state, above it.
+        for t in ["/home/a/proj/.cache/pip", "/home/a", "/home/a/.local/state/txbox/caches", "/home/a/.local", "/"] {
+            assert!(c(t), "{t}");
+        }
+        // In a hidden path (it would be visible again); a path above one is not hidden itself.
+        assert!(c("/home/a/.aws") && c("/home/a/.aws/pip") && c("/run/user/1000/cache/pip"));
+        assert!(!c("/run/pip") && !c("/home/a/.awsome/pip"));
+        // Nested with a cache already placed, either way.
+        assert!(c("/home/a/.npm/x") && c("/home/a/.npm"));
+    }
+
+    #[test]
+    fn look_and_make_on_a_scratch_home() {
+        let root = std::env::temp_dir().join(format!("txbox-caches-make-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let home = root.join("home");
+        std::fs::create_dir_all(home.join("real")).unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        for d in [&home, &home.join("real")] {
+            std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755)).unwrap();
+        }
+        std::os::unix::fs::symlink(home.join("real"), home.join(".cache")).unwrap();
+        let home = std::fs::canonicalize(&home).unwrap();
+        let uid = rustix::process::geteuid().as_raw();
+        // A chain, through a link: the real path, and what is missing beneath it.
+        let f = look(&home.join(".cache/pip/http")).unwrap();
+        assert_eq!((&f.real, &f.missing), (&home.join("real"), &os(&["pip", "http"])));
+        let step = decide(&f, Some(&home), uid).unwrap();
+        let Step::Make { at, names, target } = step else { panic!("{step:?}") };
+        make(&at, &names, uid).unwrap();
+        let md = std::fs::symlink_metadata(&target).unwrap();
+        use std::os::unix::fs::MetadataExt;
+        assert!(md.is_dir() && md.mode() & 0o7777 == 0o700 && md.uid() == uid, "{md:?}");
+        assert_eq!(look(&home.join(".cache/pip/http")).unwrap().missing, os(&[]));
+        // Made again (a concurrent run): fine.
+        make(&at, &names, uid).unwrap();
+        // A link where a name is to be made: the walk stops, nothing is made through it.
+        std::fs::create_dir(root.join("elsewhere")).unwrap();
+        std::os::unix::fs::symlink(root.join("elsewhere"), home.join(".npm")).unwrap();
+        assert!(make(&home, &os(&[".npm", "x"]), uid).is_err());
+        assert!(!root.join("elsewhere/x").exists());
+        // `at` through a link is refused (only real paths are walked).
+        assert!(make(&home.join(".cache"), &os(&["go-build"]), uid).is_err());
+        // A directory others may write, rechecked on the handle.
+        std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(make(&home, &os(&[".cargo"]), uid).is_err());
+        assert!(!home.join(".cargo").exists());
+        // A file where a directory would be: no facts, no cache.
+        std::fs::write(home.join("real/file"), "").unwrap();
+        assert_eq!(look(&home.join(".cache/file/x")), None);
+        let _ = std::fs::remove_dir_all(&root);
     }
 
     #[test]

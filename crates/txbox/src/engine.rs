@@ -319,12 +319,15 @@ fn other_states(workspace: &Path) -> Vec<PathBuf> {
 
 /// The package caches of a run: the installed tools' caches, per workspace, in the state
 /// directory (`STATE/caches`, hidden from commands), over the tools' default locations in the
-/// caller's environment (`crate::caches`).
-fn package_caches(env: &Env) -> Vec<(PathBuf, PathBuf)> {
+/// caller's environment (`crate::caches`), never in a path the sandbox hides (`hidden`).
+fn package_caches(env: &Env, hidden: &[PathBuf]) -> Vec<(PathBuf, PathBuf)> {
     let var = |k: &str| std::env::var(k).ok();
     let tools = crate::caches::installed_here();
     let plan = crate::caches::plan(tools, &var, &env.state.root, &env.workspace);
-    crate::caches::prepare(plan).into_iter().map(|m| (m.source, m.target)).collect()
+    let home = std::env::var_os("HOME").map(PathBuf::from);
+    let bounds =
+        crate::caches::Bounds { workspace: &env.workspace, base: &env.state.root, hidden, home: home.as_deref() };
+    crate::caches::prepare(plan, &bounds).into_iter().map(|m| (m.source, m.target)).collect()
 }
 
 // Each argument is one independent input of the sandbox; grouping them would only rename them.
@@ -351,13 +354,14 @@ pub(crate) fn execute(
     spec.hide.extend(policy_file.and_then(|p| std::fs::canonicalize(p).ok()));
     // Everything else by rule: other homes, host keys, credentials, sockets' places, other
     // state directories (txbox_sandbox::secrets).
-    if limits.caches {
-        spec.caches = package_caches(env);
-    }
     let host = txbox_sandbox::secrets::Host::gather(other_states(&env.workspace));
-    let mut writable = spec.writable.clone();
-    writable.extend(spec.caches.iter().map(|(_, t)| t.clone()));
-    spec.hide.extend(txbox_sandbox::secrets::hidden(&host, &env.workspace, &writable));
+    spec.hide.extend(txbox_sandbox::secrets::hidden(&host, &env.workspace, &spec.writable));
+    // Then the caches, never in a hidden path: `secrets::hidden` keeps every path above a
+    // writable one visible, so a cache there would show it; refused instead, a cache does not
+    // change what is hidden.
+    if limits.caches {
+        spec.caches = package_caches(env, &spec.hide);
+    }
     spec.cwd = env.cwd_for(cwd);
     spec.userns = !rustix::process::geteuid().is_root();
     spec.uid = rustix::process::getuid().as_raw();

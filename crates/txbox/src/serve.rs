@@ -110,7 +110,7 @@ async fn read_body(st: &AppState, body: Body) -> Result<Bytes, ApiError> {
     }
 }
 
-async fn body_of<T: serde::de::DeserializeOwned + schemars::JsonSchema>(
+async fn body_of<T: serde::de::DeserializeOwned + schemars::JsonSchema + 'static>(
     st: &AppState,
     body: Body,
 ) -> Result<T, ApiError> {
@@ -251,7 +251,7 @@ fn unescape(s: &str) -> String {
 
 /// A query string as a request type: each `k=v` a field (numbers where they parse as one),
 /// checked like a JSON body.
-fn query<T: serde::de::DeserializeOwned + schemars::JsonSchema>(q: Option<&str>) -> Result<T, ApiError> {
+fn query<T: serde::de::DeserializeOwned + schemars::JsonSchema + 'static>(q: Option<&str>) -> Result<T, ApiError> {
     let mut m = serde_json::Map::new();
     for pair in q.unwrap_or("").split('&').filter(|p| !p.is_empty()) {
         let (k, v) = pair.split_once('=').unwrap_or((pair, ""));

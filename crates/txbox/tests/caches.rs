@@ -21,7 +21,7 @@ fn setup(who: As, name: &str) -> Scratch {
         std::fs::write(bin.join(tool), "#!/bin/sh\nexit 0\n").unwrap();
         std::fs::set_permissions(bin.join(tool), std::fs::Permissions::from_mode(0o755)).unwrap();
     }
-    // The tools' locations exist on the host (a tool's first run makes them; txbox does not).
+    // The tools' locations exist on the host (a tool's first run has made them).
     for d in [".npm", ".cargo/registry", ".cache/pip", "go/pkg/mod", ".cache/go-build"] {
         std::fs::create_dir_all(s.root.join("home").join(d)).unwrap();
     }
@@ -123,8 +123,93 @@ fn caches_persist_outside_transactions_per_workspace_never_the_hosts() {
     }
 }
 
+/// Stand-ins that use their tool's default cache locations as the tool does: each location is
+/// made if missing (`mkdir -p`, failing when it cannot be) and marked; a later run finds the
+/// mark and says `warm`.
+fn stand_ins(s: &Scratch) {
+    let bin = s.root.join("bin");
+    let tools: [(&str, &[&str]); 4] = [
+        ("pip", &["${XDG_CACHE_HOME:-$HOME/.cache}/pip"]),
+        ("npm", &["$HOME/.npm"]),
+        ("cargo", &["${CARGO_HOME:-$HOME/.cargo}/registry", "${CARGO_HOME:-$HOME/.cargo}/git"]),
+        ("go", &["$HOME/go/pkg/mod", "${XDG_CACHE_HOME:-$HOME/.cache}/go-build"]),
+    ];
+    for (tool, dirs) in tools {
+        let mut sh = String::from("#!/bin/sh\nset -e\n");
+        for d in dirs {
+            sh += &format!(
+                "if [ -f \"{d}/seen\" ]; then echo {tool} warm; else mkdir -p \"{d}/x\"; echo 1 > \"{d}/seen\"; echo {tool} cold; fi\n"
+            );
+        }
+        std::fs::write(bin.join(tool), sh).unwrap();
+        std::fs::set_permissions(bin.join(tool), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+}
+
+/// The tools' default locations under the scratch home, as a stand-in uses them.
+const LOCATIONS: [&str; 6] = [".npm", ".cache/pip", ".cargo/registry", ".cargo/git", "go/pkg/mod", ".cache/go-build"];
+
+const ALL_TOOLS: &str = "pip install x && npm install && cargo build && go build";
+
+/// A user with no history: none of the tools' directories exists on the host (nor `.cache`,
+/// `.cargo` or `go`). txbox makes each, empty, 0700, the caller's, and mounts its cache there:
+/// every tool works on the first run, finds its cache on the second, and the host's
+/// directories stay empty.
 #[test]
-fn locations_follow_the_tools_variables_and_refuse_symlinks() {
+fn a_user_with_no_history_gets_caches_at_the_tools_default_locations() {
+    use std::os::unix::fs::MetadataExt;
+    for who in identities() {
+        for cold in [false, true] {
+            let s = setup(who, "caches-new");
+            let home = s.root.join("home");
+            std::fs::remove_dir_all(&home).unwrap();
+            std::fs::create_dir(&home).unwrap();
+            std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o755)).unwrap();
+            stand_ins(&s);
+            let uid = match who {
+                As::User(uid) => {
+                    s.chown(uid);
+                    uid
+                }
+                As::Me => rustix::process::geteuid().as_raw(),
+            };
+            let at = format!("{who:?} cold={cold}");
+            let o = run_in(who, &s, &s.ws, &[], &[], ALL_TOOLS, cold);
+            assert_eq!(o.status.code(), Some(0), "{at}: {}", describe(&o));
+            assert_eq!(out(&o), "pip cold\nnpm cold\ncargo cold\ncargo cold\ngo cold\ngo cold\n", "{at}");
+            let o = run_in(who, &s, &s.ws, &[], &[], ALL_TOOLS, cold);
+            assert_eq!(
+                out(&o),
+                "pip warm\nnpm warm\ncargo warm\ncargo warm\ngo warm\ngo warm\n",
+                "{at}: {}",
+                describe(&o)
+            );
+            for d in LOCATIONS {
+                let md = std::fs::symlink_metadata(home.join(d)).unwrap_or_else(|e| panic!("{at}: {d}: {e}"));
+                assert!(md.is_dir() && md.mode() & 0o7777 == 0o700 && md.uid() == uid, "{at}: {d}: {md:?}");
+                let n = std::fs::read_dir(home.join(d)).unwrap().count();
+                assert_eq!(n, 0, "{at}: the host's {d} was written");
+            }
+            // Nothing else was made in the home, nothing in the workspace.
+            let mut names: Vec<String> = std::fs::read_dir(&home)
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect();
+            names.sort();
+            assert_eq!(names, [".cache", ".cargo", ".npm", "go"], "{at}");
+            assert_eq!(std::fs::read_dir(&s.ws).unwrap().count(), 0, "{at}");
+            // `~/.cargo` exists, `~/.cargo/registry` not (a fresh rustup): made, the cache is
+            // there (this workspace's, so warm).
+            std::fs::remove_dir(home.join(".cargo/registry")).unwrap();
+            let o = run_in(who, &s, &s.ws, &[], &[], "cargo build", cold);
+            assert_eq!(out(&o), "cargo warm\ncargo warm\n", "{at}: {}", describe(&o));
+            assert!(home.join(".cargo/registry").is_dir(), "{at}");
+        }
+    }
+}
+
+#[test]
+fn locations_follow_the_tools_variables_and_symlinks_to_their_real_paths() {
     for who in identities() {
         let s = setup(who, "caches-vars");
         let ch = s.root.join("cargo-home");
@@ -136,23 +221,82 @@ fn locations_follow_the_tools_variables_and_refuse_symlinks() {
         if let As::User(uid) = who {
             s.chown(uid);
         }
-        let o = run_in(
-            who,
-            &s,
-            &s.ws,
-            &[("CARGO_HOME", ch.clone())],
-            &[],
-            "echo c > $CARGO_HOME/registry/c && cat $CARGO_HOME/registry/c; echo n > ~/.npm/n 2>/dev/null || echo refused",
-            true,
-        );
-        assert_eq!(out(&o), "c\nrefused\n", "{who:?}: {}", describe(&o));
+        let script = "echo c > $CARGO_HOME/registry/c && cat $CARGO_HOME/registry/c; echo n > ~/.npm/n && cat ~/.npm/n";
+        let o = run_in(who, &s, &s.ws, &[("CARGO_HOME", ch.clone())], &[], script, true);
+        assert_eq!(out(&o), "c\nn\n", "{who:?}: {}", describe(&o));
         assert!(!ch.join("registry/c").exists(), "{who:?}: written to the host's CARGO_HOME");
-        assert!(!outside.join("n").exists(), "{who:?}: a cache mounted through a symlink");
-        // A location that does not exist gets no cache, and nothing is made in the home.
+        // Through the link: the cache is mounted at the real path, the host's stays empty.
+        assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0, "{who:?}: written through a symlink");
+        let o = run_in(who, &s, &s.ws, &[], &[], "cat ~/.npm/n", false);
+        assert_eq!(out(&o), "n\n", "{who:?}: {}", describe(&o));
+        // A missing location beneath a link is made at the real path, empty.
+        let real_cache = s.root.join("real-cache");
         std::fs::remove_dir_all(s.root.join("home/.cache")).unwrap();
-        let o =
-            run_in(who, &s, &s.ws, &[], &[], "mkdir -p ~/.cache/pip 2>/dev/null && echo made || echo refused", true);
-        assert_eq!(out(&o), "refused\n", "{who:?}: {}", describe(&o));
-        assert!(!s.root.join("home/.cache").exists(), "{who:?}: txbox made a directory in the home");
+        std::fs::create_dir(&real_cache).unwrap();
+        std::os::unix::fs::symlink(&real_cache, s.root.join("home/.cache")).unwrap();
+        if let As::User(uid) = who {
+            s.chown(uid);
+        }
+        let o = run_in(who, &s, &s.ws, &[], &[], "echo p > ~/.cache/pip/p && cat ~/.cache/pip/p", true);
+        assert_eq!(out(&o), "p\n", "{who:?}: {}", describe(&o));
+        assert!(real_cache.join("pip").is_dir() && !real_cache.join("pip/p").exists(), "{who:?}");
+    }
+}
+
+/// Where txbox makes nothing and mounts nothing, and the run goes on: a link into the
+/// workspace, into a hidden place (the cache would make it visible again), a home the caller
+/// does not own, a home others may write.
+#[test]
+fn no_cache_where_the_real_path_clashes_or_the_caller_is_not_alone() {
+    for who in identities() {
+        let s = setup(who, "caches-refused");
+        stand_ins(&s);
+        let home = s.root.join("home");
+        let uid = match who {
+            As::User(uid) => uid,
+            As::Me => rustix::process::geteuid().as_raw(),
+        };
+        // `~/.cache` → the workspace: no cache for pip or go's build cache, nothing made.
+        std::fs::remove_dir_all(home.join(".cache")).unwrap();
+        std::os::unix::fs::symlink(&s.ws, home.join(".cache")).unwrap();
+        // `~/.npm` → a hidden place (`~/.aws`), which stays hidden.
+        std::fs::create_dir_all(home.join(".aws/npm")).unwrap();
+        std::fs::write(home.join(".aws/credentials"), "secret").unwrap();
+        std::fs::remove_dir(home.join(".npm")).unwrap();
+        std::os::unix::fs::symlink(home.join(".aws/npm"), home.join(".npm")).unwrap();
+        // `PIP_CACHE_DIR` in a hidden place, written as it is: the same.
+        let pip = home.join(".ssh/pip");
+        std::fs::create_dir_all(&pip).unwrap();
+        if let As::User(uid) = who {
+            s.chown(uid);
+        }
+        let script = "echo > ~/.cache/pip/t 2>/dev/null && echo pip; echo > ~/.npm/t 2>/dev/null && echo npm; \
+                      echo > ~/.ssh/pip/t 2>/dev/null && echo ssh; \
+                      cat ~/.aws/credentials 2>/dev/null; ls -A ~/.ssh 2>/dev/null; echo done";
+        for cold in [false, true] {
+            let o = run_in(who, &s, &s.ws, &[("PIP_CACHE_DIR", pip.clone())], &[], script, cold);
+            assert_eq!(out(&o), "done\n", "{who:?} cold={cold}: {}", describe(&o));
+            assert_eq!(o.status.code(), Some(0), "{who:?}: {}", describe(&o));
+        }
+        assert_eq!(std::fs::read_dir(&s.ws).unwrap().count(), 0, "{who:?}: made in the workspace");
+        // A home the caller does not own, then one others may write: nothing made in it.
+        std::fs::remove_file(home.join(".cache")).unwrap();
+        std::fs::remove_file(home.join(".npm")).unwrap();
+        let chown = |owner: u32| {
+            let st = std::process::Command::new("chown").arg(owner.to_string()).arg(&home).status().unwrap();
+            assert!(st.success());
+        };
+        let other = if uid == 0 { 65534 } else { 0 };
+        for (owner, mode) in [(other, 0o755), (uid, 0o775), (uid, 0o757)] {
+            if is_root() {
+                chown(owner);
+            } else if owner != uid {
+                continue;
+            }
+            std::fs::set_permissions(&home, std::fs::Permissions::from_mode(mode)).unwrap();
+            let o = run_in(who, &s, &s.ws, &[], &[], "npm install; echo $?", true);
+            assert_eq!(out(&o), "1\n", "{who:?} {owner} {mode:o}: {}", describe(&o));
+            assert!(!home.join(".npm").exists() && !home.join(".cache").exists(), "{who:?} {owner} {mode:o}");
+        }
     }
 }

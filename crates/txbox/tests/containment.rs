@@ -42,6 +42,11 @@ fn escape_attempts_fail_inside_the_sandbox() {
         let home = s.root.join("home");
         std::fs::create_dir_all(home.join(".ssh")).unwrap();
         std::fs::write(home.join(".ssh/id_test"), "SECRET KEY\n").unwrap();
+        // The package tools' default locations, as on a host where they ran: otherwise txbox
+        // makes them, empty, for its caches (tests/caches.rs), and every change shows here.
+        for d in [".npm", ".cache/pip", ".cache/go-build", ".cargo/registry", ".cargo/git", "go/pkg/mod"] {
+            std::fs::create_dir_all(home.join(d)).unwrap();
+        }
         std::fs::write(s.ws.join("policy.toml"), "version = 1\n").unwrap();
         if let As::User(uid) = who {
             s.chown(uid);

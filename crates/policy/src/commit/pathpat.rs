@@ -74,9 +74,11 @@ impl PathPat {
         })
     }
 
-    /// Whether the whole path matches.
+    /// Whether the whole path matches. Every literal component of the pattern matches one
+    /// component of the path, so a path lacking one is refused before the walk (most changed
+    /// paths of a commit lack `.git`, `.vscode`, … and are refused here).
     pub fn matches(&self, path: &[&str]) -> bool {
-        match_from(&self.comps, path)
+        self.literals().all(|l| path.contains(&l)) && match_from(&self.comps, path)
     }
 
     /// Whether an object at `path` stands where a directory on the way to a match would be:
@@ -99,9 +101,54 @@ impl PathPat {
 }
 
 /// Match pattern components against path components (iterative over `**`, bounded by the
-/// product of the lengths: paths and patterns are short).
+/// product of the lengths: paths and patterns are short). The positions reached in the path
+/// after each pattern component are a set of bits: every changed path of every commit meets
+/// every commit rule's patterns, so this allocates nothing (a path deeper than [`MAX_BITS`]
+/// components takes the same walk over a vector).
 fn match_from(pat: &[Comp], path: &[&str]) -> bool {
-    // Positions reached in the path after each pattern component (a set as a bit vector).
+    if path.len() < MAX_BITS {
+        match_bits(pat, path)
+    } else {
+        match_vec(pat, path)
+    }
+}
+
+/// Paths of fewer components than this are matched in a `u128` (positions 0..=len).
+const MAX_BITS: usize = 127;
+
+fn match_bits(pat: &[Comp], path: &[&str]) -> bool {
+    let n = path.len();
+    // Bits 0..=n: the positions a match may have reached.
+    let all: u128 = (1u128 << (n + 1)) - 1;
+    let mut at: u128 = 1;
+    for comp in pat {
+        let mut next: u128 = 0;
+        for i in 0..=n {
+            if at & (1u128 << i) == 0 {
+                continue;
+            }
+            match comp {
+                Comp::AnyDepth => {
+                    next |= all & (!0u128 << i);
+                    break;
+                }
+                c => {
+                    if path.get(i).is_some_and(|p| c.matches(p)) {
+                        next |= 1u128 << (i + 1);
+                    }
+                }
+            }
+        }
+        at = next;
+        if at == 0 {
+            return false;
+        }
+    }
+    at & (1u128 << n) != 0
+}
+
+/// [`match_bits`] over a vector: any depth (and the model the bits are tested against).
+fn match_vec(pat: &[Comp], path: &[&str]) -> bool {
     let n = path.len();
     let mut at = vec![false; n + 1];
     at[0] = true;
@@ -180,6 +227,33 @@ mod tests {
         assert!(g(".claude/settings*.json", ".claude") && !g(".claude/settings*.json", ".claude/settings.json"));
         assert!(g("**/.git/config", ".git") && !g("**/.git/config", ".gitignore"));
         assert!(g("**/.git/modules/**/config", ".git/modules/x") && g("**/.git/modules/**/config", ".git/modules"));
+    }
+
+    proptest::proptest! {
+        /// The bit set and the vector walk agree, and so does `matches` with its literal
+        /// pre-check, on patterns and paths built from a small alphabet (so that they meet).
+        #[test]
+        fn bits_agree_with_the_vector_walk(
+            pat in proptest::collection::vec(proptest::sample::select(vec!["**", "*", "a", "b", ".git", "*.git", "h?", "[ab]"]), 1..6),
+            path in proptest::collection::vec(proptest::sample::select(vec!["a", "b", ".git", "x.git", "hk", "h"]), 0..9),
+        ) {
+            let p = PathPat::new(&pat.join("/")).unwrap_or_else(|e| panic!("{e}"));
+            let model = match_vec(&p.comps, &path);
+            proptest::prop_assert_eq!(match_bits(&p.comps, &path), model);
+            proptest::prop_assert_eq!(p.matches(&path), model);
+        }
+    }
+
+    #[test]
+    fn deep_paths_take_the_vector_walk_and_agree() {
+        let p = PathPat::new("**/.git/hooks/**/*").unwrap_or_else(|e| panic!("{e}"));
+        for depth in [100, MAX_BITS - 4, MAX_BITS - 3, MAX_BITS, 300] {
+            let mut path = vec!["d"; depth];
+            path.extend([".git", "hooks", "pre-commit"]);
+            assert!(p.matches(&path), "depth {depth}");
+            path.pop();
+            assert!(!p.matches(&path), "depth {depth}");
+        }
     }
 
     #[test]

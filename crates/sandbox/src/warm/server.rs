@@ -298,7 +298,7 @@ fn same_object(a: &OwnedFd, b: &OwnedFd) -> bool {
 /// (how `git credential-store`, `docker login` or `ssh-keygen` replace their files), and a
 /// secret that appears later was never covered: either way the secret would show here, so a
 /// difference makes the server stop serving (the run then builds its own sandbox, which hides
-/// the secret as it is now).
+/// the secret as it is now). The same holds for the package caches' mounts (`SandboxSpec::caches`).
 ///
 /// Looking at every secret for every request costs a `stat` each (a hundred, with the rule of
 /// `crate::secrets`); so the directories where they are, or would appear, are watched
@@ -311,7 +311,11 @@ struct Hidden {
 
 impl Hidden {
     fn now(spec: &SandboxSpec) -> Hidden {
-        let paths: Vec<PathBuf> = spec.hide.iter().filter(|h| !h.starts_with(&spec.workspace)).cloned().collect();
+        // The package caches' mount points too: one the host deletes (a user's `rm -rf ~/.npm`,
+        // made anew by the next run) takes the cache's mount with it here.
+        let caches = spec.caches.iter().map(|(_, at)| at.clone());
+        let paths: Vec<PathBuf> =
+            spec.hide.iter().filter(|h| !h.starts_with(&spec.workspace)).cloned().chain(caches).collect();
         // Watching first: whatever moves while the identities are taken is seen.
         let watch = Watch::of(&paths);
         let paths = paths.into_iter().map(|h| {

@@ -1,0 +1,166 @@
+"""The HTTP API's cost (issue #18): a `true` transaction over `POST /v1/run`, and transactions
+per second from several clients on several workspaces.
+
+One `txbox serve` on a loopback port with a token, its own state directory, one workspace per
+client. Clients are Python `http.client` connections kept alive (as an agent's HTTP client
+would keep them), so the TCP handshake is not counted.
+
+- `latency`: interleaved, per round: spawning `bash -c true` (what the command itself costs
+  natively), `GET /v1/health` (the HTTP round trip through the same server, no transaction) and
+  `POST /v1/run {"command": "true"}`. `added_ms` = median(run) - median(health) - median(bash):
+  what a transaction adds beyond the round trip and the command's own process.
+- `throughput`: `clients` threads, each on its own connection and workspace, sending
+  `POST /v1/run {"command": "true"}` back to back for `per_client` requests after a warm-up;
+  transactions per second = all requests / wall time from the first to the last.
+"""
+import http.client
+import json
+import os
+import secrets
+import socket
+import subprocess
+import threading
+import time
+
+from .timing import BenchError, interleave, median_ms, seconds, summary
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`txbox serve` for `workspaces`, stopped on exit."""
+
+    def __init__(self, ctx, workspaces):
+        self.port = free_port()
+        self.token = secrets.token_hex(16)
+        tok = ctx.scratch.fresh("api-token")
+        os.makedirs(tok, exist_ok=True)
+        self.token_file = os.path.join(tok, "token")
+        with open(self.token_file, "w") as f:
+            f.write(self.token + "\n")
+        os.chmod(self.token_file, 0o600)
+        state = ctx.scratch.fresh("api-state")
+        argv = [ctx.txbox, "serve", "--listen", f"127.0.0.1:{self.port}", "--token-file", self.token_file,
+                "--state-dir", state]
+        for w in workspaces:
+            argv += ["-C", w]
+        self.log = open(os.path.join(tok, "serve.log"), "w")
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 30
+        while time.time() < deadline:
+            try:
+                c = self.connect()
+                c.request("GET", "/v1/health")
+                c.getresponse().read()
+                c.close()
+                return
+            except OSError:
+                if self.proc.poll() is not None:
+                    break
+                time.sleep(0.05)
+        self.stop()
+        raise BenchError(f"txbox serve did not come up on port {self.port} (see {self.log.name})")
+
+    def connect(self):
+        return http.client.HTTPConnection("127.0.0.1", self.port, timeout=60)
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+class Client:
+    """One kept-alive connection to the server, on one workspace."""
+
+    def __init__(self, server, workspace):
+        self.conn = server.connect()
+        self.headers = {"Authorization": f"Bearer {server.token}", "Content-Type": "application/json"}
+        self.body = json.dumps({"command": "true", "workspace": workspace})
+
+    def health(self):
+        t0 = time.perf_counter()
+        self.conn.request("GET", "/v1/health")
+        r = self.conn.getresponse()
+        r.read()
+        dt = time.perf_counter() - t0
+        if r.status != 200:
+            raise BenchError(f"GET /v1/health answered {r.status}")
+        return dt
+
+    def run_true(self):
+        t0 = time.perf_counter()
+        self.conn.request("POST", "/v1/run", body=self.body, headers=self.headers)
+        r = self.conn.getresponse()
+        data = r.read()
+        dt = time.perf_counter() - t0
+        if r.status != 200:
+            raise BenchError(f"POST /v1/run answered {r.status}: {data[:300]!r}")
+        if json.loads(data).get("exit_code") != 0:
+            raise BenchError(f"POST /v1/run of `true` did not succeed: {data[:300]!r}")
+        return dt
+
+
+def api(ctx):
+    """See the module docstring."""
+    clients = 4
+    workspaces = [ctx.scratch.populated(f"api{i}", ctx.cfg.sizes[0]) for i in range(clients)]
+    runs = ctx.cfg.latency_runs
+    per_client = max(10, ctx.cfg.throughput_runs // 2)
+    with Server(ctx, workspaces) as srv:
+        one = Client(srv, workspaces[0])
+        s = interleave({
+            "bash -c true": lambda r: seconds(["bash", "-c", "true"], workspaces[0]),
+            "GET /v1/health": lambda r: one.health(),
+            "POST /v1/run true": lambda r: one.run_true(),
+        }, runs)
+        bash, health, run = (median_ms(s[k]) for k in ("bash -c true", "GET /v1/health", "POST /v1/run true"))
+        latency = {"variants": {k: summary(v) for k, v in s.items()}, "added_ms": run - health - bash}
+        one.conn.close()
+
+        cs = [Client(srv, w) for w in workspaces]
+        for c in cs:
+            c.run_true()
+        errors = []
+        start = threading.Barrier(clients + 1)
+
+        def work(c):
+            start.wait()
+            try:
+                for _ in range(per_client):
+                    c.run_true()
+            except Exception as e:  # reported below: a failed request is not a measurement
+                errors.append(repr(e))
+
+        threads = [threading.Thread(target=work, args=(c,)) for c in cs]
+        for t in threads:
+            t.start()
+        start.wait()
+        t0 = time.perf_counter()
+        for t in threads:
+            t.join()
+        wall = time.perf_counter() - t0
+        for c in cs:
+            c.conn.close()
+        if errors:
+            raise BenchError(f"API throughput: {len(errors)} client(s) failed: {errors[0]}")
+    return {
+        "latency": latency,
+        "throughput": {"clients": clients, "requests": clients * per_client, "seconds": wall,
+                       "tx_per_s": clients * per_client / wall},
+    }
