@@ -1,14 +1,16 @@
-//! The seam between stage 2's setup order and the kernel (youki's way): [`Kernel`] names each
-//! operation stage 2 performs, in the words of the step, and stage 2's ordered functions
-//! (`stage2::start`, `run`, `enter_namespaces`, `init`, `confine`) are generic over it.
+//! The seam between the sandbox's setup order and the kernel (youki's way): [`Kernel`] names
+//! each operation stage 2 or a warm server performs, in the words of the step, and their
+//! ordered functions (`stage2::start`, `run`, `enter_namespaces`, `init`, `confine`; the warm
+//! server's `build`, `fork_init`, `seal_init`, `mount_run`, `reset`, `prepare_child`) are
+//! generic over it.
 //!
 //! - [`Linux`]: the real thing, a zero-sized type whose methods call the syscalls (static
 //!   dispatch: the seam costs nothing on the hot path);
-//! - `Recorder` (tests): writes down each operation instead, so the order of the sandbox's
-//!   setup, and what depends on it for security, is unit-tested without root.
+//! - `recorder::Recorder` (tests): writes down each operation instead, so the order of the
+//!   sandbox's setup, and what depends on it for security, is unit-tested without root.
 //!
-//! Owns the list of operations; may not decide their order (that is `stage2`'s) nor hold
-//! state of its own beyond what the real calls return.
+//! Owns the list of operations; may not decide their order (that is `stage2`'s and
+//! `warm::server`'s) nor hold state of its own beyond what the real calls return.
 
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -19,7 +21,7 @@ use rustix::thread::UnshareFlags;
 
 use crate::spec::{MountOp, SandboxSpec};
 use crate::stage2::{Pins, Status};
-use crate::step::{at, StepError};
+use crate::step::{at, at_path, StepError};
 use crate::supervisor::{Guard, Handoff, Sandbox};
 
 /// Which side of a fork this process is on.
@@ -99,6 +101,18 @@ pub(crate) trait Kernel {
     fn report(&mut self, line: &str);
     /// Leave at once (never returns on a real kernel).
     fn exit(&mut self, code: i32) -> i32;
+
+    // What only a warm server does (`warm::server`): it keeps handles from before its
+    // namespaces, and gives each run the caller's stdio, umask and limits.
+    /// A handle on the host's procfs (who a client is), before init's covers it.
+    fn host_proc(&mut self) -> Result<OwnedFd, StepError>;
+    /// A detached clone of the tree at `path` (`open_tree(OPEN_TREE_CLONE)`).
+    fn clone_tree(&mut self, path: &Path) -> Result<OwnedFd, StepError>;
+    /// Make `stdio` (open descriptors of this process) its stdin, stdout and stderr.
+    fn install_stdio(&mut self, stdio: &[i32]) -> Result<(), StepError>;
+    fn umask(&mut self, mask: u32);
+    /// The caller's own limit on `resource`, best effort (`None`: unlimited).
+    fn caller_rlimit(&mut self, resource: Resource, soft: Option<u64>, hard: Option<u64>);
 }
 
 /// The real kernel.
@@ -316,14 +330,47 @@ impl Kernel for Linux {
     fn exit(&mut self, code: i32) -> i32 {
         crate::stage2::exit(code)
     }
+
+    fn host_proc(&mut self) -> Result<OwnedFd, StepError> {
+        use rustix::fs::{Mode, OFlags};
+        rustix::fs::open("/proc", OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+            .map_err(at("open the host's /proc"))
+    }
+
+    fn clone_tree(&mut self, path: &Path) -> Result<OwnedFd, StepError> {
+        use rustix::mount::OpenTreeFlags;
+        rustix::mount::open_tree(
+            rustix::fs::CWD,
+            path,
+            OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+        )
+        .map_err(at_path("clone", path))
+    }
+
+    fn install_stdio(&mut self, stdio: &[i32]) -> Result<(), StepError> {
+        // SAFETY: called in the warm server's freshly cloned command process (its own fd
+        // table), with descriptors the server holds open for the run.
+        if !unsafe { crate::launch::install_fds(&[(stdio[0], 0), (stdio[1], 1), (stdio[2], 2)]) } {
+            return Err(StepError::last("install stdio"));
+        }
+        Ok(())
+    }
+
+    fn umask(&mut self, mask: u32) {
+        rustix::process::umask(rustix::fs::Mode::from_raw_mode(mask));
+    }
+
+    fn caller_rlimit(&mut self, resource: Resource, soft: Option<u64>, hard: Option<u64>) {
+        let _ = rustix::process::setrlimit(resource, rustix::process::Rlimit { current: soft, maximum: hard });
+    }
 }
 
+/// A kernel that writes down what it is asked, for the order tests of stage 2 and the warm
+/// server.
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::expect_used)]
-mod tests {
+pub(crate) mod recorder {
     use std::collections::VecDeque;
-    use std::ffi::OsString;
-    use std::path::PathBuf;
 
     use super::*;
 
@@ -331,11 +378,11 @@ mod tests {
     /// (the child when it runs out), so one run walks one process's whole path; a step named
     /// in `fail` fails with EPERM.
     #[derive(Default)]
-    struct Recorder {
-        ops: Vec<String>,
-        forks: VecDeque<Fork>,
-        supervisor: bool,
-        fail: Option<&'static str>,
+    pub(crate) struct Recorder {
+        pub(crate) ops: Vec<String>,
+        pub(crate) forks: VecDeque<Fork>,
+        pub(crate) supervisor: bool,
+        pub(crate) fail: Option<&'static str>,
     }
 
     impl Recorder {
@@ -467,7 +514,64 @@ mod tests {
             self.ok(format!("exit {code}"));
             code
         }
+        fn host_proc(&mut self) -> Result<OwnedFd, StepError> {
+            self.note("host_proc")?;
+            Ok(harmless())
+        }
+        fn clone_tree(&mut self, path: &Path) -> Result<OwnedFd, StepError> {
+            self.note(format!("clone {}", path.display()))?;
+            Ok(harmless())
+        }
+        fn install_stdio(&mut self, stdio: &[i32]) -> Result<(), StepError> {
+            self.note(format!("install_stdio {stdio:?}"))
+        }
+        fn umask(&mut self, mask: u32) {
+            self.ok(format!("umask {mask:o}"));
+        }
+        fn caller_rlimit(&mut self, resource: Resource, soft: Option<u64>, hard: Option<u64>) {
+            self.ok(format!("caller_rlimit {resource:?} {soft:?} {hard:?}"));
+        }
     }
+
+    /// A descriptor to stand for one the real kernel would open (`/`, as a path only).
+    fn harmless() -> OwnedFd {
+        rustix::fs::open("/", rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())
+            .unwrap()
+    }
+
+    /// What a recorder wrote down (on one path through stage 2, with `of`), and lookups into it.
+    pub(crate) struct Trace(pub(crate) Vec<String>);
+
+    impl Trace {
+        pub(crate) fn of(mut k: Recorder, spec: &SandboxSpec) -> (Trace, i32) {
+            let code = crate::stage2::start(&mut k, spec);
+            (Trace(k.ops), code)
+        }
+        /// Index of the first op starting with `p`.
+        pub(crate) fn first(&self, p: &str) -> usize {
+            self.0.iter().position(|o| o.starts_with(p)).unwrap_or_else(|| panic!("no {p:?} in {:#?}", self.0))
+        }
+        pub(crate) fn last(&self, p: &str) -> usize {
+            self.0.iter().rposition(|o| o.starts_with(p)).unwrap_or_else(|| panic!("no {p:?} in {:#?}", self.0))
+        }
+        pub(crate) fn has(&self, p: &str) -> bool {
+            self.0.iter().any(|o| o.starts_with(p))
+        }
+        /// Every op starting with `a` comes before every op starting with `b`.
+        pub(crate) fn before(&self, a: &str, b: &str) {
+            assert!(self.last(a) < self.first(b), "{a:?} must come before {b:?}: {:#?}", self.0);
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
+mod tests {
+    use std::ffi::OsString;
+    use std::path::PathBuf;
+
+    use super::recorder::{Recorder, Trace};
+    use super::*;
 
     /// A root run (no user namespace) with everything on: limits, a terminal, the supervisor,
     /// a secret hidden inside the workspace and one outside.
@@ -485,30 +589,6 @@ mod tests {
         s.max_procs = Some(100);
         s.hide = vec![PathBuf::from("/work/repo/.env"), PathBuf::from("/root/.ssh")];
         s
-    }
-
-    /// What `k` recorded on one path through stage 2, and lookups into it.
-    struct Trace(Vec<String>);
-
-    impl Trace {
-        fn of(mut k: Recorder, spec: &SandboxSpec) -> (Trace, i32) {
-            let code = crate::stage2::start(&mut k, spec);
-            (Trace(k.ops), code)
-        }
-        /// Index of the first op starting with `p`.
-        fn first(&self, p: &str) -> usize {
-            self.0.iter().position(|o| o.starts_with(p)).unwrap_or_else(|| panic!("no {p:?} in {:#?}", self.0))
-        }
-        fn last(&self, p: &str) -> usize {
-            self.0.iter().rposition(|o| o.starts_with(p)).unwrap_or_else(|| panic!("no {p:?} in {:#?}", self.0))
-        }
-        fn has(&self, p: &str) -> bool {
-            self.0.iter().any(|o| o.starts_with(p))
-        }
-        /// Every op starting with `a` comes before every op starting with `b`.
-        fn before(&self, a: &str, b: &str) {
-            assert!(self.last(a) < self.first(b), "{a:?} must come before {b:?}: {:#?}", self.0);
-        }
     }
 
     /// The command's path: stage 2, then (child) init, then (child) the command.

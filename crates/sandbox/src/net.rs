@@ -118,10 +118,11 @@ impl Attempts {
 /// serves one run at a time).
 static WARM: std::sync::Mutex<Option<Attempts>> = std::sync::Mutex::new(None);
 
-/// In a warm server, right after it entered its namespaces.
-pub(crate) fn warm_open(spec: &SandboxSpec) {
+/// In a warm server, right after it entered its namespaces: keep the counters it opened there
+/// (`kernel::Kernel::net_attempts`).
+pub(crate) fn warm_keep(attempts: Option<Attempts>) {
     if let Ok(mut w) = WARM.lock() {
-        *w = Attempts::open(spec);
+        *w = attempts;
     }
 }
 

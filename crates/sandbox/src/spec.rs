@@ -55,9 +55,29 @@ pub struct SandboxSpec {
     pub argv: Vec<OsString>,
 }
 
+/// Why the arguments of a sandbox spec (stage 2's, a warm server's or a request's) were refused.
+/// Each says which option and what it was given, so a broken caller is found from the message.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("malformed stage-2 arguments: {0}")]
-pub struct SpecError(pub String);
+pub enum SpecError {
+    #[error("malformed stage-2 arguments: {0} needs a value")]
+    MissingValue(String),
+    /// A value that does not parse as the option's kind (a number, `U:UID:GID`, a port).
+    #[error("malformed stage-2 arguments: bad {option}: {value}")]
+    BadValue { option: String, value: String },
+    #[error("malformed stage-2 arguments: unknown option {0}")]
+    UnknownOption(String),
+    #[error("malformed stage-2 arguments: --cache-at without --cache")]
+    CacheAtWithoutCache,
+    #[error("malformed stage-2 arguments: each --cache needs an absolute --cache-at, and both absolute")]
+    CacheNotAbsolute,
+    #[error("malformed stage-2 arguments: workspace, upper and work must be absolute paths")]
+    NotAbsolute,
+    #[error("malformed stage-2 arguments: no command")]
+    NoCommand,
+    /// A warm server's command line is not `--socket PATH --state DIR --idle SECS SPEC…`.
+    #[error("malformed stage-2 arguments: usage: __warm --socket PATH --state DIR --idle SECS SPEC…")]
+    WarmUsage,
+}
 
 impl SandboxSpec {
     /// A spec with the defaults of docs/DESIGN.md §6 for running `argv` in `workspace`.
@@ -143,10 +163,10 @@ impl SandboxSpec {
                 spec.argv = it.cloned().collect();
                 break;
             }
-            let v = it.next().ok_or_else(|| SpecError(format!("{} needs a value", k.to_string_lossy())))?;
+            let v = it.next().ok_or_else(|| SpecError::MissingValue(k.to_string_lossy().into_owned()))?;
             let s = v.to_string_lossy();
             let parts: Vec<&str> = s.split(':').collect();
-            let bad = || SpecError(format!("bad {}: {s}", k.to_string_lossy()));
+            let bad = || SpecError::BadValue { option: k.to_string_lossy().into_owned(), value: s.to_string() };
             let num = |x: &str| x.parse::<u32>().map_err(|_| bad());
             let opt = |x: &str| if x == "-" { Ok(None) } else { x.parse::<u64>().map(Some).map_err(|_| bad()) };
             match k.as_bytes() {
@@ -157,7 +177,7 @@ impl SandboxSpec {
                 b"--writable" => spec.writable.push(PathBuf::from(v)),
                 b"--cache" => cache_from = Some(PathBuf::from(v)),
                 b"--cache-at" => {
-                    let from = cache_from.take().ok_or_else(|| SpecError("--cache-at without --cache".into()))?;
+                    let from = cache_from.take().ok_or(SpecError::CacheAtWithoutCache)?;
                     spec.caches.push((from, PathBuf::from(v)));
                 }
                 b"--layer" => spec.layers.push(PathBuf::from(v)),
@@ -183,17 +203,17 @@ impl SandboxSpec {
                     }
                     _ => return Err(bad()),
                 },
-                other => return Err(SpecError(format!("unknown option {}", String::from_utf8_lossy(other)))),
+                other => return Err(SpecError::UnknownOption(String::from_utf8_lossy(other).into_owned())),
             }
         }
         if spec.argv.is_empty() {
-            return Err(SpecError("no command".into()));
+            return Err(SpecError::NoCommand);
         }
         if cache_from.is_some() || spec.caches.iter().any(|(a, b)| !a.is_absolute() || !b.is_absolute()) {
-            return Err(SpecError("each --cache needs an absolute --cache-at, and both absolute".into()));
+            return Err(SpecError::CacheNotAbsolute);
         }
         if !spec.workspace.is_absolute() || !spec.upper.is_absolute() || !spec.work.is_absolute() {
-            return Err(SpecError("workspace, upper and work must be absolute paths".into()));
+            return Err(SpecError::NotAbsolute);
         }
         Ok(spec)
     }
@@ -610,6 +630,38 @@ mod tests {
         let mut s = spec();
         s.argv.clear();
         assert!(SandboxSpec::from_args(&s.to_args()).is_err());
+    }
+
+    #[test]
+    fn each_refusal_names_its_option_and_value() {
+        let args = |a: &[&str]| a.iter().map(OsString::from).collect::<Vec<_>>();
+        let err = |a: &[&str]| SandboxSpec::from_args(&args(a)).err();
+        let abs = ["--workspace", "/w", "--upper", "/u", "--work", "/k"];
+        let with = |more: &[&'static str]| [&abs[..], more, &["--", "true"][..]].concat();
+        let cases: Vec<(Option<SpecError>, &str)> = vec![
+            (err(&["--workspace"]), "--workspace needs a value"),
+            (err(&with(&["--ids", "1:x:0"])), "bad --ids: 1:x:0"),
+            (err(&with(&["--limits", "1:x:-:0:0"])), "bad --limits: 1:x:-:0:0"),
+            (err(&with(&["--proxy", "0"])), "bad --proxy: 0"),
+            (err(&with(&["--bogus", "x"])), "unknown option --bogus"),
+            (err(&with(&["--cache-at", "/t"])), "--cache-at without --cache"),
+            (err(&with(&["--cache", "/s"])), "each --cache needs an absolute --cache-at, and both absolute"),
+            (
+                err(&with(&["--cache", "/s", "--cache-at", "t"])),
+                "each --cache needs an absolute --cache-at, and both absolute",
+            ),
+            (err(&["--workspace", "w", "--", "true"]), "workspace, upper and work must be absolute paths"),
+            (err(&abs), "no command"),
+        ];
+        for (e, text) in cases {
+            let e = e.unwrap_or_else(|| panic!("accepted: {text}"));
+            assert_eq!(e.to_string(), format!("malformed stage-2 arguments: {text}"));
+        }
+        assert_eq!(
+            err(&with(&["--ids", "1:x:0"])),
+            Some(SpecError::BadValue { option: "--ids".into(), value: "1:x:0".into() })
+        );
+        assert_eq!(err(&["--workspace"]), Some(SpecError::MissingValue("--workspace".into())));
     }
 
     #[test]

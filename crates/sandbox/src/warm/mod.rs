@@ -9,7 +9,8 @@
 //! command left, detaches the view and replaces `/tmp` and `/dev/shm`.
 //!
 //! - [`wire`]: the request and answers, as bytes (pure);
-//! - [`server`]: `txbox __warm`, the server and its pid-1 loop;
+//! - [`server`]: `txbox __warm`, the server and its pid-1 loop, its setup order generic over
+//!   `crate::kernel::Kernel` (as stage 2's); `refusal`: why it does not take a request;
 //! - [`client`]: claim a server for one command, or start one for next time;
 //! - [`gc`]: deleting retired transaction directories while the server is idle.
 //!
@@ -22,6 +23,7 @@
 
 pub mod client;
 pub mod gc;
+mod refusal;
 pub mod server;
 pub mod wire;
 

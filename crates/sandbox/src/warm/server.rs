@@ -15,6 +15,11 @@
 //! without a request, when its socket is removed or replaced (the state directory was deleted),
 //! or when a secret it did not hide at start appears.
 //!
+//! The order of the setup (`build`, `fork_init`, `seal_init`, `mount_run`, `reset`,
+//! `prepare_child`) is generic over `crate::kernel::Kernel`, as stage 2's is, and may reach the
+//! kernel only through it; `tests` pin it without root. What stays outside the seam is the
+//! server's own bookkeeping (its lock and socket before any namespace, the request loop).
+//!
 //! Owns the server, its init loop and each run's mounts; may serve one transaction at a time only,
 //! and no client that `trusted` refuses.
 
@@ -30,12 +35,13 @@ use rustix::net::{
     AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SocketAddrUnix, SocketFlags, SocketType,
 };
 
+use super::refusal::Refusal;
 use super::wire::{resource, with_suffix, Answer, Report, Request, ServerArgs, FIXED_FDS, MAX_LAYERS, MAX_REQUEST};
 use super::{LayerName, StateLayout};
-use crate::kernel::Linux;
-use crate::spec::{MountPlan, SandboxSpec, WarmPlan};
-use crate::stage2::{self, at, at_path, mount, Pins, StepError};
-use crate::supervisor::{Guard, Handoff, Sandbox};
+use crate::kernel::{Fork, Kernel, Linux, Supervised};
+use crate::spec::{MountOp, MountPlan, SandboxSpec, WarmPlan};
+use crate::stage2::{self, at, at_path, Pins, StepError};
+use crate::supervisor::Handoff;
 
 /// How often an idle server checks that it is still wanted.
 const TICK: Duration = Duration::from_secs(1);
@@ -123,34 +129,11 @@ fn listen_build_and_serve(
         name: name.clone(),
         ino: inode(&args.socket),
     };
-    // 3. What keeps host unix sockets out of reach (crate::supervisor), as in a cold sandbox;
-    //    namespaces, private copies of the two trees every transaction's layers come from,
-    //    and every mount that does not depend on the transaction.
-    let supervisor = match Guard::for_kernel() {
-        Guard::Supervisor => Some(crate::supervisor::Process::start(Sandbox {
-            workspace: spec.workspace.clone(),
-            host_network: spec.host_network,
-            userns: spec.userns,
-        })?),
-        Guard::Landlock => None,
-    };
-    // Who a client is: its pid namespace, counted in the host's procfs, which the sandbox's
-    // covers once init mounts it.
-    let host_proc = rustix::fs::open("/proc", OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
-        .map_err(at("open the host's /proc"))?;
-    let me = Me { binary: super::binary_id(), host_proc, layer: layout.layer };
-    stage2::enter_namespaces(&mut Linux, spec)?;
-    crate::net::warm_open(spec);
-    let roots = Roots::clone_from(&args.state, &spec.workspace, layout.retired)?;
-    let plan = MountPlan::for_warm(spec);
-    let mut pins = Pins::default();
-    for p in plan.base.sources() {
-        pins.open(&p)?;
-    }
-    for op in &plan.base.namespace {
-        mount(op, &pins)?;
-    }
-    drop(pins);
+    let binary = super::binary_id();
+    // 3. The sandbox, but for what each transaction brings (`build`).
+    let k = &mut Linux;
+    let Built { supervisor, host_proc, roots, plan } = build(k, args, layout.retired)?;
+    let me = Me { binary, host_proc, layer: layout.layer };
     // 4. What each secret outside the workspace looks like from inside, now that it is hidden.
     let hidden = Hidden::now(spec);
 
@@ -158,16 +141,10 @@ fn listen_build_and_serve(
     let mut failed = name.clone();
     failed.push(".failed");
     let _ = rustix::fs::unlinkat(dir_fd, failed.as_os_str(), rustix::fs::AtFlags::empty());
-    // 5. The pid namespace's init serves; this process waits for it, so that killing it (the
-    //    spawner's session is gone, but an administrator may) ends the server.
-    // SAFETY: single-threaded (a fresh exec that started no threads).
-    let pid = unsafe { libc::fork() };
-    if pid < 0 {
-        return Err(StepError::last("fork init"));
-    }
-    let (supervisor, handoff) = supervisor.map_or((None, None), |(p, h)| (Some(p), Some(h)));
-    if pid == 0 {
-        let code = match init(spec, &plan, &roots, &listener, &bound, &hidden, &me, args.idle, handoff) {
+    // 5. The pid namespace's init serves (`fork_init`); the listener is its alone.
+    let (plan, roots, bound, hidden, me) = (&plan, &roots, &bound, &hidden, &me);
+    fork_init(k, supervisor, move |k, handoff| {
+        let code = match init(k, spec, plan, roots, &listener, bound, hidden, me, args.idle, handoff) {
             Ok(()) => 0,
             Err(e) => {
                 record_failure(&bound.dir, &bound.name, &e);
@@ -175,16 +152,77 @@ fn listen_build_and_serve(
             }
         };
         bound.remove_if_ours();
-        stage2::exit(code);
+        code
+    })
+}
+
+/// What `build` made: the socket supervisor (and init's end of its handoff), a handle on the
+/// host's procfs, the clones the layers are found in, and the plan the rest follows.
+struct Built<K: Kernel> {
+    supervisor: Supervised<K::Supervisor, K::Handoff>,
+    host_proc: OwnedFd,
+    roots: Roots,
+    plan: WarmPlan,
+}
+
+/// Step 3 of `serve`: what keeps host unix sockets out of reach (crate::supervisor), as in a
+/// cold sandbox, started in the host's namespaces; the namespaces; private copies of the two
+/// trees every transaction's layers come from (before anything is made read-only); and every
+/// mount that does not depend on the transaction. The order is the documentation; `tests`
+/// pin it.
+fn build<K: Kernel>(k: &mut K, args: &ServerArgs, retired: &Path) -> Result<Built<K>, StepError> {
+    let spec = &args.spec;
+    let supervisor = k.start_supervisor(spec)?;
+    // Who a client is: its pid namespace, counted in the host's procfs, which the sandbox's
+    // covers once init mounts it.
+    let host_proc = k.host_proc()?;
+    stage2::enter_namespaces(k, spec)?;
+    crate::net::warm_keep(k.net_attempts(spec));
+    let roots = Roots {
+        state_path: args.state.clone(),
+        state: k.clone_tree(&args.state)?,
+        workspace: k.clone_tree(&spec.workspace)?,
+        retired: retired.to_path_buf(),
+    };
+    let plan = MountPlan::for_warm(spec);
+    let mut pins = Pins::default();
+    for p in plan.base.sources() {
+        k.pin(&mut pins, &p)?;
     }
-    drop((listener, handoff));
-    // 6. The supervisor serves init's filter for every transaction, and leaves with init.
+    for op in &plan.base.namespace {
+        k.mount(op, &pins)?;
+    }
+    drop(pins);
+    Ok(Built { supervisor, host_proc, roots, plan })
+}
+
+/// Step 5 of `serve`: fork the pid namespace's init, which runs `serve` and leaves with its
+/// code; this process waits for it, so that killing it (the spawner's session is gone, but an
+/// administrator may) ends the server. The supervisor serves init's filter for every
+/// transaction, and leaves with init.
+fn fork_init<K: Kernel, F: FnOnce(&mut K, Option<K::Handoff>) -> i32>(
+    k: &mut K,
+    supervisor: Supervised<K::Supervisor, K::Handoff>,
+    serve: F,
+) -> Result<(), StepError> {
+    let fork = k.fork("fork init")?;
+    let (supervisor, handoff) = supervisor.map_or((None, None), |(p, h)| (Some(p), Some(h)));
+    let pid = match fork {
+        Fork::Child => {
+            let code = serve(k, handoff);
+            k.exit(code);
+            return Ok(());
+        }
+        Fork::Parent(pid) => pid,
+    };
+    // What `serve` holds (the listener) and init's end of the handoff are init's alone.
+    drop((serve, handoff));
     if let Some(s) = &supervisor {
-        s.watch(pid);
+        k.watch_supervisor(s, pid);
     }
-    let _ = crate::reap::wait(pid);
+    let _ = k.wait(pid);
     if let Some(s) = supervisor {
-        s.wait();
+        k.wait_supervisor(s);
     }
     Ok(())
 }
@@ -205,30 +243,11 @@ struct Roots {
 }
 
 impl Roots {
-    fn clone_from(state: &Path, workspace: &Path, retired: &Path) -> Result<Roots, StepError> {
-        use rustix::mount::OpenTreeFlags;
-        let clone = |p: &Path| {
-            rustix::mount::open_tree(
-                rustix::fs::CWD,
-                p,
-                OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
-            )
-            .map_err(at_path("clone", p))
-        };
-        Ok(Roots {
-            state_path: state.to_path_buf(),
-            state: clone(state)?,
-            workspace: clone(workspace)?,
-            retired: retired.to_path_buf(),
-        })
-    }
-
     /// A directory of a transaction (upper, work, a layer) beneath the state directory,
     /// resolved without following symlinks, and checked to be the one the client opened.
-    fn resolve(&self, p: &Path, client: &OwnedFd) -> Result<OwnedFd, String> {
+    fn resolve(&self, p: &Path, client: &OwnedFd) -> Result<OwnedFd, Refusal> {
         use rustix::fs::ResolveFlags;
-        let rel =
-            p.strip_prefix(&self.state_path).map_err(|_| format!("{} is not in the state directory", p.display()))?;
+        let rel = p.strip_prefix(&self.state_path).map_err(|_| Refusal::NotInState(p.to_path_buf()))?;
         let fd = rustix::fs::openat2(
             &self.state,
             rel,
@@ -236,8 +255,8 @@ impl Roots {
             Mode::empty(),
             ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS | ResolveFlags::NO_XDEV,
         )
-        .map_err(|e| format!("open {}: {e}", p.display()))?;
-        same_object(&fd, client).then_some(fd).ok_or_else(|| format!("{} changed under the request", p.display()))
+        .map_err(|errno| Refusal::Open { path: p.to_path_buf(), errno })?;
+        same_object(&fd, client).then_some(fd).ok_or_else(|| Refusal::Changed(p.to_path_buf()))
     }
 
     /// Delete retired transaction directories until a client knocks on `listener`. Returns
@@ -424,10 +443,10 @@ fn inode(p: &Path) -> Option<u64> {
     rustix::fs::lstat(p).ok().map(|s| s.st_ino)
 }
 
-/// pid 1 of the warm sandbox: mount /proc, install the socket filter, then serve requests one
-/// at a time.
+/// pid 1 of the warm sandbox: seal itself (`seal_init`), then serve requests one at a time.
 #[allow(clippy::too_many_arguments)]
 fn init(
+    k: &mut Linux,
     spec: &SandboxSpec,
     plan: &WarmPlan,
     roots: &Roots,
@@ -438,18 +457,7 @@ fn init(
     idle: Duration,
     handoff: Option<Handoff>,
 ) -> Result<(), StepError> {
-    let _ = rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL));
-    for op in &plan.base.init {
-        mount(op, &Pins::default())?;
-    }
-    if let Some(handoff) = handoff {
-        stage2::guard_sockets(handoff)?;
-    }
-    // Not dumpable: no process of a command may read this one's memory or open its fds
-    // (`/proc/1/fd`), which include the listening socket and, during a run, the layers. Only
-    // now: the supervisor took the listener from us with the rights of a debugger.
-    // SAFETY: prctl with integer arguments only.
-    unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    seal_init(k, plan, handoff)?;
     let seccomp =
         crate::seccomp::build().map_err(|e| StepError::new(format!("seccomp: {e}"), rustix::io::Errno::PERM))?;
     let stack = ChildStack::new()?;
@@ -479,16 +487,14 @@ fn init(
         }
         let Ok(conn) = rustix::net::accept_with(listener, SocketFlags::CLOEXEC) else { continue };
         if let Err(why) = trusted(&conn, &me.host_proc) {
-            say(&conn, &Answer::Refuse(why).line());
+            say(&conn, &Answer::Refuse(why.to_string()).line());
             continue;
         }
         let mut in_use = None;
         let go_on = serve_one(&ready, &conn, &mut in_use);
         drop(conn);
         // Make the sandbox as new for the next transaction; one that cannot be reset is done.
-        for op in plan.release.iter().chain(&plan.reset) {
-            mount(op, &Pins::default())?;
-        }
+        reset(k, plan)?;
         // The overlay is detached: its directories may serve another transaction.
         drop(in_use);
         if !go_on {
@@ -497,6 +503,32 @@ fn init(
         last_used = Instant::now();
         garbage = true;
     }
+}
+
+/// pid 1's own setup, before it serves anyone: it dies with the server, mounts its /proc (and
+/// makes the kernel's knobs in it read-only), installs the socket filter every command
+/// inherits, and becomes not dumpable: no process of a command may read this one's memory or
+/// open its fds (`/proc/1/fd`), which include the listening socket and, during a run, the
+/// layers. Only then: the supervisor takes the listener from it with the rights of a debugger.
+fn seal_init<K: Kernel>(k: &mut K, plan: &WarmPlan, handoff: Option<K::Handoff>) -> Result<(), StepError> {
+    k.die_with_parent();
+    for op in &plan.base.init {
+        k.mount(op, &Pins::default())?;
+    }
+    if let Some(handoff) = handoff {
+        k.guard_sockets(handoff)?;
+    }
+    k.not_dumpable();
+    Ok(())
+}
+
+/// After a transaction, when no process of it is left: detach its view (`release`), then give
+/// the next one a new `/tmp` and `/dev/shm` (`reset`).
+fn reset<K: Kernel>(k: &mut K, plan: &WarmPlan) -> Result<(), StepError> {
+    for op in plan.release.iter().chain(&plan.reset) {
+        k.mount(op, &Pins::default())?;
+    }
+    Ok(())
 }
 
 /// What the server knows of itself and its host, for judging requests.
@@ -513,18 +545,18 @@ struct Me {
 /// (as seen in its user namespace) outside every sandbox. A command runs in a pid namespace
 /// below the host's (every sandbox has one), so its depth, counted in the host's procfs from a
 /// pidfd of the peer (race-free: it names that very process), is more than one.
-fn trusted(conn: &OwnedFd, host_proc: &OwnedFd) -> Result<(), String> {
+fn trusted(conn: &OwnedFd, host_proc: &OwnedFd) -> Result<(), Refusal> {
     let me = rustix::process::geteuid().as_raw();
     match super::peer_uid(conn.as_fd()) {
         Ok(uid) if uid == me => {}
-        Ok(uid) => return Err(format!("uid {uid} may not use the warm server of uid {me}")),
-        Err(e) => return Err(format!("who is asking: {e}")),
+        Ok(uid) => return Err(Refusal::OtherUser { uid, server: me }),
+        Err(e) => return Err(Refusal::WhoIsAsking(e)),
     }
     let pidfd = match super::peer_pidfd(conn.as_fd()) {
         Ok(fd) => fd,
         // Before Linux 6.5 nothing says who it is beyond its user.
         Err(rustix::io::Errno::NOPROTOOPT) => return Ok(()),
-        Err(e) => return Err(format!("who is asking: {e}")),
+        Err(e) => return Err(Refusal::WhoIsAsking(e)),
     };
     let path = format!("self/fdinfo/{}", pidfd.as_raw_fd());
     let info = rustix::fs::openat(host_proc, path.as_str(), OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
@@ -536,8 +568,8 @@ fn trusted(conn: &OwnedFd, host_proc: &OwnedFd) -> Result<(), String> {
         .unwrap_or_default();
     match super::pid_ns_depth(&info) {
         Some(1) => Ok(()),
-        Some(n) => Err(format!("the client runs inside a sandbox ({n} pid namespaces deep)")),
-        None => Err("the client is gone".into()),
+        Some(depth) => Err(Refusal::InsideSandbox { depth }),
+        None => Err(Refusal::ClientGone),
     }
 }
 
@@ -545,23 +577,18 @@ fn trusted(conn: &OwnedFd, host_proc: &OwnedFd) -> Result<(), String> {
 /// upper and work of one run, or of one session step above that session's earlier steps'
 /// uppers, topmost first. The client cannot lay an overlay on anything else of the state
 /// directory (another transaction's layer would plant files in its next commit).
-fn one_transaction(state: &Path, spec: &SandboxSpec, layer: fn(&Path) -> Option<LayerName>) -> Result<(), String> {
-    let name = |p: &Path| {
-        p.strip_prefix(state)
-            .ok()
-            .and_then(layer)
-            .ok_or_else(|| format!("{} is not a transaction's layer", p.display()))
-    };
+fn one_transaction(state: &Path, spec: &SandboxSpec, layer: fn(&Path) -> Option<LayerName>) -> Result<(), Refusal> {
+    let name = |p: &Path| p.strip_prefix(state).ok().and_then(layer).ok_or_else(|| Refusal::NotALayer(p.to_path_buf()));
     let (upper, work) = (name(&spec.upper)?, name(&spec.work)?);
     if !upper.upper || work.upper || work.tx != upper.tx || work.step != upper.step {
-        return Err("upper and work are not one transaction's".into());
+        return Err(Refusal::NotOneTransaction);
     }
     let mut above = upper.step;
     for l in &spec.layers {
         let n = name(l)?;
         match (above, n.step) {
             (Some(a), Some(s)) if n.tx == upper.tx && n.upper && s < a => above = Some(s),
-            _ => return Err(format!("{} is not an earlier step of the same session", l.display())),
+            _ => return Err(Refusal::NotAnEarlierStep(l.clone())),
         }
     }
     Ok(())
@@ -578,7 +605,7 @@ fn say(conn: &OwnedFd, line: &str) {
 }
 
 /// Read one request and the fds that came with it.
-fn receive(conn: &OwnedFd) -> Result<(Request, Vec<OwnedFd>), String> {
+fn receive(conn: &OwnedFd) -> Result<(Request, Vec<OwnedFd>), Refusal> {
     let _ = rustix::net::sockopt::set_socket_timeout(conn, rustix::net::sockopt::Timeout::Recv, Some(REQUEST_TIMEOUT));
     let mut fds: Vec<OwnedFd> = Vec::new();
     let mut frame: Vec<u8> = Vec::new();
@@ -589,9 +616,7 @@ fn receive(conn: &OwnedFd) -> Result<(Request, Vec<OwnedFd>), String> {
         let mut control = RecvAncillaryBuffer::new(&mut space);
         let n = {
             let mut iov = [std::io::IoSliceMut::new(&mut chunk)];
-            rustix::net::recvmsg(conn, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC)
-                .map_err(|e| format!("reading the request: {e}"))?
-                .bytes
+            rustix::net::recvmsg(conn, &mut iov, &mut control, RecvFlags::CMSG_CLOEXEC).map_err(Refusal::Read)?.bytes
         };
         for msg in control.drain() {
             if let RecvAncillaryMessage::ScmRights(received) = msg {
@@ -599,20 +624,20 @@ fn receive(conn: &OwnedFd) -> Result<(Request, Vec<OwnedFd>), String> {
             }
         }
         if n == 0 {
-            return Err("the client left before sending its whole request".into());
+            return Err(Refusal::Incomplete);
         }
         frame.extend_from_slice(&chunk[..n]);
         if want == 4 && frame.len() >= 4 {
             let len = u32::from_le_bytes([frame[0], frame[1], frame[2], frame[3]]) as usize;
             if len > MAX_REQUEST {
-                return Err(format!("request of {len} bytes is too large"));
+                return Err(Refusal::TooLarge { len });
             }
             want = 4 + len;
         }
     }
-    let req = Request::decode(&frame[4..want]).map_err(|e| e.to_string())?;
+    let req = Request::decode(&frame[4..want])?;
     if fds.len() != req.fd_count() {
-        return Err(format!("{} fds came with a request that needs {}", fds.len(), req.fd_count()));
+        return Err(Refusal::FdCount { got: fds.len(), want: req.fd_count() });
     }
     Ok((req, fds))
 }
@@ -635,89 +660,17 @@ struct Ready<'a> {
 /// a directory its run left empty for a later transaction (`TxDir::create` takes it as a
 /// spare), and waits for this lock first: two overlays must never share upper and work.
 fn serve_one(ready: &Ready<'_>, conn: &OwnedFd, in_use: &mut Option<OwnedFd>) -> bool {
-    let Ready { base, plan, roots, seccomp, stack, hidden, me } = *ready;
-    let (req, mut fds) = match receive(conn) {
-        Ok(r) => r,
+    let (req, command, stdio) = match admit(ready, conn, in_use) {
+        Ok(admitted) => admitted,
         Err(why) => {
-            say(conn, &Answer::Refuse(why).line());
-            return true;
+            say(conn, &Answer::Refuse(why.to_string()).line());
+            return !why.retires();
         }
     };
-    if req.binary != me.binary {
-        // Another txbox binary (rebuilt, upgraded): this server retires.
-        say(conn, &Answer::Refuse("this server was started by another txbox binary".into()).line());
-        return false;
-    }
-    if let Err(why) = one_transaction(&roots.state_path, &req.spec, me.layer) {
-        say(conn, &Answer::Refuse(why).line());
-        return true;
-    }
-    if !base.same_sandbox(&req.spec) {
-        say(conn, &Answer::Refuse("this server was built for another sandbox".into()).line());
-        return true;
-    }
-    if let Some(p) = hidden.changed() {
-        say(
-            conn,
-            &Answer::Refuse(format!("{} appeared or was replaced after this server started", p.display())).line(),
-        );
-        return false;
-    }
-    let spec = &req.spec;
-    let command = match Command::of(&req) {
-        Ok(c) => c,
-        Err(e) => {
-            say(conn, &Answer::Refuse(e.step.into_owned()).line());
-            return true;
-        }
-    };
-    // fds: stdin, stdout, stderr, then the client's view of the workspace and the layers.
-    // Ours are found beneath the roots and named by the paths of the spec, so the per-run ops
-    // (the plan of this very spec) find them through `/proc/self/fd`.
-    let client_layers = fds.split_off(STDIO);
-    let Some(workspace) = roots.workspace(&client_layers[0]) else {
-        // Deleted and made anew since the server started: this server shows the old one.
-        say(conn, &Answer::Refuse("the workspace was replaced since this server started".into()).line());
-        return false;
-    };
-    let mut pins = Pins::default();
-    pins.insert(spec.workspace.clone(), workspace);
-    let layers = [&spec.upper, &spec.work].into_iter().chain(spec.layers.iter());
-    for (p, client) in layers.zip(&client_layers[1..]) {
-        let fd = match roots.resolve(p, client) {
-            Ok(fd) => fd,
-            Err(why) => {
-                say(conn, &Answer::Refuse(why).line());
-                return true;
-            }
-        };
-        if *p == spec.work {
-            match lock_shared(&fd) {
-                Ok(lock) => *in_use = Some(lock),
-                Err(e) => {
-                    say(conn, &Answer::Refuse(format!("locking {}: {e}", p.display())).line());
-                    return true;
-                }
-            }
-        }
-        pins.insert(p.clone(), fd);
-    }
-    drop(client_layers);
-    let per_run = MountPlan::for_warm(spec).per_run;
-    for op in &per_run {
-        if let Err(e) = mount(op, &pins) {
-            for op in &plan.release {
-                let _ = mount(op, &Pins::default());
-            }
-            say(conn, &Answer::Refuse(stage2::setup_failed(&e)).line());
-            return true;
-        }
-    }
-    drop(pins);
     // When the command's fate is reported, no process of it is left (all killed and reaped),
     // so nothing writes to the upper layer any more and the client may classify it. The view
     // is detached afterwards, off the client's path: unmounting waits for an RCU grace period.
-    let status = run_command(&req, &command, fds, seccomp, conn, stack);
+    let status = run_command(&req, &command, stdio, ready.seccomp, conn, ready.stack);
     if let Some(line) = crate::net::warm_since_last() {
         say(conn, &line);
     }
@@ -726,6 +679,64 @@ fn serve_one(ready: &Ready<'_>, conn: &OwnedFd, in_use: &mut Option<OwnedFd>) ->
         Err(e) => say(conn, &Report::Error(stage2::setup_failed(&e)).line()),
     }
     true
+}
+
+/// Read a request and judge it; if it may run here, mount its view. Returns the request, its
+/// command ready for exec, and the stdio the client sent.
+fn admit(
+    ready: &Ready<'_>,
+    conn: &OwnedFd,
+    in_use: &mut Option<OwnedFd>,
+) -> Result<(Request, Command, Vec<OwnedFd>), Refusal> {
+    let Ready { base, plan, roots, hidden, me, .. } = *ready;
+    let (req, mut fds) = receive(conn)?;
+    if req.binary != me.binary {
+        // Another txbox binary (rebuilt, upgraded): this server retires.
+        return Err(Refusal::OtherBinary);
+    }
+    one_transaction(&roots.state_path, &req.spec, me.layer)?;
+    if !base.same_sandbox(&req.spec) {
+        return Err(Refusal::OtherSandbox);
+    }
+    if let Some(p) = hidden.changed() {
+        return Err(Refusal::SecretMoved(p.to_path_buf()));
+    }
+    let spec = &req.spec;
+    let command = Command::of(&req).map_err(Refusal::Command)?;
+    // fds: stdin, stdout, stderr, then the client's view of the workspace and the layers.
+    // Ours are found beneath the roots and named by the paths of the spec, so the per-run ops
+    // (the plan of this very spec) find them through `/proc/self/fd`.
+    let client_layers = fds.split_off(STDIO);
+    // Deleted and made anew since the server started: this server shows the old one.
+    let workspace = roots.workspace(&client_layers[0]).ok_or(Refusal::WorkspaceReplaced)?;
+    let mut pins = Pins::default();
+    pins.insert(spec.workspace.clone(), workspace);
+    let layers = [&spec.upper, &spec.work].into_iter().chain(spec.layers.iter());
+    for (p, client) in layers.zip(&client_layers[1..]) {
+        let fd = roots.resolve(p, client)?;
+        if *p == spec.work {
+            *in_use = Some(lock_shared(&fd).map_err(|errno| Refusal::Lock { path: p.clone(), errno })?);
+        }
+        pins.insert(p.clone(), fd);
+    }
+    drop(client_layers);
+    mount_run(&mut Linux, &MountPlan::for_warm(spec).per_run, &plan.release, &pins).map_err(Refusal::Setup)?;
+    drop(pins);
+    Ok((req, command, fds))
+}
+
+/// Mount a run's view (`per_run`: the overlay on the pinned layers, then what hides inside
+/// it); when a mount fails, undo what was done (`release`) before the run is refused.
+fn mount_run<K: Kernel>(k: &mut K, per_run: &[MountOp], release: &[MountOp], pins: &Pins) -> Result<(), StepError> {
+    for op in per_run {
+        if let Err(e) = k.mount(op, pins) {
+            for op in release {
+                let _ = k.mount(op, &Pins::default());
+            }
+            return Err(e);
+        }
+    }
+    Ok(())
 }
 
 /// Open the directory behind `dir` (an `O_PATH` fd) for reading and take a shared `flock` on it.
@@ -852,7 +863,7 @@ fn spawn(child: &Child<'_>, stack: &ChildStack) -> Result<i32, StepError> {
         // and does not touch it while suspended by CLONE_VFORK, until this process execs or
         // exits.
         let c = unsafe { &*(arg as *const Child<'_>) };
-        if let Err(e) = prepare_child(c.req, c.stdio, c.seccomp) {
+        if let Err(e) = prepare_child(&mut Linux, c.req, c.stdio, c.seccomp) {
             // SAFETY: conn_fd is open in this process (close-on-exec only).
             let conn = unsafe { BorrowedFd::borrow_raw(c.conn_fd) };
             let _ = rustix::io::write(conn, Report::Error(stage2::setup_failed(&e)).line().as_bytes());
@@ -928,31 +939,33 @@ impl Drop for ChildStack {
 }
 
 /// In the command's process, before exec: the client's stdio, a session and IPC/UTS
-/// namespaces of its own, the client's umask and limits, then the confinement of any sandbox.
-fn prepare_child(req: &Request, stdio: &[i32], seccomp: &seccompiler::BpfProgram) -> Result<(), StepError> {
-    // SAFETY: in a freshly forked child, with fds that are open.
-    if !unsafe { crate::launch::install_fds(&[(stdio[0], 0), (stdio[1], 1), (stdio[2], 2)]) } {
-        return Err(StepError::last("install stdio"));
-    }
-    crate::terminal::take(None)?;
-    // SAFETY: no flag here changes state the standard library caches.
-    unsafe {
-        rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWIPC | rustix::thread::UnshareFlags::NEWUTS)
-    }
-    .map_err(at("unshare IPC and UTS"))?;
-    rustix::process::umask(Mode::from_raw_mode(req.umask & 0o777));
+/// namespaces of its own, the client's umask and limits, then the confinement of any sandbox
+/// (whose limits, set after the client's, win). The order is the documentation; `tests` pin it.
+fn prepare_child<K: Kernel>(
+    k: &mut K,
+    req: &Request,
+    stdio: &[i32],
+    seccomp: &seccompiler::BpfProgram,
+) -> Result<(), StepError> {
+    k.install_stdio(stdio)?;
+    k.take_terminal(None)?;
+    k.unshare(rustix::thread::UnshareFlags::NEWIPC | rustix::thread::UnshareFlags::NEWUTS)
+        .map_err(|e| StepError::new("unshare IPC and UTS", e.errno))?;
+    k.umask(req.umask & 0o777);
     for &(res, soft, hard) in &req.rlimits {
         // Best effort: a limit the server cannot raise back stays at the server's.
         if let Some(r) = resource(res) {
-            let _ = rustix::process::setrlimit(r, rustix::process::Rlimit { current: soft, maximum: hard });
+            k.caller_rlimit(r, soft, hard);
         }
     }
-    stage2::confine(&mut Linux, &req.spec, Some(seccomp))
+    stage2::confine(k, &req.spec, Some(seccomp))
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
+    use crate::kernel::recorder::{Recorder, Trace};
 
     /// The state directory's naming, as txbox's own (txn::layout) has it.
     fn layer(rel: &Path) -> Option<LayerName> {
@@ -976,15 +989,13 @@ mod tests {
             s
         };
         let ok = |s: &SandboxSpec| one_transaction(Path::new("/s"), s, layer);
-        assert_eq!(ok(&spec("/s/tx/a/upper", "/s/tx/a/work", &[])), Ok(()));
-        assert_eq!(
-            ok(&spec(
-                "/s/tx/a/steps/3/upper",
-                "/s/tx/a/steps/3/work",
-                &["/s/tx/a/steps/2/upper", "/s/tx/a/steps/1/upper"]
-            )),
-            Ok(())
-        );
+        assert!(ok(&spec("/s/tx/a/upper", "/s/tx/a/work", &[])).is_ok());
+        assert!(ok(&spec(
+            "/s/tx/a/steps/3/upper",
+            "/s/tx/a/steps/3/work",
+            &["/s/tx/a/steps/2/upper", "/s/tx/a/steps/1/upper"]
+        ))
+        .is_ok());
         for bad in [
             spec("/s/journal", "/s/tx/a/work", &[]),
             spec("/s/tx/a/upper", "/s/tx/b/work", &[]),
@@ -998,5 +1009,179 @@ mod tests {
         ] {
             assert!(ok(&bad).is_err(), "{bad:?}");
         }
+        // Each says which path and why.
+        let why = |s: SandboxSpec| ok(&s).err().map(|e| e.to_string()).unwrap_or_default();
+        assert_eq!(why(spec("/s/journal", "/s/tx/a/work", &[])), "/s/journal is not a transaction's layer");
+        assert_eq!(why(spec("/s/tx/a/upper", "/s/tx/b/work", &[])), "upper and work are not one transaction's");
+        assert_eq!(
+            why(spec("/s/tx/a/upper", "/s/tx/a/work", &["/s/tx/b/steps/1/upper"])),
+            "/s/tx/b/steps/1/upper is not an earlier step of the same session"
+        );
+    }
+
+    /// A server of an unprivileged user, with a secret outside the workspace and one inside.
+    fn server_args() -> ServerArgs {
+        let ws = PathBuf::from("/work/repo");
+        let mut spec = SandboxSpec::new(ws.clone(), ws.clone(), ws, vec![OsString::from("-")]);
+        spec.userns = true;
+        spec.uid = 1000;
+        spec.gid = 1000;
+        spec.hide = vec!["/state".into(), "/home/u/.ssh".into(), "/work/repo/.env".into()];
+        ServerArgs { socket: "/state/warm/x.sock".into(), state: "/state".into(), idle: Duration::from_secs(60), spec }
+    }
+
+    /// The server's setup as `k` follows it: `build`, then `fork_init`, whose init seals itself
+    /// (`seal_init`) and leaves.
+    fn server_path(mut k: Recorder) -> (Trace, Result<(), StepError>) {
+        let args = server_args();
+        let r = build(&mut k, &args, Path::new("retired")).and_then(|b| {
+            let plan = b.plan;
+            fork_init(&mut k, b.supervisor, |k, handoff| i32::from(seal_init(k, &plan, handoff).is_err()))
+        });
+        (Trace(k.ops), r)
+    }
+
+    #[test]
+    fn the_server_enters_its_namespaces_as_stage_2_and_clones_before_it_mounts() {
+        let (t, r) = server_path(Recorder { supervisor: true, ..Recorder::default() });
+        assert!(r.is_ok(), "{r:?}");
+        // The supervisor starts in the host's namespaces.
+        t.before("start_supervisor", "unshare");
+        t.before("unshare", "write /proc/self/setgroups");
+        t.before("write /proc/self/setgroups", "write /proc/self/gid_map");
+        t.before("write /proc/self/gid_map", "clone");
+        t.before("loopback", "mount");
+        // The clones are taken in the server's own mount namespace (overlayfs takes layers
+        // only from there) and before `/` turns read-only (upper and work stay writable).
+        t.before("unshare", "clone /state");
+        t.before("clone /state", "clone /work/repo");
+        t.before("clone", "mount");
+        // Every host object a later mount may cover is opened before the first mount.
+        t.before("pin", "mount");
+        assert_eq!(t.0[t.first("mount")], "mount PrivateRoot");
+        // The secret outside the workspace is hidden before init (and any command) exists;
+        // nothing of a transaction is mounted yet.
+        t.before("mount Hide { target: \"/home/u/.ssh\" }", "fork init");
+        t.before("mount ReadOnlyRoot", "fork init");
+        assert!(!t.has("mount Overlay") && !t.has("mount Hide { target: \"/work/repo/.env\" }"), "{:#?}", t.0);
+        // Who a client is, from the host's procfs: taken before init covers /proc.
+        t.before("host_proc", "mount Proc");
+    }
+
+    #[test]
+    fn init_seals_itself_before_it_serves() {
+        let (t, _) = server_path(Recorder { supervisor: true, ..Recorder::default() });
+        let init: Vec<&str> = t.0[t.first("fork init") + 1..].iter().map(String::as_str).collect();
+        let plan = MountPlan::for_warm(&server_args().spec);
+        let mut expected = vec!["die_with_parent".to_string()];
+        expected.extend(plan.base.init.iter().map(|op| format!("mount {op:?}")));
+        // The socket filter before init turns undumpable: the supervisor takes the listener
+        // from it with the rights of a debugger.
+        expected.extend(["guard_sockets", "not_dumpable", "exit 0"].map(String::from));
+        assert_eq!(init, expected);
+        // Without the supervisor (Landlock keeps unix sockets in), no filter to install.
+        let (t, _) = server_path(Recorder::default());
+        assert!(!t.has("guard_sockets") && t.has("not_dumpable"), "{:#?}", t.0);
+    }
+
+    #[test]
+    fn the_server_waits_for_its_init_and_the_supervisor_leaves_with_it() {
+        let k = Recorder { supervisor: true, forks: [Fork::Parent(42)].into(), ..Recorder::default() };
+        let (t, r) = server_path(k);
+        assert!(r.is_ok(), "{r:?}");
+        let tail: Vec<&str> = t.0[t.first("fork init") + 1..].iter().map(String::as_str).collect();
+        assert_eq!(tail, ["watch_supervisor 42", "wait 42", "wait_supervisor"]);
+    }
+
+    #[test]
+    fn a_failed_step_stops_the_server_before_anything_runs() {
+        for step in
+            ["start_supervisor", "host_proc", "unshare", "write /proc/self/uid_map", "clone /work", "pin", "mount"]
+        {
+            let (t, r) = server_path(Recorder { fail: Some(step), ..Recorder::default() });
+            assert!(r.is_err(), "{step}: {:#?}", t.0);
+            assert_eq!(t.0.last().map(|o| o.starts_with(step)), Some(true), "{step}: {:#?}", t.0);
+            assert!(!t.has("fork"), "{step}: {:#?}", t.0);
+        }
+        // Init that cannot mount its /proc serves nobody: it leaves before the filter.
+        let (t, _) = server_path(Recorder { supervisor: true, fail: Some("mount Proc"), ..Recorder::default() });
+        assert!(!t.has("guard_sockets") && !t.has("not_dumpable"), "{:#?}", t.0);
+        assert_eq!(t.0.last().map(String::as_str), Some("exit 1"));
+    }
+
+    /// A transaction's run in the server of `server_args`, as root (no user namespace).
+    fn request() -> Request {
+        let mut spec = server_args().spec;
+        spec.userns = false;
+        spec.uid = 0;
+        spec.gid = 0;
+        spec.upper = "/state/tx/a/upper".into();
+        spec.work = "/state/tx/a/work".into();
+        spec.cpu_seconds = Some(10);
+        spec.argv = vec![OsString::from("make")];
+        // The caller's own CPU limit (0: RLIMIT_CPU) is higher than the run's, and a NOFILE (7).
+        let rlimits = vec![(0, Some(100), None), (7, Some(1024), Some(4096))];
+        Request { binary: "b".into(), spec, env: Vec::new(), umask: 0o22, rlimits }
+    }
+
+    #[test]
+    fn a_command_is_confined_as_a_cold_one_after_the_callers_limits() {
+        let mut k = Recorder::default();
+        prepare_child(&mut k, &request(), &[10, 11, 12], &Vec::new()).unwrap();
+        let t = Trace(k.ops);
+        assert_eq!(t.0[0], "install_stdio [10, 11, 12]");
+        let unshare = t.first("unshare");
+        assert!(t.0[unshare].contains("NEWIPC") && t.0[unshare].contains("NEWUTS"), "{:#?}", t.0);
+        assert!(!t.0[unshare].contains("NEWNS") && !t.0[unshare].contains("NEWUSER"), "{:#?}", t.0);
+        t.before("take_terminal false", "unshare");
+        t.before("unshare", "no_new_privs");
+        t.before("umask 22", "setrlimit");
+        // The run's limits are set after the caller's, so they win.
+        t.before("caller_rlimit Cpu Some(100) None", "setrlimit Cpu 10");
+        assert!(t.has("caller_rlimit Nofile Some(1024) Some(4096)"), "{:#?}", t.0);
+        // Then the confinement of any sandbox, seccomp last.
+        t.before("setrlimit", "drop_capability");
+        t.before("drop_capability", "no_new_privs");
+        t.before("no_new_privs", "landlock");
+        assert_eq!(t.0[t.0.len() - 2..], ["landlock", "seccomp"]);
+    }
+
+    #[test]
+    fn a_command_whose_setup_fails_is_never_left_half_confined() {
+        let mut k = Recorder { fail: Some("unshare"), ..Recorder::default() };
+        let e = prepare_child(&mut k, &request(), &[10, 11, 12], &Vec::new()).unwrap_err();
+        assert_eq!(e.step, "unshare IPC and UTS");
+        assert!(e.to_string().starts_with("sandbox setup failed at `unshare IPC and UTS`: "), "{e}");
+        assert!(!k.ops.iter().any(|o| o.starts_with("umask") || o.starts_with("seccomp")), "{:#?}", k.ops);
+        let mut k = Recorder { fail: Some("landlock"), ..Recorder::default() };
+        assert!(prepare_child(&mut k, &request(), &[10, 11, 12], &Vec::new()).is_err());
+        assert!(!k.ops.iter().any(|o| o.starts_with("seccomp")), "{:#?}", k.ops);
+    }
+
+    #[test]
+    fn a_runs_view_is_mounted_whole_or_undone_and_replaced_after() {
+        let spec = request().spec;
+        let plan = MountPlan::for_warm(&spec);
+        let mounts = |ops: &[MountOp]| ops.iter().map(|op| format!("mount {op:?}")).collect::<Vec<_>>();
+        let mut k = Recorder::default();
+        mount_run(&mut k, &plan.per_run, &plan.release, &Pins::default()).unwrap();
+        assert_eq!(k.ops, mounts(&plan.per_run));
+        // The secret inside the workspace fails to hide: the view goes again, and the run is
+        // refused (nothing runs on a view that shows it).
+        let mut k = Recorder { fail: Some("mount Hide"), ..Recorder::default() };
+        assert!(mount_run(&mut k, &plan.per_run, &plan.release, &Pins::default()).is_err());
+        let overlay = k.ops.iter().position(|o| o.starts_with("mount Overlay"));
+        assert_eq!(overlay, Some(0), "{:#?}", k.ops);
+        assert_eq!(
+            k.ops[1..],
+            ["mount Hide { target: \"/work/repo/.env\" }", "mount Detach { target: \"/work/repo\" }"]
+        );
+        // After a run, its view goes before /tmp and /dev/shm are replaced by empty ones.
+        let mut k = Recorder::default();
+        reset(&mut k, &plan).unwrap();
+        let mut expected = mounts(&plan.release);
+        expected.extend(mounts(&plan.reset));
+        assert_eq!(k.ops, expected);
+        assert_eq!(k.ops[0], "mount Detach { target: \"/work/repo\" }");
     }
 }

@@ -54,12 +54,19 @@ pub struct Request {
     pub rlimits: Vec<(u32, Option<u64>, Option<u64>)>,
 }
 
+/// Why a request's body was refused: which item was missing or did not parse, or what was
+/// wrong with the spec it carries.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error("malformed warm-sandbox request: {0}")]
-pub struct WireError(pub String);
+pub enum WireError {
+    /// The item named (`umask`, `truncated spec`, `no end marker`…) is missing or malformed.
+    #[error("malformed warm-sandbox request: {0}")]
+    Malformed(&'static str),
+    #[error("malformed warm-sandbox request: {0}")]
+    Spec(#[from] SpecError),
+}
 
-fn bad(what: &str) -> WireError {
-    WireError(what.to_string())
+fn bad(what: &'static str) -> WireError {
+    WireError::Malformed(what)
 }
 
 impl Request {
@@ -115,7 +122,7 @@ impl Request {
         if it.next() != Some(VERSION) {
             return Err(bad("not a txbox-warm/2 request"));
         }
-        let text = |b: Option<&[u8]>, what: &str| -> Result<String, WireError> {
+        let text = |b: Option<&[u8]>, what: &'static str| -> Result<String, WireError> {
             String::from_utf8(b.ok_or_else(|| bad(what))?.to_vec()).map_err(|_| bad(what))
         };
         let binary = text(it.next(), "binary")?;
@@ -135,7 +142,7 @@ impl Request {
         for _ in 0..n {
             spec_args.push(OsString::from_vec(it.next().ok_or_else(|| bad("truncated spec"))?.to_vec()));
         }
-        let spec = SandboxSpec::from_args(&spec_args).map_err(|e| WireError(e.to_string()))?;
+        let spec = SandboxSpec::from_args(&spec_args)?;
         let env = it.map(|e| OsString::from_vec(e.to_vec())).collect();
         Ok(Request { binary, spec, env, umask, rlimits })
     }
@@ -169,8 +176,10 @@ impl ServerArgs {
     pub fn from_args(args: &[OsString]) -> Result<ServerArgs, SpecError> {
         match args {
             [s, socket, t, state, i, idle, rest @ ..] if s == "--socket" && t == "--state" && i == "--idle" => {
-                let idle =
-                    idle.to_str().and_then(|t| t.parse::<u64>().ok()).ok_or_else(|| SpecError("bad --idle".into()))?;
+                let idle = idle.to_str().and_then(|t| t.parse::<u64>().ok()).ok_or_else(|| SpecError::BadValue {
+                    option: "--idle".into(),
+                    value: idle.to_string_lossy().into_owned(),
+                })?;
                 let spec = SandboxSpec::from_args(rest)?;
                 Ok(ServerArgs {
                     socket: PathBuf::from(socket),
@@ -179,7 +188,7 @@ impl ServerArgs {
                     spec,
                 })
             }
-            _ => Err(SpecError("usage: __warm --socket PATH --state DIR --idle SECS SPEC…".into())),
+            _ => Err(SpecError::WarmUsage),
         }
     }
 }
@@ -334,6 +343,19 @@ mod tests {
         let mut other = body.to_vec();
         other[4..16].copy_from_slice(b"txbox-warm/1");
         assert_eq!(Request::decode(&other), Err(bad("not a txbox-warm/2 request")));
+        assert_eq!(
+            Request::decode(&other).map_err(|e| e.to_string()),
+            Err("malformed warm-sandbox request: not a txbox-warm/2 request".into())
+        );
+        // A spec the request carries is judged as stage 2 judges it, and says so.
+        let mut r = request();
+        r.spec.argv.clear();
+        let e = Request::decode(&r.encode()[4..]);
+        assert_eq!(e, Err(WireError::Spec(SpecError::NoCommand)));
+        assert_eq!(
+            e.map_err(|e| e.to_string()),
+            Err("malformed warm-sandbox request: malformed stage-2 arguments: no command".into())
+        );
     }
 
     #[test]
