@@ -166,6 +166,32 @@ fn undo_restores_every_kind_of_change_exactly_and_undoing_it_redoes() {
     }
 }
 
+/// Other names of an object inside a directory the transaction created: committing a name
+/// elsewhere changes the object's ctime after it was classified, so undo must fingerprint it
+/// again. Found by `prop_undo` for a symlink (`ln` links the link itself, not its target).
+#[test]
+fn hard_linked_objects_inside_a_new_directory_are_undone() {
+    let cases = [
+        ("symlink, other name outside", "mkdir -p d && ln -sfn a d/f; echo > d/f; ln -f d/f a"),
+        ("symlink, other name beside", "mkdir d && ln -s t d/l && ln d/l d/m"),
+        ("symlink, names in two new directories", "mkdir d e && ln -s t d/l && ln d/l e/l"),
+        ("file, other name outside", "mkdir d && echo x > d/f && ln d/f g"),
+    ];
+    for who in identities() {
+        for (what, script) in cases {
+            let s = setup(who, "links");
+            native(who, &s.ws, "echo keep > keep");
+            let before = exact(&s.ws);
+            run_ok(who, &s, script);
+            let (out, u) = undo(who, &s, &[]);
+            assert_eq!(out.status.code(), Some(0), "{who:?} {what}: {}", describe(&out));
+            assert_eq!(u["outcome"], "committed", "{what}: {u}");
+            let got = exact(&s.ws);
+            assert!(got.0 == before.0, "{who:?} {what}: undo differs:\n{}", diff(&got.0, &before.0));
+        }
+    }
+}
+
 #[test]
 fn every_conflict_class_refuses_and_changes_nothing() {
     for who in identities() {

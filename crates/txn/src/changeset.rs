@@ -414,9 +414,12 @@ impl Classifier<'_> {
                 kind => {
                     self.out.added.push(p.clone());
                     self.out.placed_inner.push((p.clone(), Fingerprint::of_metadata(&u)));
+                    // A symlink can have other names too (`ln` links the link itself).
+                    if u.nlink() > 1 && kind != Kind::Dir {
+                        self.out.placed_linked.push(p.clone());
+                    }
                     if u.nlink() > 1 && kind == Kind::File {
                         self.put_inodes.insert(u.ino());
-                        self.out.placed_linked.push(p.clone());
                     }
                     self.count(&u);
                     self.fixups_for(&p, &u, || meta::list_xattrs_at(handle.as_fd(), &dir, &name))?;
