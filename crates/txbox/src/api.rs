@@ -20,9 +20,9 @@ use serde_json::{json, Value};
 use txbox_policy::Policy;
 use txbox_txn::{audit, StateDir, StateError};
 
-use crate::engine::{self, Command, EngineError, RunRequest};
-use crate::execute::{Io, Limits};
+use crate::engine;
 use crate::options::{Exceeds, Isolation, LimitArgs, RangeError};
+use crate::request::{self, Command, EngineError, Io, Limits, RunRequest};
 use crate::result::{Changes, RunResult};
 use crate::session;
 
@@ -505,10 +505,10 @@ impl Api {
         if workspaces.is_empty() {
             let cwd = std::env::current_dir()
                 .map_err(|e| ApiError::internal(format!("reading the current directory: {e}")))?;
-            ws.push(engine::resolve_workspace(&cwd)?);
+            ws.push(request::resolve_workspace(&cwd)?);
         }
         for w in workspaces {
-            let p = engine::resolve_workspace(w)?;
+            let p = request::resolve_workspace(w)?;
             if !ws.contains(&p) {
                 ws.push(p);
             }

@@ -11,7 +11,7 @@ use std::time::Instant;
 use txbox_txn::audit::{self, Counts};
 use txbox_txn::{ChangeSet, Recovered, StateDir};
 
-use crate::engine::{Command, Env};
+use crate::request::{Command, Env};
 use crate::result::{Changes, Outcome, RunResult};
 
 /// The audit entry of `r` (its outcome and changes as they are now).

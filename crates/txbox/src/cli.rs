@@ -8,10 +8,11 @@ use anyhow::{Context as _, Result};
 use clap::{Args, Parser, Subcommand};
 use txbox::api::{ApiError, Ceiling, ErrorKind};
 use txbox::config::{Config, Source, Untrusted};
-use txbox::engine::{self, Command, RunRequest};
-use txbox::execute::{Io, Limits};
+use txbox::engine;
 use txbox::options::{Isolation, LimitArgs, Seconds};
 use txbox::render;
+use txbox::request::{self, Command, RunRequest};
+use txbox::request::{Io, Limits};
 use txbox::session;
 use txbox_policy::Policy;
 use txbox_txn::keep::KeepRules;
@@ -414,7 +415,7 @@ fn classify(e: &anyhow::Error) -> ApiError {
     }
     let kind = if let Some(a) = e.downcast_ref::<ApiError>() {
         a.kind
-    } else if let Some(x) = e.downcast_ref::<engine::EngineError>() {
+    } else if let Some(x) = e.downcast_ref::<request::EngineError>() {
         txbox::api::engine_kind(x)
     } else if e.downcast_ref::<txbox::options::RangeError>().is_some()
         || e.downcast_ref::<txbox_policy::PolicyError>().is_some()
@@ -607,7 +608,7 @@ fn workspace_of(ws: &WorkspaceArg) -> Result<PathBuf> {
         Some(d) => d.clone(),
         None => std::env::current_dir().context("reading the current directory")?,
     };
-    Ok(engine::resolve_workspace(&dir)?)
+    Ok(request::resolve_workspace(&dir)?)
 }
 
 fn command_of(command: Option<String>, argv: Vec<OsString>) -> Result<Command> {
@@ -941,7 +942,7 @@ fn cmd_policy_check(json: bool, ws: WorkspaceArg, policy: &PolicyArg, allow: &[S
         None => cwd.clone(),
     };
     let policy = policy.load()?;
-    let mut ev = policy.evaluate_str(command, &engine::policy_context(&workspace, &cwd));
+    let mut ev = policy.evaluate_str(command, &request::policy_context(&workspace, &cwd));
     if ev.decision.action != txbox_policy::Action::Deny {
         let allow_hosts = txbox_netproxy::allow::parse_all(allow).map_err(|e| Usage(e.to_string()))?;
         let limits = Limits { allow_hosts, ..Limits::default() };

@@ -21,7 +21,7 @@ use txbox_txn::session::Fingerprints;
 use txbox_txn::{ChangeSet, CrashHook, StateDir};
 
 use crate::audit::CommitAudit;
-use crate::engine::{EngineError, Env};
+use crate::request::{EngineError, Env};
 use crate::result::{Changes, DroppedXattr, HeldChange, Outcome, RollbackReason, RunResult, EXIT_HELD};
 
 /// Turn a commit attempt into the result's outcome. Returns, for a held change, the base

@@ -5,9 +5,10 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
-use txbox::engine::{self, Command, RunRequest};
-use txbox::execute::{Io, Limits};
+use txbox::engine;
 use txbox::render;
+use txbox::request::{self, Command, RunRequest};
+use txbox::request::{Io, Limits};
 use txbox::result::{Outcome, RunResult};
 use txbox_policy::Policy;
 
@@ -93,7 +94,7 @@ pub fn run(dir: Option<&Path>) -> Result<i32> {
     let r4 = step(&ws, "4. a deletion inside the workspace succeeds, so it commits ...", "rm -rf src")?;
     println!("   src/ still there: {}", ws.join("src/main.rs").exists());
     println!("\n== 5. ... and is undone: the undo is a transaction too (undo it to redo)\n$ txbox undo");
-    let real = engine::resolve_workspace(&ws)?;
+    let real = request::resolve_workspace(&ws)?;
     let u = txbox::undo::undo(&txbox::undo::UndoRequest {
         workspace: real.clone(),
         state_dir: None,

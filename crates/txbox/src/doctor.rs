@@ -5,8 +5,9 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Result;
 use serde::Serialize;
-use txbox::engine::{self, Command, RunRequest};
-use txbox::execute::{Io, Limits};
+use txbox::engine;
+use txbox::request::{self, Command, RunRequest};
+use txbox::request::{Io, Limits};
 use txbox::result::Outcome;
 use txbox_policy::Policy;
 
@@ -242,7 +243,7 @@ fn workspace_check(state_dir: Option<&Path>, ws: &Path) -> Check {
         detail,
         fix: Some(fix.into()),
     };
-    let real = match engine::resolve_workspace(ws) {
+    let real = match request::resolve_workspace(ws) {
         Ok(real) => real,
         Err(e) => return failed(e.to_string(), "name a project directory with -C"),
     };

@@ -15,7 +15,7 @@ use txbox_sandbox::warm::NotWarm;
 use txbox_sandbox::{Finished, LaunchOptions, SandboxSpec, WarmUse};
 use txbox_txn::StateDir;
 
-use crate::engine::{Command, Env};
+use crate::request::{Command, Env, Io, Limits, DEFAULT_CAPTURE};
 
 /// Where one sandboxed execution writes, and what it sees below.
 pub(crate) struct Layers<'a> {
@@ -24,39 +24,6 @@ pub(crate) struct Layers<'a> {
     pub upper: &'a Path,
     pub work: &'a Path,
 }
-
-/// Resource limits and network access of one execution (docs/DESIGN.md §3, `run`/`exec` options).
-#[derive(Debug, Clone, Default)]
-pub struct Limits {
-    pub timeout: Option<Duration>,
-    pub memory: Option<u64>,
-    pub pids: Option<u64>,
-    pub cpu_seconds: Option<u64>,
-    /// Captured output per stream; exceeding it kills the command.
-    pub max_output: Option<u64>,
-    /// Bytes the command may write into its upper layer.
-    pub max_write: Option<u64>,
-    pub host_network: bool,
-    /// Mount txbox's package caches at the tools' default locations (`crate::caches`).
-    pub caches: bool,
-    /// `--allow-host` items (network by allowlist; ignored with `host_network`).
-    pub allow_hosts: Vec<txbox_netproxy::Spec>,
-}
-
-/// Where a command's stdio goes.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Io {
-    /// The caller's stdin, stdout and stderr (the CLI, `txbox sh`).
-    Inherit,
-    /// The caller's stdin; stdout and stderr captured into the result (`--json`).
-    Capture,
-    /// `/dev/null` as stdin, output captured: front ends whose own stdin is their protocol
-    /// (MCP on stdio) or that answer a network peer (HTTP).
-    Api,
-}
-
-/// Captured output per stream when no `--max-output` is given: truncated, not killed.
-pub const DEFAULT_CAPTURE: usize = 16 << 20;
 
 /// How long a warm server waits for its next transaction before it exits, unless
 /// `TXBOX_WARM_IDLE` (seconds) says otherwise.

@@ -4,6 +4,8 @@
 //!   the pipeline's order; its stages: [`execute`] (the command in the sandbox), `commit`
 //!   (conflict check, commit, settling the result), [`audit`] (the entries), [`collect`]
 //!   (dropping transaction directories, the background collector);
+//! - [`request`]: what a run is asked to do and where (the request, the workspace with its
+//!   state directory, the shared error), which the pipeline and [`session`] both depend on;
 //! - [`result`]: what one transaction did (the JSON object of docs/DESIGN.md §4);
 //! - [`judge`]: the commit-time policy on a change set (what is held for a person);
 //! - [`options`]: limits and other run options, defined once for the CLI, HTTP, MCP and the
@@ -31,6 +33,7 @@ pub mod options;
 pub mod progress;
 pub mod redact;
 pub mod render;
+pub mod request;
 pub mod result;
 pub mod retention;
 pub mod session;
@@ -38,5 +41,6 @@ pub mod size;
 mod timing;
 pub mod undo;
 
-pub use engine::{run, Command, RunRequest};
+pub use engine::run;
+pub use request::{Command, RunRequest};
 pub use result::{Outcome, RunResult};

@@ -17,7 +17,7 @@ use txbox_txn::writeback::Writeback;
 use txbox_sandbox::cgroup::{self, Cgroup};
 use txbox_sandbox::{Exit, Finished, SandboxError, Watch};
 
-use crate::execute::Limits;
+use crate::request::Limits;
 
 pub struct Watcher {
     upper: PathBuf,
@@ -152,7 +152,7 @@ const PROCS_PER_CPU: u64 = 64;
 /// `given` with the defaults filled in where it says nothing: [`DEFAULT_TIMEOUT`], and a write
 /// limit of half the space available on the workspace's filesystem now (at least 1 GiB), so
 /// that a command cannot fill the disk the host lives on. Output needs no default here: what
-/// is captured is truncated at `execute::DEFAULT_CAPTURE` per stream, what streams through
+/// is captured is truncated at `request::DEFAULT_CAPTURE` per stream, what streams through
 /// costs nothing. Memory and processes: see [`default_procs`] and the sandbox's
 /// `oom_score_adj`.
 pub fn with_defaults(given: &Limits, workspace: &Path) -> Limits {

@@ -40,10 +40,10 @@ pub fn plan(host_network: bool, specs: &[Spec], base: Option<&Path>) -> (Plan, E
 /// The limits a command runs with, its network items completed: the request's, the policy
 /// file's `allow_hosts`, and `more` (a session's, from `begin`).
 pub fn with_policy_hosts(
-    limits: &crate::execute::Limits,
+    limits: &crate::request::Limits,
     policy: &txbox_policy::Policy,
     more: &[String],
-) -> Result<crate::execute::Limits, String> {
+) -> Result<crate::request::Limits, String> {
     let mut l = limits.clone();
     let extra: Vec<&String> = policy.allow_hosts().iter().chain(more).collect();
     if extra.is_empty() || l.host_network {

@@ -15,7 +15,7 @@ use std::time::Duration;
 use schemars::{json_schema, JsonSchema, Schema, SchemaGenerator};
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::execute::Limits;
+use crate::request::Limits;
 
 /// A value out of its range, or not a value of its kind; the message names the option and
 /// the accepted range.
@@ -261,18 +261,8 @@ pub enum Network {
     Host,
 }
 
-/// What a transaction sees of commits made while it runs, and what refuses its commit.
-#[derive(clap::ValueEnum, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default)]
-#[serde(rename_all = "kebab-case")]
-pub enum Isolation {
-    /// Reads see the workspace as it is now (commits made after the transaction began
-    /// included); the commit is refused only if a path it changes was changed since it began.
-    #[default]
-    ReadCommitted,
-    /// As read-committed, and the commit is refused (conflict, exit 3) if any other
-    /// transaction committed to the workspace since this one began.
-    Strict,
-}
+// `Isolation` is part of the request (`crate::request`); it is parsed here like every option.
+pub use crate::request::Isolation;
 
 /// A plain string enumeration (the variants' documentation is for `--help`; the field's
 /// description says the rest).

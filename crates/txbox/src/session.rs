@@ -15,9 +15,9 @@ use txbox_txn::{ChangeSet, CrashHook, StateDir};
 use crate::audit::{audit, CommitAudit};
 use crate::collect::start_retention_collector;
 use crate::commit::{commit_upper, settle, Base, Target};
-use crate::engine::{evaluate, policy_context, Command, EngineError, Env, RunRequest};
-use crate::execute::{execute, Io, Layers, Limits};
+use crate::execute::{execute, Layers};
 use crate::options::Isolation;
+use crate::request::{evaluate, policy_context, Command, EngineError, Env, Io, Limits, RunRequest};
 use crate::result::{deny, record, setup_failed, Changes, HeldChange, Outcome, RollbackReason, RunResult};
 
 /// Find the state directory for a transaction id, from any directory: `--state-dir` if

@@ -17,10 +17,11 @@ use std::path::PathBuf;
 use anyhow::Result;
 use txbox::api::ApiError;
 use txbox::config::{Config, Source, Untrusted};
-use txbox::engine::{self, Command, RunRequest};
-use txbox::execute::Io;
+use txbox::engine;
 use txbox::options::{HostItems, Seconds};
 use txbox::render;
+use txbox::request::Io;
+use txbox::request::{Command, RunRequest};
 use txbox::result::Outcome;
 use txbox_policy::Policy;
 

@@ -14,7 +14,7 @@ use txbox_txn::{CrashHook, StateDir};
 
 use crate::audit::audit;
 use crate::collect::start_retention_collector;
-use crate::engine::{Command, EngineError, Env};
+use crate::request::{Command, EngineError, Env};
 use crate::result::{Changes, Outcome, RollbackReason, RunResult};
 
 /// What to undo, where.
