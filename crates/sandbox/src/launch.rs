@@ -43,7 +43,7 @@ pub enum SandboxError {
     /// The network proxy the run's allowlist needs could not start (the caller's own words:
     /// txbox's `network::Session`).
     #[error("{0}")]
-    Proxy(String),
+    Proxy(#[source] Box<dyn std::error::Error + Send + Sync>),
     #[error("waiting for the sandbox: {0}")]
     Wait(std::io::Error),
     #[error("the sandbox helper exited with status {0} without reporting the command's fate")]

@@ -946,7 +946,7 @@ fn cmd_policy_check(json: bool, ws: WorkspaceArg, policy: &PolicyArg, allow: &[S
     if ev.decision.action != txbox_policy::Action::Deny {
         let allow_hosts = txbox_netproxy::allow::parse_all(allow).map_err(|e| Usage(e.to_string()))?;
         let limits = Limits { allow_hosts, ..Limits::default() };
-        let limits = txbox::network::with_policy_hosts(&limits, &policy, &[]).map_err(anyhow::Error::msg)?;
+        let limits = txbox::network::with_policy_hosts(&limits, &policy, &[])?;
         if let Some(d) = txbox::network::visible_denial(&ev.commands, false, &limits.allow_hosts, None) {
             ev.decision = d;
         }

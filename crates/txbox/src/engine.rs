@@ -62,7 +62,8 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
     // 1. Policy: a denial runs nothing. A network target the command names outside its
     //    allowlist is denied here too (`crate::network`).
     let mut evaluation = evaluate(&req.policy, &req.command, &policy_context(&env.workspace, &cwd));
-    let limits = crate::network::with_policy_hosts(&req.limits, &req.policy, &[]).map_err(EngineError::Usage)?;
+    let limits = crate::network::with_policy_hosts(&req.limits, &req.policy, &[])
+        .map_err(|e| EngineError::Usage(e.to_string()))?;
     if evaluation.decision.action != Action::Deny {
         let base = Some(env.state.base());
         if let Some(d) =

@@ -129,7 +129,8 @@ pub(crate) fn execute(
     spec.max_procs = crate::limits::default_procs(limits);
     let exe = Path::new("/proc/self/exe");
     let (plan, expansion) = crate::network::plan(limits.host_network, &limits.allow_hosts, Some(env.state.base()));
-    let net = crate::network::Session::start(plan, exe, &mut spec).map_err(txbox_sandbox::SandboxError::Proxy)?;
+    let net = crate::network::Session::start(plan, exe, &mut spec)
+        .map_err(|e| txbox_sandbox::SandboxError::Proxy(Box::new(e)))?;
     let mut watch = crate::limits::Watcher::new(layers.upper, limits)?;
     spec.sync = watch.needs_sync();
     let opts = LaunchOptions {

@@ -37,19 +37,30 @@ pub fn plan(host_network: bool, specs: &[Spec], base: Option<&Path>) -> (Plan, E
     (if allow.is_empty() { Plan::Off } else { Plan::Allow(allow) }, x)
 }
 
+/// What can fail in giving a command its network.
+#[derive(Debug, thiserror::Error)]
+pub enum NetworkError {
+    /// An `allow_hosts` item of the policy file or of the session does not parse.
+    #[error("{0} (in the policy file or the session)")]
+    PolicyHosts(#[source] txbox_netproxy::SpecError),
+    /// The proxy and its broker could not be started.
+    #[error("starting the network proxy: {0}")]
+    Start(#[source] std::io::Error),
+}
+
 /// The limits a command runs with, its network items completed: the request's, the policy
 /// file's `allow_hosts`, and `more` (a session's, from `begin`).
 pub fn with_policy_hosts(
     limits: &crate::request::Limits,
     policy: &txbox_policy::Policy,
     more: &[String],
-) -> Result<crate::request::Limits, String> {
+) -> Result<crate::request::Limits, NetworkError> {
     let mut l = limits.clone();
     let extra: Vec<&String> = policy.allow_hosts().iter().chain(more).collect();
     if extra.is_empty() || l.host_network {
         return Ok(l);
     }
-    for s in txbox_netproxy::allow::parse_all(&extra).map_err(|e| format!("{e} (in the policy file or the session)"))? {
+    for s in txbox_netproxy::allow::parse_all(&extra).map_err(NetworkError::PolicyHosts)? {
         if !l.allow_hosts.contains(&s) {
             l.allow_hosts.push(s);
         }
@@ -139,7 +150,7 @@ pub struct Session {
 
 impl Session {
     /// Start what `plan` needs and fill in the sandbox's side of it.
-    pub fn start(plan: Plan, exe: &Path, spec: &mut SandboxSpec) -> Result<Session, String> {
+    pub fn start(plan: Plan, exe: &Path, spec: &mut SandboxSpec) -> Result<Session, NetworkError> {
         let running = match &plan {
             Plan::Allow(allow) => {
                 let config = txbox_netproxy::Config {
@@ -147,8 +158,7 @@ impl Session {
                     upstream: txbox_netproxy::upstream::Upstream::from_env(|k| std::env::var(k).ok()),
                     limits: Default::default(),
                 };
-                let running =
-                    txbox_netproxy::start(exe, &config).map_err(|e| format!("starting the network proxy: {e}"))?;
+                let running = txbox_netproxy::start(exe, &config).map_err(NetworkError::Start)?;
                 spec.proxy_port = Some(PROXY_PORT);
                 spec.env.extend(proxy_env(PROXY_PORT).into_iter().map(|(k, v)| format!("{k}={v}").into()));
                 Some(running)

@@ -84,7 +84,7 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
     let steps = state.steps_root(&req.tx, &env.workspace)?;
     let mut evaluation = evaluate(&req.policy, &req.command, &policy_context(&env.workspace, &req.cwd));
     let limits = crate::network::with_policy_hosts(&req.limits, &req.policy, &state.allow_hosts(&req.tx)?)
-        .map_err(EngineError::Usage)?;
+        .map_err(|e| EngineError::Usage(e.to_string()))?;
     if evaluation.decision.action != Action::Deny {
         let base = Some(state.base());
         if let Some(d) =
