@@ -2,6 +2,7 @@
 """Interleaved A/B of `txbox run` between two binaries (or more), per docs/BENCHMARKS.md's method.
 
     bench/ab.py --rounds 15 --per-round 20 before=/path/to/old/txbox after=target/release/txbox
+    bench/ab.py --shell 'echo $RANDOM > f' before=/path/to/old/txbox after=target/release/txbox
 
 Each variant gets its own scratch workspace and state directory (`--state-dir`; a variant named
 `NAME:default` uses the default state directory instead, with HOME set to a scratch home), one
@@ -24,6 +25,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--per-round", type=int, default=20)
     ap.add_argument("--command", default="true", help="argv of the command, split on spaces")
+    ap.add_argument("--shell", help="a shell command line instead (`txbox run -c STRING`)")
     args = ap.parse_args()
     root = tempfile.mkdtemp(prefix="txbox-ab-", dir="/var/tmp")
     variants = []
@@ -40,7 +42,8 @@ def main():
         argv = [os.path.abspath(binary)]
         if not default:
             argv += ["--state-dir", os.path.join(d, "state")]
-        argv += ["run", "-C", os.path.join(d, "ws"), "--"] + args.command.split()
+        argv += ["run", "-C", os.path.join(d, "ws")]
+        argv += ["-c", args.shell] if args.shell else ["--"] + args.command.split()
         variants.append((name, argv, env, []))
 
     def once(argv, env):
