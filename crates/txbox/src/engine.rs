@@ -116,6 +116,18 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
         });
     }
 
+    // What steps 5 and 6 commit: the whole layer, or (a failed command) its kept directories.
+    let target = |kept_only| Target {
+        id: &tx.id,
+        upper: &tx.upper,
+        trash: &tx.trash,
+        max_write: limits.max_write,
+        policy: &req.policy,
+        approved: None,
+        keep: &req.keep,
+        kept_only,
+    };
+
     // 5. Decide: commit only a command that ran to completion with status 0. A failed one
     // still commits what it wrote in kept directories (build output), if anything.
     if !record(&mut r, finished) {
@@ -128,19 +140,9 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
             timeline.mark("audit");
             return Ok(r);
         }
-        let target = Target {
-            id: &tx.id,
-            upper: &tx.upper,
-            trash: &tx.trash,
-            max_write: limits.max_write,
-            policy: &req.policy,
-            approved: None,
-            keep: &req.keep,
-            kept_only: true,
-        };
         let mut hook = CrashHook::from_env();
         let mut auditor = CommitAudit::new(&env, &req.command, &r, started);
-        let kept = commit_upper(&env, &target, Base::Generation(base_generation), None, &mut auditor, &mut hook);
+        let kept = commit_upper(&env, &target(true), Base::Generation(base_generation), None, &mut auditor, &mut hook);
         timeline.mark("keep");
         settle_kept(&mut r, kept);
         auditor.finish(&mut r);
@@ -156,23 +158,14 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
 
     // 6. Classify and commit under the workspace lock (the write limit is checked on the change
     // set, whatever the command's status: a fast writer can exit 0 before the watcher looks).
-    let target = Target {
-        id: &tx.id,
-        upper: &tx.upper,
-        trash: &tx.trash,
-        max_write: limits.max_write,
-        policy: &req.policy,
-        approved: None,
-        keep: &req.keep,
-        kept_only: false,
-    };
     // The audit entry of a commit is appended at its commit point. 7. Audit what else
     // happened, 8. clean up (in this order: a crash in between leaves a directory recovery
     // knows to have landed, never an unaudited one).
     let strict = (req.isolation == Isolation::Strict).then_some(base_generation);
     let mut hook = CrashHook::from_env();
     let mut auditor = CommitAudit::new(&env, &req.command, &r, started);
-    let committed = commit_upper(&env, &target, Base::Generation(base_generation), strict, &mut auditor, &mut hook);
+    let committed =
+        commit_upper(&env, &target(false), Base::Generation(base_generation), strict, &mut auditor, &mut hook);
     timeline.mark("commit");
     let settled = settle(&mut r, committed);
     auditor.finish(&mut r);
