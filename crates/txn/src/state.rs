@@ -337,13 +337,10 @@ impl StateDir {
         Ok(None)
     }
 
-    /// The state directory holding transaction `id`: `explicit` if given, else the base
-    /// directory's, else one of those registered on other filesystems. Works from any
-    /// directory.
-    pub fn find_tx(explicit: Option<&Path>, id: &str) -> Result<StateDir, StateError> {
-        if !valid_id(id) {
-            return Err(StateError::UnknownTx(id.to_string()));
-        }
+    /// Where [`find_tx`](Self::find_tx) and [`find_kept`](Self::find_kept) look: `explicit`,
+    /// else the base directory and those registered on other filesystems; with the key and
+    /// the base directory they are opened with.
+    fn places(explicit: Option<&Path>) -> Result<(Vec<PathBuf>, Key, PathBuf), StateError> {
         let base = layout::base_dir()?;
         let key = Key::load_or_create(&base)?;
         let mut places = match explicit {
@@ -355,6 +352,17 @@ impl StateDir {
             }
         };
         places.dedup();
+        Ok((places, key, base))
+    }
+
+    /// The state directory holding transaction `id`: `explicit` if given, else the base
+    /// directory's, else one of those registered on other filesystems. Works from any
+    /// directory.
+    pub fn find_tx(explicit: Option<&Path>, id: &str) -> Result<StateDir, StateError> {
+        if !valid_id(id) {
+            return Err(StateError::UnknownTx(id.to_string()));
+        }
+        let (places, key, base) = Self::places(explicit)?;
         for dir in places {
             // Unusable places (gone, not ours) are not where the transaction is.
             let state = match Self::open_with(&dir, key.clone(), base.clone(), false) {
@@ -376,17 +384,7 @@ impl StateDir {
         if !valid_id(id) {
             return Err(StateError::UnknownTx(id.to_string()));
         }
-        let base = layout::base_dir()?;
-        let key = Key::load_or_create(&base)?;
-        let mut places = match explicit {
-            Some(dir) => vec![resolve_explicit(dir)],
-            None => {
-                let mut v = vec![base.clone()];
-                v.extend(registered(&base, &key));
-                v
-            }
-        };
-        places.dedup();
+        let (places, key, base) = Self::places(explicit)?;
         for dir in places {
             let Ok(Some(state)) = Self::open_with(&dir, key.clone(), base.clone(), false) else { continue };
             if fsx::dir_beneath(state.fd(), &Path::new(layout::KEPT).join(id)).is_ok() {
