@@ -415,6 +415,29 @@ fn evict(idx: &Index<'_>, state: &StateDir, id: &str, how: Eviction) -> Result<u
     Ok(bytes)
 }
 
+/// [`evict`] one transaction for a walk of the index: true if it went (the totals say so),
+/// false if it failed (the first failure kept in `err`, the walk stops).
+fn evict_counted(
+    idx: &Index<'_>,
+    state: &StateDir,
+    id: &str,
+    how: Eviction,
+    totals: &mut Totals,
+    err: &mut Option<RetainError>,
+) -> bool {
+    match evict(idx, state, id, how) {
+        Ok(bytes) => {
+            totals.count = totals.count.saturating_sub(1);
+            totals.bytes = totals.bytes.saturating_sub(bytes);
+            true
+        }
+        Err(e) => {
+            err.get_or_insert(e);
+            false
+        }
+    }
+}
+
 /// Retained transactions an undo past its commit point still takes data from (its record in
 /// the journal names them): never evicted until that undo is finished.
 fn protected(state: &StateDir) -> HashSet<String> {
@@ -488,17 +511,7 @@ pub(crate) fn apply_budget(
         if !budget.over(totals) && !low {
             return Ok(false);
         }
-        match evict(idx, state, id, if low { Eviction::Delete } else { how }) {
-            Ok(bytes) => {
-                totals.count = totals.count.saturating_sub(1);
-                totals.bytes = totals.bytes.saturating_sub(bytes);
-                Ok(true)
-            }
-            Err(e) => {
-                err = Some(e);
-                Ok(false)
-            }
-        }
+        Ok(evict_counted(idx, state, id, if low { Eviction::Delete } else { how }, &mut totals, &mut err))
     })?;
     idx.set_totals(totals)?;
     if how == Eviction::Retire && !dropped.is_empty() {
@@ -524,17 +537,7 @@ pub fn yield_space(state: &StateDir, want: u64) -> Result<Vec<String>, RetainErr
         if keep.contains(id) || space(state).is_some_and(|(avail, _)| avail >= want) {
             return Ok(false);
         }
-        match evict(&idx, state, id, Eviction::Delete) {
-            Ok(bytes) => {
-                totals.count = totals.count.saturating_sub(1);
-                totals.bytes = totals.bytes.saturating_sub(bytes);
-                Ok(true)
-            }
-            Err(e) => {
-                err = Some(e);
-                Ok(false)
-            }
-        }
+        Ok(evict_counted(&idx, state, id, Eviction::Delete, &mut totals, &mut err))
     })?;
     idx.set_totals(totals)?;
     match err {
