@@ -9,6 +9,7 @@ mod commit;
 mod extract;
 mod glob;
 pub mod paths;
+mod placed;
 mod rules;
 mod words;
 mod writes;
@@ -205,16 +206,17 @@ fn builtin_cell() -> &'static Result<Policy, String> {
 }
 
 /// The built-in policy as every `txbox run` without a policy file loads it: without the inline
-/// examples, which are a third of the text and only checked by tests and `lint` (parsing is
-/// most of the ~0.5 ms a process pays to load the policy). `builtin_strips_only_examples`
-/// checks that nothing else differs.
+/// examples, which are only checked by tests and `lint`, and read from the JSON that build.rs
+/// compiled from `builtin.toml` (parsing the TOML was most of the ~1 ms a process paid to load
+/// the policy). `builtin_strips_only_examples` checks that nothing else differs.
 fn runtime_cell() -> &'static Result<Policy, String> {
     static CELL: OnceLock<Result<Policy, String>> = OnceLock::new();
     CELL.get_or_init(|| {
-        let text = without_examples(BUILTIN_TOML);
-        let spec = parse_file(&text, "<builtin>").map_err(|e| e.to_string())?;
+        let spec: rules::FileSpec =
+            placed::unplaced(|| serde_json::from_str(BUILTIN_JSON)).map_err(|e| format!("<builtin>: {e}"))?;
+        // No text to point into: an error here would be a bug the tests catch.
         let mut p =
-            Policy::build(spec.rules, spec.commit, &text, "<builtin>", Check::Nothing).map_err(|e| e.to_string())?;
+            Policy::build(spec.rules, spec.commit, "", "<builtin>", Check::Nothing).map_err(|e| e.to_string())?;
         if let Some(c) = Arc::get_mut(&mut p.inner) {
             c.stripped = true;
         }
@@ -222,8 +224,12 @@ fn runtime_cell() -> &'static Result<Policy, String> {
     })
 }
 
+/// `builtin.toml` without its inline examples, as JSON (build.rs).
+const BUILTIN_JSON: &str = include_str!(concat!(env!("OUT_DIR"), "/builtin.json"));
+
 /// The policy text without its `examples.match` / `examples.no_match` lines (one line each in
-/// the built-in policy).
+/// the built-in policy), as build.rs strips them.
+#[cfg(test)]
 fn without_examples(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for line in text.split_inclusive('\n') {
@@ -818,6 +824,21 @@ mod tests {
             assert_eq!(a.id.get_ref(), b.id.get_ref());
             b.id = a.id.clone();
             assert_eq!(format!("{a:?}"), format!("{b:?}"));
+        }
+        assert_eq!(stripped.inner.commit_specs.len(), full.inner.commit_specs.len());
+        for (a, b) in stripped.inner.commit_specs.iter().zip(&full.inner.commit_specs) {
+            assert_eq!(a.id.get_ref(), b.id.get_ref());
+            let mut b = b.clone();
+            b.examples = None;
+            b.id = a.id.clone();
+            assert_eq!(format!("{a:?}"), format!("{b:?}"));
+        }
+        // The compiled JSON is the TOML less its example lines, value for value.
+        let toml_form: Result<toml::Value, _> = toml::from_str(&without_examples(BUILTIN_TOML));
+        let json_form: Result<serde_json::Value, _> = serde_json::from_str(BUILTIN_JSON);
+        match (toml_form.map(|t| serde_json::to_value(&t)), json_form) {
+            (Ok(Ok(t)), Ok(j)) => assert!(t == j, "builtin.json differs from builtin.toml"),
+            other => panic!("{other:?}"),
         }
         // What users see and merge over is the whole text.
         assert_eq!(stripped.to_toml(), full.to_toml());

@@ -12,7 +12,7 @@ use crate::{Action, Context};
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct FileSpec {
-    pub version: toml::Spanned<i64>,
+    pub version: crate::placed::Placed<i64>,
     /// Hosts every command run with this policy may reach through txbox's proxy (`--allow-host`
     /// items; checked by the engine, which knows the syntax).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -28,7 +28,7 @@ pub(crate) struct FileSpec {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RuleSpec {
-    pub id: toml::Spanned<String>,
+    pub id: crate::placed::Placed<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -82,7 +82,7 @@ impl CommitAction {
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct CommitRuleSpec {
-    pub id: toml::Spanned<String>,
+    pub id: crate::placed::Placed<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub enabled: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

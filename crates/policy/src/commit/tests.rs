@@ -228,7 +228,7 @@ fn paths_no_rule_names_are_not_read() {
 #[test]
 fn strictest_rule_wins_and_allow_rules_hold_nothing() {
     let spec = |id: &str, action: &str| CommitRuleSpec {
-        id: toml::Spanned::new(0..0, id.to_string()),
+        id: crate::placed::Placed::new(0..0, id.to_string()),
         enabled: None,
         action: Some(action.into()),
         reason: Some("r {path}".into()),
