@@ -3,14 +3,16 @@
 network (`--network host`), interleaved A/B per docs/BENCHMARKS.md's method (issue #15: at most
 5% slower).
 
-    bench/netproxy_pip.py [--txbox target/release/txbox] [--rounds 7]
+    bench/netproxy_pip.py [--txbox target/release/txbox] [--rounds 7] [--before OTHER_TXBOX]
 
 Needs this machine's package index (whatever pip is configured with: the @pypi preset reads
 pip's own configuration). Each timed run is one `txbox run` that installs the packages with
 `--no-cache-dir --no-deps` into the sandbox's private /tmp, so every run downloads everything
 and commits nothing. If the index's names resolve to non-public addresses here (a mirror on a
 private network), the first run's refusals name them and they are added to the allowlist, as a
-user would. Prints medians, their difference and ratio, and the verdict.
+user would. Prints medians, their difference and ratio, and the verdict. With `--before`, a
+third variant runs the proxy of another build (interleaved with the others, the order rotating
+each round), for an A/B of a change to the proxy.
 """
 
 import argparse
@@ -31,6 +33,7 @@ def main():
     ap.add_argument("--txbox", default="target/release/txbox")
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--python", default=None, help="the Python whose pip runs (default: python3's own)")
+    ap.add_argument("--before", default=None, help="another txbox whose proxy runs as a third variant")
     args = ap.parse_args()
     txbox = os.path.abspath(args.txbox)
     python = args.python or subprocess.run(["python3", "-c", "import sys; print(sys.executable)"],
@@ -41,11 +44,11 @@ def main():
     os.makedirs(state)
     pip = [python, "-m", "pip", "install", "-q", "--no-cache-dir", "--no-deps", "--disable-pip-version-check",
            "--target", "/tmp/site"] + PACKAGES
-    base = [txbox, "--state-dir", state, "--json", "run", "-C", ws]
     env = dict(os.environ, PIP_BREAK_SYSTEM_PACKAGES="1")
 
-    def once(net):
+    def once(net, exe=txbox):
         t = time.perf_counter()
+        base = [exe, "--state-dir", state, "--json", "run", "-C", ws]
         p = subprocess.run(base + net + ["--"] + pip, env=env, capture_output=True, text=True)
         elapsed = time.perf_counter() - t
         result = json.loads(p.stdout)
@@ -61,21 +64,26 @@ def main():
         if not extra:
             sys.exit(f"pip through {allow} failed:\n{r['stderr'][-2000:]}\n{json.dumps(r.get('network'), indent=1)}")
         allow += "," + ",".join(sorted(set(extra)))
-    variants = [("host", ["--network", "host"], []), ("proxy", ["--allow-host", allow], [])]
-    for _, net, _ in variants:
-        _, r = once(net)  # warm-up
+    variants = [("host", ["--network", "host"], [], txbox), ("proxy", ["--allow-host", allow], [], txbox)]
+    if args.before:
+        variants.append(("before", ["--allow-host", allow], [], os.path.abspath(args.before)))
+    for _, net, _, exe in variants:
+        _, r = once(net, exe)  # warm-up
         if r["outcome"] != "committed":
             sys.exit(f"{net}: {r['outcome']}: {r['stderr'][-2000:]}")
     connections = 0
+    loads = [os.getloadavg()[0]]
     for n in range(args.rounds):
-        order = variants if n % 2 == 0 else variants[::-1]
-        for name, net, times in order:
-            t, r = once(net)
+        k = n % len(variants)
+        order = variants[k:] + variants[:k]
+        for name, net, times, exe in order if n % 2 == 0 else order[::-1]:
+            t, r = once(net, exe)
             if r["outcome"] != "committed":
                 sys.exit(f"{name}: {r['outcome']}: {r['stderr'][-2000:]}")
             if name == "proxy":
                 connections = len(r["network"]["connections"])
             times.append(t)
+        loads.append(os.getloadavg()[0])
     host = statistics.median(variants[0][2])
     proxy = statistics.median(variants[1][2])
     ratio = proxy / host
@@ -85,11 +93,16 @@ def main():
     print(f"pip install of {len(PACKAGES)} packages (--no-cache-dir --no-deps), {args.rounds} interleaved rounds")
     print(f"allowlist: {allow}; {connections} connections through the proxy per run")
     print(f"{'variant':<8} {'median s':>9} {'min s':>7} {'max s':>7}")
-    for name, _, times in variants:
+    for name, _, times, _ in variants:
         print(f"{name:<8} {statistics.median(times):>9.3f} {min(times):>7.3f} {max(times):>7.3f}")
     print(f"proxy - host: {proxy - host:+.3f} s, ratio of medians {ratio:.3f}, median of paired ratios "
           f"{paired:.3f} ({'within' if paired <= 1.05 else 'over'} the 5% target)")
-    print("load average:", " ".join(f"{x:.2f}" for x in os.getloadavg()))
+    if args.before:
+        before = variants[2][2]
+        print(f"before - host: {statistics.median(before) - host:+.3f} s, ratio of medians "
+              f"{statistics.median(before) / host:.3f}, median of paired ratios "
+              f"{statistics.median(b / h for h, b in zip(variants[0][2], before)):.3f}")
+    print(f"load average (1 min) over the rounds: {min(loads):.2f}-{max(loads):.2f}")
     subprocess.run(["rm", "-rf", root])
 
 

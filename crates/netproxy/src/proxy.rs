@@ -343,7 +343,10 @@ fn read_head(conn: &OwnedFd, deadline: Instant) -> Result<Option<Head>, HeadWait
         }
         let n = match rustix::io::read(conn, &mut chunk) {
             Ok(0) => return Ok(None),
-            Ok(n) => n,
+            Ok(n) => {
+                ack_now(conn.as_fd());
+                n
+            }
             Err(Errno::INTR | Errno::AGAIN) => continue,
             Err(_) => return Ok(None),
         };
@@ -360,6 +363,22 @@ fn read_head(conn: &OwnedFd, deadline: Instant) -> Result<Option<Head>, HeadWait
     }
 }
 
+/// Acknowledge at once what was just read from the client (`TCP_QUICKACK`; the kernel clears
+/// it again by itself, so it is set after every read).
+///
+/// The proxy is a TCP hop the command would not have without it, and its end must not hold
+/// back the command's bytes. A client that leaves Nagle's algorithm on (urllib3, and so pip and
+/// requests, turns `TCP_NODELAY` off precisely when it goes through a proxy) sends a small
+/// segment only once the previous one is acknowledged; the proxy's socket, which has just
+/// sent something the other way (the `200` of a CONNECT, the server's handshake), counts the
+/// connection as interactive and delays its acknowledgement for the reply it expects to carry
+/// it, up to 40 ms; but the reply can only come once the held segment has reached the server.
+/// pip's TLS `Finished` and its first request on each connection met exactly that: 40 ms per
+/// connection (docs/BENCHMARKS.md, #15). Failing to set it costs only that delay.
+fn ack_now(fd: BorrowedFd<'_>) {
+    let _ = rustix::net::sockopt::set_tcp_quickack(fd, true);
+}
+
 /// One direction of a relay: bytes read but not yet written.
 struct Pipe {
     buf: Box<[u8]>,
@@ -369,13 +388,15 @@ struct Pipe {
     eof: bool,
     shut: bool,
     moved: u64,
+    /// The source is the client: acknowledge each read at once ([`ack_now`]).
+    ack: bool,
 }
 
 impl Pipe {
-    fn new(opening: &[u8]) -> Pipe {
+    fn new(opening: &[u8], ack: bool) -> Pipe {
         let mut buf = vec![0u8; BUFFER.max(opening.len())].into_boxed_slice();
         buf[..opening.len()].copy_from_slice(opening);
-        Pipe { buf, start: 0, end: opening.len(), eof: false, shut: false, moved: 0 }
+        Pipe { buf, start: 0, end: opening.len(), eof: false, shut: false, moved: 0, ack }
     }
 
     fn pending(&self) -> bool {
@@ -396,7 +417,12 @@ impl Pipe {
         if readable && !self.eof && self.end < self.buf.len() {
             match rustix::io::read(from, &mut self.buf[self.end..]) {
                 Ok(0) => self.eof = true,
-                Ok(n) => self.end += n,
+                Ok(n) => {
+                    self.end += n;
+                    if self.ack {
+                        ack_now(from);
+                    }
+                }
                 Err(Errno::AGAIN | Errno::INTR) => {}
                 Err(_) => self.eof = true,
             }
@@ -439,13 +465,14 @@ impl Pipe {
 fn relay(client: &OwnedFd, server: &OwnedFd, opening: &[u8], idle: Duration, live: &Live) {
     // No Nagle here: the proxy passes on each segment as its sender cut it; delaying a small
     // one until the previous is acknowledged (and the peer delays its ACK) costs tens of
-    // milliseconds per exchange.
+    // milliseconds per exchange. The same for a client that keeps Nagle on: what it sends is
+    // acknowledged at once (`up` acks each read, see `ack_now`).
     for fd in [client, server] {
         let _ = rustix::io::ioctl_fionbio(fd, true);
         let _ = rustix::net::sockopt::set_tcp_nodelay(fd, true);
     }
-    let mut up = Pipe::new(opening);
-    let mut down = Pipe::new(&[]);
+    let mut up = Pipe::new(opening, true);
+    let mut down = Pipe::new(&[], false);
     let mut last = Instant::now();
     while !(up.done() && down.done()) {
         let want = |p: &Pipe| if !p.eof && p.end < p.buf.len() { PollFlags::IN } else { PollFlags::empty() };

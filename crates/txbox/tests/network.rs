@@ -394,6 +394,60 @@ slow.close()
     }
 }
 
+/// A client that keeps Nagle's algorithm on (urllib3 does behind a proxy: pip, requests) sends
+/// a small segment only once the previous one is acknowledged; the proxy acknowledges what it
+/// reads at once instead of holding the acknowledgement back for a reply that cannot come
+/// before the held segment (40 ms per exchange: #15, docs/BENCHMARKS.md). Counted, not timed:
+/// the sandbox's network namespace holds only the command's connections to the proxy, and its
+/// `DelayedACKs` counter says how often an acknowledgement waited for the timer (one per
+/// exchange without the fix). A proxied run is always cold, so there is no warm variant.
+#[test]
+fn a_client_with_nagle_on_is_acknowledged_at_once() {
+    let reg =
+        Registry::start(Path::new(&format!("/var/tmp/txbox-it-registry-{}-f", std::process::id())), REGISTRY_HOST);
+    let script = format!(
+        r#"
+import os, socket
+proxy = int(os.environ["HTTPS_PROXY"].rsplit(":", 1)[1])
+def delayed_acks():
+    names, values = [l.split() for l in open("/proc/self/net/netstat").read().splitlines()[:2]]
+    return int(values[names.index("DelayedACKs")])
+before, ok = delayed_acks(), 0
+for i in range(8):
+    s = socket.create_connection(("127.0.0.1", proxy))
+    s.sendall(b"CONNECT {target} HTTP/1.1\r\n\r\n")
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += s.recv(1024)
+    # Nagle on (Python's default): the second write waits for the first one's acknowledgement.
+    s.sendall(b"GET /simple/ HTTP/1.1\r\n")
+    s.sendall(b"Host: x\r\n\r\n")
+    got = b""
+    while d := s.recv(65536):
+        got += d
+    ok += got.startswith(b"HTTP/1.0 200")
+    s.close()
+print(ok, delayed_acks() - before)
+"#,
+        target = reg.allow()
+    );
+    for who in identities() {
+        let s = scratch_for(who, "net-nagle");
+        std::fs::write(s.ws.join("nagle.py"), &script).unwrap();
+        if let As::User(uid) = who {
+            s.chown(uid);
+        }
+        let (out, v) = run_json(who, &s, &["--allow-host", &reg.allow(), "--", "python3", "nagle.py"], &[]);
+        committed(&out, &v, "nagle.py");
+        let said = v["stdout"].as_str().unwrap_or("").to_string();
+        let nums: Vec<u64> = said.split_whitespace().filter_map(|n| n.parse().ok()).collect();
+        assert_eq!(nums.first(), Some(&8), "every exchange answered: {said:?}\n{v}");
+        // One per exchange without the fix; a loaded machine may let the odd timer fire before
+        // the proxy reads, never most of them.
+        assert!(nums.get(1).is_some_and(|d| *d < 4), "acknowledgements delayed: {said:?} ({who:?})\n{v}");
+    }
+}
+
 #[test]
 fn a_session_keeps_the_hosts_it_began_with() {
     let reg =
