@@ -946,7 +946,8 @@ fn cmd_policy_check(json: bool, ws: WorkspaceArg, policy: &PolicyArg, allow: &[S
     if ev.decision.action != txbox_policy::Action::Deny {
         let allow_hosts = txbox_netproxy::allow::parse_all(allow).map_err(|e| Usage(e.to_string()))?;
         let limits = Limits { allow_hosts, ..Limits::default() };
-        let limits = txbox::network::with_policy_hosts(&limits, &policy, &[])?;
+        // The policy file's hosts are the caller's input, as `--allow-host` is.
+        let limits = txbox::network::with_policy_hosts(&limits, &policy, &[]).map_err(|e| Usage(e.to_string()))?;
         if let Some(d) = txbox::network::visible_denial(&ev.commands, false, &limits.allow_hosts, None) {
             ev.decision = d;
         }

@@ -1048,7 +1048,14 @@ fn cli_refuses_out_of_range_options_with_one_json_error() {
         }
     }
     assert!(!s.ws.join("ran").exists(), "a refused run ran");
+    // A policy file is the caller's input: a host it cannot allow is a usage error wherever
+    // the file is read, `policy check` included (it said `internal`, 125).
+    let bad_policy = s.root.join("bad-hosts.toml");
+    std::fs::write(&bad_policy, "version = 1\nallow_hosts = [\"not a host!!\"]\n").unwrap();
+    let bad_policy = bad_policy.to_str().unwrap();
     for (args, code, kind) in [
+        (vec!["--json", "policy", "check", "--policy", bad_policy, "-c", "ls"], 2, "usage"),
+        (vec!["--json", "run", "-C", &ws, "--policy", bad_policy, "-c", "touch ran"], 2, "usage"),
         (vec!["--json", "diff", "0123456789abcdef"], 125, "not_found"),
         (vec!["--json", "run", "-C", "/nonexistent/dir", "-c", "true"], 2, "usage"),
         (vec!["--json", "run", "-C", &ws], 2, "usage"),
@@ -1060,6 +1067,7 @@ fn cli_refuses_out_of_range_options_with_one_json_error() {
         let v: Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", describe(&out)));
         assert_eq!(v["error"]["kind"], kind, "{args:?}: {v}");
     }
+    assert!(!s.ws.join("ran").exists(), "a run with an unusable policy file ran");
 }
 
 /// Everyday interface (#15): policy check exits 126 on a denial; the root and system
