@@ -1178,10 +1178,17 @@ impl StateDir {
     /// Take a spare directory as `id`; false if there is none. The spare keeps the `meta` of
     /// the transaction that left it, sealed for that transaction's id: until this one's is
     /// written, recovery sees a young directory without a valid meta and leaves it alone.
+    ///
+    /// A spare whose overlay a warm server still keeps (its `work` share-locked: the server lets
+    /// a run's view go only when idle, as the last reference syncs the whole filesystem) is
+    /// passed over rather than waited for. The server never locks a spare anew, so a spare seen
+    /// free stays free.
     fn claim_spare(&self, id: &str) -> bool {
         let Ok(tx) = self.dir(layout::TX) else { return false };
         (0..layout::SPARES).any(|slot| {
-            fsx::rename_noreplace(tx.as_fd(), OsStr::new(&layout::spare_name(slot)), tx.as_fd(), OsStr::new(id)).is_ok()
+            let spare = layout::spare_name(slot);
+            !fsx::is_locked(tx.as_fd(), &Path::new(&spare).join(layout::WORK))
+                && fsx::rename_noreplace(tx.as_fd(), OsStr::new(&spare), tx.as_fd(), OsStr::new(id)).is_ok()
         })
     }
 }
@@ -1393,8 +1400,8 @@ impl TxDir {
         let owner = state.lock_owner(&id)?;
         let (upper, work) = (dir.join(layout::UPPER), dir.join(layout::WORK));
         if reused {
-            // The run that left it may have been served by a warm server, which detaches its
-            // overlay after answering and share-locks `work` until then: wait for that.
+            // A spare is claimed only when its `work` is not locked (`claim_spare`); should a
+            // server hold it all the same, its overlay must be gone first: wait for that.
             fsx::wait_unlocked(&work).map_err(at(&work, "wait for the warm server to release"))?;
         }
         state.write_meta(
