@@ -219,8 +219,8 @@ fn flock_free(dir: &std::path::Path) -> bool {
 
 #[test]
 fn a_warm_server_holds_the_work_directory_until_its_overlay_is_gone() {
-    // A later transaction may take this directory over (a spare); it waits for this lock, so
-    // that no two overlays ever share upper and work.
+    // A later transaction may take this directory over (a spare) only once this lock is let
+    // go, so that no two overlays ever share upper and work.
     let s = Scratch::new("warm-in-use");
     warm_up(As::Me, &s);
     let mut child = txbox_command(As::Me)
@@ -244,7 +244,7 @@ fn a_warm_server_holds_the_work_directory_until_its_overlay_is_gone() {
     let o = child.wait_with_output().unwrap();
     assert!(served_warm(&o), "{}", describe(&o));
     assert!(held, "the work directory was never locked while the command ran");
-    // Released once the server has detached the view: the directory is a spare now.
+    // Released once the server has let the view go (when idle): the directory is a spare now.
     let spare = s.state.join("tx/.spare-0/work");
     let deadline = Instant::now() + Duration::from_secs(10);
     while !flock_free(&spare) {

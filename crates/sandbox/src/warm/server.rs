@@ -508,13 +508,22 @@ fn init(
         let go_on = serve_one(&ready, &conn, &mut in_use);
         drop(conn);
         // Make the sandbox as new for the next transaction; one that cannot be reset is done.
-        // The view, detached, lives on in `kept` until the server is idle, and so does the
-        // lock on its work directory: its directories serve another transaction only then.
-        let view = in_use.as_ref().map(|_| pin_views(plan)).unwrap_or_default();
+        // A run's view, detached, lives on in `kept` until the server is idle, and so does the
+        // lock on its work directory: its directories serve another transaction only then. A
+        // session step's goes at once: the next step waits for it to use its layers.
+        let views = match &in_use {
+            Some(u) if u.run => pin_views(plan),
+            _ => Vec::new(),
+        };
         reset(k, plan)?;
-        kept.push(Kept { _views: view, _work: in_use });
-        if kept.len() > KEPT_VIEWS {
-            kept.remove(0);
+        match in_use {
+            Some(u) if !views.is_empty() => {
+                kept.push(Kept { _views: views, _work: u.lock });
+                if kept.len() > KEPT_VIEWS {
+                    kept.remove(0);
+                }
+            }
+            other => drop(other),
         }
         if !go_on {
             return Ok(());
@@ -545,7 +554,14 @@ fn seal_init<K: Kernel>(k: &mut K, plan: &WarmPlan, handoff: Option<K::Handoff>)
 /// work directory. The fields drop in order: the view goes before the lock is let go.
 struct Kept {
     _views: Vec<OwnedFd>,
-    _work: Option<OwnedFd>,
+    _work: OwnedFd,
+}
+
+/// The work directory a transaction's view is mounted on, share-locked while the view lives.
+struct InUse {
+    lock: OwnedFd,
+    /// It is a run's (not a session step's, whose layers the next step waits for).
+    run: bool,
 }
 
 /// A reference to each view `plan.release` detaches, taken before it does: the detach then
@@ -696,10 +712,11 @@ struct Ready<'a> {
 
 /// Serve one transaction. Returns whether the server may go on serving. `in_use` receives
 /// the transaction's work directory, opened and share-locked (`flock`) before the overlay is
-/// mounted on it; the caller closes it only once the overlay is detached. The client reuses
-/// a directory its run left empty for a later transaction (`TxDir::create` takes it as a
-/// spare), and waits for this lock first: two overlays must never share upper and work.
-fn serve_one(ready: &Ready<'_>, conn: &OwnedFd, in_use: &mut Option<OwnedFd>) -> bool {
+/// mounted on it; the caller closes it only once the overlay is gone. The client reuses a
+/// directory its run left empty for a later transaction (`TxDir::create` takes it as a
+/// spare) only when it is not locked, and a session's next step waits for it: two overlays
+/// must never share upper and work, nor a layer be one overlay's upper and another's lower.
+fn serve_one(ready: &Ready<'_>, conn: &OwnedFd, in_use: &mut Option<InUse>) -> bool {
     let (req, command, stdio) = match admit(ready, conn, in_use) {
         Ok(admitted) => admitted,
         Err(why) => {
@@ -726,7 +743,7 @@ fn serve_one(ready: &Ready<'_>, conn: &OwnedFd, in_use: &mut Option<OwnedFd>) ->
 fn admit(
     ready: &Ready<'_>,
     conn: &OwnedFd,
-    in_use: &mut Option<OwnedFd>,
+    in_use: &mut Option<InUse>,
 ) -> Result<(Request, Command, Vec<OwnedFd>), Refusal> {
     let Ready { base, plan, roots, hidden, me, .. } = *ready;
     let (req, mut fds) = receive(conn)?;
@@ -755,7 +772,9 @@ fn admit(
     for (p, client) in layers.zip(&client_layers[1..]) {
         let fd = roots.resolve(p, client)?;
         if *p == spec.work {
-            *in_use = Some(lock_shared(&fd).map_err(|errno| Refusal::Lock { path: p.clone(), errno })?);
+            let lock = lock_shared(&fd).map_err(|errno| Refusal::Lock { path: p.clone(), errno })?;
+            let run = p.strip_prefix(&roots.state_path).ok().and_then(me.layer).is_some_and(|l| l.step.is_none());
+            *in_use = Some(InUse { lock, run });
         }
         pins.insert(p.clone(), fd);
     }
