@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::{Context as _, Result};
 use clap::{Args, Parser, Subcommand};
 use txbox::api::{ApiError, Ceiling, ErrorKind};
-use txbox::config::{Config, Source, Untrusted};
+use txbox::config::{Config, Untrusted};
 use txbox::engine;
 use txbox::options::{Isolation, LimitArgs, Seconds};
 use txbox::render;
@@ -193,7 +193,7 @@ impl ServerArgs {
             state_dir: state_dir.clone(),
             fallback: self.workspaces.is_empty().then(|| cwd.clone()),
         };
-        let config = Config::load(Source::default_location().as_ref(), &untrusted)?;
+        let config = Config::load_default(&untrusted)?;
         let workspaces = match (self.workspaces.is_empty(), &config.workspace) {
             (true, Some(w)) => vec![w.clone()],
             (true, None) => vec![cwd],
@@ -705,7 +705,7 @@ fn configured_keep(ws: &WorkspaceArg) -> KeepRules {
         state_dir: None,
         fallback: ws.workspace.is_none().then_some(cwd),
     };
-    match Config::load(Source::default_location().as_ref(), &untrusted).and_then(|c| c.keep_rules()) {
+    match Config::load_default(&untrusted).and_then(|c| c.keep_rules()) {
         Ok(k) => k,
         Err(e) => {
             eprintln!("txbox: {}; the default kept directories apply", e.message);
