@@ -604,11 +604,15 @@ fn locate_tx(state_dir: Option<&std::path::Path>, ws: &WorkspaceArg, tx: &str) -
 }
 
 fn workspace_of(ws: &WorkspaceArg) -> Result<PathBuf> {
-    let dir = match &ws.workspace {
-        Some(d) => d.clone(),
-        None => std::env::current_dir().context("reading the current directory")?,
-    };
-    Ok(request::resolve_workspace(&dir)?)
+    Ok(request::resolve_workspace(&workspace_given(ws)?)?)
+}
+
+/// The workspace directory named (`-C`), else the current directory; not resolved.
+fn workspace_given(ws: &WorkspaceArg) -> Result<PathBuf> {
+    match &ws.workspace {
+        Some(d) => Ok(d.clone()),
+        None => std::env::current_dir().context("reading the current directory"),
+    }
 }
 
 fn command_of(command: Option<String>, argv: Vec<OsString>) -> Result<Command> {
@@ -654,7 +658,8 @@ fn show(json: bool, r: &txbox::RunResult) -> i32 {
 
 fn cmd_run(state_dir: Option<PathBuf>, json: bool, a: RunArgs) -> Result<i32> {
     let req = RunRequest {
-        workspace: workspace_of(&a.ws)?,
+        // As given: the engine resolves it (`Env::open`), once per run.
+        workspace: workspace_given(&a.ws)?,
         state_dir,
         cwd: std::env::current_dir().unwrap_or_default(),
         command: command_of(a.command, a.argv)?,
