@@ -5,6 +5,7 @@
 //! the transaction layer depend only on these types, so the engine behind them can grow
 //! (full shell parsing, policy files) without changing its callers.
 
+mod builtin;
 mod commit;
 mod extract;
 mod glob;
@@ -165,16 +166,15 @@ enum Check<'a> {
 
 #[derive(Debug)]
 struct Compiled {
-    /// Effective rule specs, in order (disabled ones kept for `to_toml`).
+    /// Effective rule specs, in order (disabled ones kept for `to_toml`); empty for the
+    /// built-in policy as `Policy::builtin` loads it (`stripped`).
     specs: Vec<rules::RuleSpec>,
-    /// Enabled compiled rules.
-    rules: Vec<rules::Rule>,
-    /// Rule indexes by literal program name, the generic ones merged in, in policy order.
-    by_program: HashMap<String, Vec<usize>>,
+    /// Enabled rules, in policy order.
+    rules: Vec<LazyRule>,
+    /// Which rules may match a program.
+    index: Index,
     /// Rules whose programs are patterns (`mkfs.*`) or paths (`/etc/init.d/*`).
-    by_pattern: Vec<(rules::Pat, usize)>,
-    /// Rules that may match any program.
-    generic: Vec<usize>,
+    by_pattern: Vec<(rules::Pat, u32)>,
     /// The built-in policy without its inline examples (`Policy::builtin`): `to_toml` shows
     /// the whole built-in text instead.
     stripped: bool,
@@ -184,8 +184,39 @@ struct Compiled {
     allow_hosts: Vec<String>,
     /// Effective commit rule specs, in order (disabled ones kept for `to_toml`).
     commit_specs: Vec<commit::CommitRuleSpec>,
-    /// The enabled commit rules, compiled and indexed.
-    commit: commit::CommitRules,
+    /// The enabled commit rules, compiled and indexed: when the policy is built for a policy
+    /// file, else (the built-in policy) on first use, from `builtin::COMMIT`.
+    commit: OnceLock<commit::CommitRules>,
+}
+
+/// An enabled rule: compiled when a policy file is loaded (its errors are the file's), or, in
+/// the built-in policy, from its JSON when a command first meets it (#18).
+#[derive(Debug)]
+struct LazyRule {
+    id: String,
+    /// The rule as JSON (`builtin::RULES`); empty when compiled at load.
+    json: &'static str,
+    rule: OnceLock<rules::Rule>,
+}
+
+impl LazyRule {
+    fn compiled(rule: rules::Rule) -> LazyRule {
+        LazyRule { id: rule.id.clone(), json: "", rule: OnceLock::from(rule) }
+    }
+
+    fn get(&self) -> &rules::Rule {
+        self.rule.get_or_init(|| builtin::compile_rule(&self.id, self.json))
+    }
+}
+
+/// Rule indexes by program.
+#[derive(Debug)]
+enum Index {
+    /// The built-in policy's, computed by build.rs (`builtin::candidates`).
+    Builtin,
+    /// A policy file's: by literal program name, the generic ones merged in, in policy order;
+    /// and the rules that may match any program.
+    Built { by_program: HashMap<String, Vec<u32>>, generic: Vec<u32> },
 }
 
 /// A loaded policy: the built-in default, possibly with a user file merged over it.
@@ -205,39 +236,29 @@ fn builtin_cell() -> &'static Result<Policy, String> {
     })
 }
 
-/// The built-in policy as every `txbox run` without a policy file loads it: without the inline
-/// examples, which are only checked by tests and `lint`, and read from the JSON that build.rs
-/// compiled from `builtin.toml` (parsing the TOML was most of the ~1 ms a process paid to load
-/// the policy). `builtin_strips_only_examples` checks that nothing else differs.
-fn runtime_cell() -> &'static Result<Policy, String> {
-    static CELL: OnceLock<Result<Policy, String>> = OnceLock::new();
-    CELL.get_or_init(|| {
-        let spec: rules::FileSpec =
-            placed::unplaced(|| serde_json::from_str(BUILTIN_JSON)).map_err(|e| format!("<builtin>: {e}"))?;
-        // No text to point into: an error here would be a bug the tests catch.
-        let mut p =
-            Policy::build(spec.rules, spec.commit, "", "<builtin>", Check::Nothing).map_err(|e| e.to_string())?;
-        if let Some(c) = Arc::get_mut(&mut p.inner) {
-            c.stripped = true;
-        }
-        Ok(p)
+/// The built-in policy as every `txbox run` without a policy file loads it: build.rs's tables
+/// (`builtin`), without the inline examples (only tests and `lint` check them), each rule
+/// compiled when a command first meets it. Loading the whole policy cost ~1 ms per process
+/// as TOML and ~0.7 ms as JSON; now nothing until used (#18). `builtin_tables_are_the_policy`
+/// checks that the tables are the TOML's policy.
+fn runtime_cell() -> &'static Policy {
+    static CELL: OnceLock<Policy> = OnceLock::new();
+    CELL.get_or_init(|| Policy {
+        inner: Arc::new(Compiled {
+            specs: Vec::new(),
+            rules: builtin::RULES
+                .iter()
+                .map(|(id, json)| LazyRule { id: (*id).to_string(), json, rule: OnceLock::new() })
+                .collect(),
+            index: Index::Builtin,
+            by_pattern: builtin::patterns(),
+            stripped: true,
+            weakened: Vec::new(),
+            allow_hosts: Vec::new(),
+            commit_specs: Vec::new(),
+            commit: OnceLock::new(),
+        }),
     })
-}
-
-/// `builtin.toml` without its inline examples, as JSON (build.rs).
-const BUILTIN_JSON: &str = include_str!(concat!(env!("OUT_DIR"), "/builtin.json"));
-
-/// The policy text without its `examples.match` / `examples.no_match` lines (one line each in
-/// the built-in policy), as build.rs strips them.
-#[cfg(test)]
-fn without_examples(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for line in text.split_inclusive('\n') {
-        if !line.starts_with("examples.") {
-            out.push_str(line);
-        }
-    }
-    out
 }
 
 fn parse_file(text: &str, origin: &str) -> Result<rules::FileSpec, PolicyError> {
@@ -280,26 +301,10 @@ impl PartialEq for Policy {
 }
 
 impl Policy {
-    /// The built-in default policy (`src/builtin.toml`, parsed once per process).
+    /// The built-in default policy (`src/builtin.toml`, as build.rs compiled it: each rule
+    /// read when a command first meets it).
     pub fn builtin() -> Self {
-        match runtime_cell() {
-            Ok(p) => p.clone(),
-            // Unreachable in a tested build; fail safe: no rules, everything is a transaction.
-            Err(_) => Policy {
-                inner: Arc::new(Compiled {
-                    specs: Vec::new(),
-                    rules: Vec::new(),
-                    by_program: HashMap::new(),
-                    by_pattern: Vec::new(),
-                    generic: Vec::new(),
-                    stripped: false,
-                    weakened: Vec::new(),
-                    allow_hosts: Vec::new(),
-                    commit_specs: Vec::new(),
-                    commit: commit::CommitRules::default(),
-                }),
-            },
-        }
+        runtime_cell().clone()
     }
 
     /// Load a policy file merged over the built-in policy.
@@ -432,10 +437,11 @@ impl Policy {
             }
             compiled.push(rule);
         }
-        let mut by_program: HashMap<String, Vec<usize>> = HashMap::new();
+        let mut by_program: HashMap<String, Vec<u32>> = HashMap::new();
         let mut by_pattern = Vec::new();
         let mut generic = Vec::new();
         for (i, r) in compiled.iter().enumerate() {
+            let i = u32::try_from(i).map_err(|_| PolicyError::at(origin, text, 0, None, "too many rules"))?;
             // A rule with an alternative for any program is a candidate for every command;
             // else for the programs it names, literally or by a pattern.
             if r.when.iter().any(|m| m.program.is_empty()) {
@@ -463,15 +469,14 @@ impl Policy {
         Ok(Policy {
             inner: Arc::new(Compiled {
                 specs,
-                rules: compiled,
-                by_program,
+                rules: compiled.into_iter().map(LazyRule::compiled).collect(),
+                index: Index::Built { by_program, generic },
                 by_pattern,
-                generic,
                 stripped: false,
                 weakened: Vec::new(),
                 allow_hosts: Vec::new(),
                 commit_specs,
-                commit,
+                commit: OnceLock::from(commit),
             }),
         })
     }
@@ -512,15 +517,20 @@ impl Policy {
         self.inner.rules.iter().map(|r| r.id.clone()).collect()
     }
 
+    /// The enabled commit rules (the built-in policy's compiled on first use).
+    fn commit(&self) -> &commit::CommitRules {
+        self.inner.commit.get_or_init(builtin::commit_rules)
+    }
+
     /// Ids of the enabled commit rules, in order.
     pub fn commit_rule_ids(&self) -> Vec<String> {
-        self.inner.commit.rules().iter().map(|r| r.id.clone()).collect()
+        self.commit().rules().iter().map(|r| r.id.clone()).collect()
     }
 
     /// Judge what a transaction would commit (crate::commit): the `hold` and `deny` findings,
     /// the strictest per path. Cheap when no changed path has a component any rule names.
     pub fn judge_commit(&self, changes: &[CommitChange], files: &dyn CommitFiles) -> Vec<CommitFinding> {
-        self.inner.commit.judge(changes, files)
+        self.commit().judge(changes, files)
     }
 
     /// Evaluate a shell string as `bash -c` would run it.
@@ -537,14 +547,17 @@ impl Policy {
 
     /// The rules that may match a command, in policy order: those naming its program, those
     /// whose program pattern matches it, and the generic ones.
-    fn candidates(&self, c: &extract::Cmd) -> std::borrow::Cow<'_, [usize]> {
-        let base = self.inner.by_program.get(c.program()).unwrap_or(&self.inner.generic);
-        let extra: Vec<usize> =
+    fn candidates(&self, c: &extract::Cmd) -> std::borrow::Cow<'_, [u32]> {
+        let base: &[u32] = match &self.inner.index {
+            Index::Builtin => builtin::candidates(c.program()),
+            Index::Built { by_program, generic } => by_program.get(c.program()).unwrap_or(generic),
+        };
+        let extra: Vec<u32> =
             self.inner.by_pattern.iter().filter(|(p, _)| p.matches_program(c)).map(|(_, i)| *i).collect();
         if extra.is_empty() {
             return std::borrow::Cow::Borrowed(base);
         }
-        let mut all: Vec<usize> = base.iter().copied().chain(extra).collect();
+        let mut all: Vec<u32> = base.iter().copied().chain(extra).collect();
         all.sort_unstable();
         all.dedup();
         std::borrow::Cow::Owned(all)
@@ -570,7 +583,8 @@ impl Policy {
             let view = rules::CmdView::new(c, ctx, &ex.cmds);
             let mut cmd_best: Option<(Action, Why)> = None;
             for &i in self.candidates(c).iter() {
-                let Some(rule) = self.inner.rules.get(i) else { continue };
+                let i = i as usize;
+                let Some(rule) = self.inner.rules.get(i).map(LazyRule::get) else { continue };
                 if cmd_best.as_ref().is_some_and(|(a, _)| *a >= rule.action) {
                     continue;
                 }
@@ -597,12 +611,14 @@ impl Policy {
                         ex.parse_error.as_deref().unwrap_or_default()
                     ),
                 },
-                Why::Rule { rule, cmd, path } => match (self.inner.rules.get(rule), ex.cmds.get(cmd)) {
-                    (Some(r), Some(c)) => {
-                        Decision { action, rule: Some(r.id.clone()), reason: r.render(c, path.as_deref()) }
+                Why::Rule { rule, cmd, path } => {
+                    match (self.inner.rules.get(rule).map(LazyRule::get), ex.cmds.get(cmd)) {
+                        (Some(r), Some(c)) => {
+                            Decision { action, rule: Some(r.id.clone()), reason: r.render(c, path.as_deref()) }
+                        }
+                        _ => Decision::default_transact(),
                     }
-                    _ => Decision::default_transact(),
-                },
+                }
                 Why::Opaque(cmd) => Decision {
                     action,
                     rule: Some("engine.opaque".into()),
@@ -806,43 +822,74 @@ pub fn lint(path: &Path) -> Result<Vec<String>, PolicyError> {
 mod tests {
     use super::*;
 
+    /// build.rs's tables are the built-in policy: each rule compiles from its JSON to what the
+    /// TOML gives (less its examples), and the index is the one `Policy::build` makes.
     #[test]
-    fn builtin_strips_only_examples() {
-        let stripped = Policy::builtin();
+    fn builtin_tables_are_the_policy() {
         let full = match builtin_cell() {
             Ok(p) => p.clone(),
             Err(e) => panic!("{e}"),
         };
-        assert!(stripped.inner.stripped && !full.inner.stripped);
-        assert!(without_examples(BUILTIN_TOML).len() < BUILTIN_TOML.len() * 3 / 4, "nothing stripped");
-        assert_eq!(stripped.inner.specs.len(), full.inner.specs.len());
-        for (a, b) in stripped.inner.specs.iter().zip(&full.inner.specs) {
-            assert!(a.examples.is_none(), "{}: an example line spans several lines", a.id.get_ref());
-            // The same rule but for its examples (and where it sits in the text).
-            let mut b = b.clone();
+        let lazy = Policy::builtin();
+        assert!(lazy.inner.stripped && !full.inner.stripped);
+        let fresh = match parse_file(BUILTIN_TOML, "<builtin>") {
+            Ok(s) => s,
+            Err(e) => panic!("{e}"),
+        };
+        let enabled: Vec<&rules::RuleSpec> = fresh.rules.iter().filter(|s| s.enabled != Some(false)).collect();
+        assert_eq!(builtin::RULES.len(), enabled.len());
+        assert_eq!(lazy.rule_ids(), full.rule_ids());
+        let mut examples = 0;
+        for ((id, json), spec) in builtin::RULES.iter().zip(enabled) {
+            assert_eq!(*id, spec.id.get_ref());
+            // The spec, value for value, less its examples (and its place in the text).
+            let from_json: rules::RuleSpec = match placed::unplaced(|| serde_json::from_str(json)) {
+                Ok(s) => s,
+                Err(e) => panic!("{id}: {e}"),
+            };
+            assert!(from_json.examples.is_none(), "{id}: an example line spans several lines");
+            examples += usize::from(spec.examples.is_some());
+            let mut b = spec.clone();
             b.examples = None;
-            assert_eq!(a.id.get_ref(), b.id.get_ref());
-            b.id = a.id.clone();
+            b.id = from_json.id.clone();
+            assert_eq!(format!("{from_json:?}"), format!("{b:?}"));
+            // And compiled, fresh on both sides (a shared rule may have compiled a regex since).
+            let a = builtin::compile_rule(id, json);
+            let b = match rules::Rule::compile(spec) {
+                Ok(r) => r,
+                Err(e) => panic!("{id}: {e}"),
+            };
             assert_eq!(format!("{a:?}"), format!("{b:?}"));
         }
-        assert_eq!(stripped.inner.commit_specs.len(), full.inner.commit_specs.len());
-        for (a, b) in stripped.inner.commit_specs.iter().zip(&full.inner.commit_specs) {
-            assert_eq!(a.id.get_ref(), b.id.get_ref());
-            let mut b = b.clone();
-            b.examples = None;
-            b.id = a.id.clone();
-            assert_eq!(format!("{a:?}"), format!("{b:?}"));
+        assert!(examples > builtin::RULES.len() / 2, "the TOML's examples were not found");
+        // The index.
+        let Index::Built { by_program, generic } = &full.inner.index else { panic!("the TOML policy has no index") };
+        assert_eq!(builtin::GENERIC, generic.as_slice());
+        assert_eq!(builtin::BY_PROGRAM.len(), by_program.len());
+        for (name, v) in builtin::BY_PROGRAM {
+            assert_eq!(by_program.get(*name).map(Vec::as_slice), Some(*v), "{name}");
+            assert_eq!(builtin::candidates(name), *v, "{name}");
         }
-        // The compiled JSON is the TOML less its example lines, value for value.
-        let toml_form: Result<toml::Value, _> = toml::from_str(&without_examples(BUILTIN_TOML));
-        let json_form: Result<serde_json::Value, _> = serde_json::from_str(BUILTIN_JSON);
-        match (toml_form.map(|t| serde_json::to_value(&t)), json_form) {
-            (Ok(Ok(t)), Ok(j)) => assert!(t == j, "builtin.json differs from builtin.toml"),
-            other => panic!("{other:?}"),
-        }
+        let source = |p: &rules::Pat| match p {
+            rules::Pat::Lit(l) => l.clone(),
+            rules::Pat::Glob(_, src) => src.clone(),
+        };
+        let want: Vec<(String, u32)> = full.inner.by_pattern.iter().map(|(p, i)| (source(p), *i)).collect();
+        let got: Vec<(String, u32)> = lazy.inner.by_pattern.iter().map(|(p, i)| (source(p), *i)).collect();
+        assert_eq!(got, want);
+        assert_eq!(builtin::BY_PATTERN.len(), want.len());
+        // The commit rules.
+        let commit = builtin::commit_rules();
+        let want = match build_commit_rules(&fresh.commit, BUILTIN_TOML, "<builtin>", Check::Nothing) {
+            Ok(c) => c,
+            Err(e) => panic!("{e}"),
+        };
+        assert!(!want.rules().is_empty());
+        assert_eq!(format!("{:?}", commit.rules()), format!("{:?}", want.rules()));
+        assert_eq!(lazy.commit_rule_ids(), full.commit_rule_ids());
         // What users see and merge over is the whole text.
-        assert_eq!(stripped.to_toml(), full.to_toml());
-        assert!(stripped.to_toml().contains("examples"));
+        assert_eq!(lazy.to_toml(), full.to_toml());
+        assert!(lazy.to_toml().contains("examples"));
     }
 
     #[test]

@@ -2,8 +2,8 @@
 //! file's text, for error messages that point at the rule.
 //!
 //! A policy file is TOML and its values get their place from the TOML parser
-//! (`toml::Spanned`). The built-in policy is also compiled into the binary as JSON (build.rs),
-//! which `txbox` reads on every start instead of parsing its TOML (a tenth of the time, #18);
+//! (`toml::Spanned`). The built-in policy is also compiled into the binary as JSON, one text
+//! per rule (build.rs, `crate::builtin`), which `txbox` reads instead of parsing its TOML (#18);
 //! that form has no text to point into, so its values deserialize without a place (`0..0`),
 //! inside [`unplaced`] only.
 

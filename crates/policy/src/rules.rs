@@ -212,7 +212,7 @@ fn classes(v: &[String], field: &str) -> Result<ClassSet, String> {
 }
 
 /// A compiled alternative.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub(crate) struct Matcher {
     pub program: Vec<Pat>,
     /// `program`'s plain basenames, sorted: one binary search instead of a comparison per entry

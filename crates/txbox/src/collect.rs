@@ -75,13 +75,30 @@ pub(crate) fn start_retention_collector(state: &StateDir) {
 }
 
 fn spawn_collector(state: &StateDir) {
-    let _ = std::process::Command::new("/proc/self/exe")
+    let started = std::process::Command::new("/proc/self/exe")
         .arg(SUBCOMMAND)
         .arg(&state.root)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn();
+    if let Ok(child) = started {
+        let mut unreaped = UNREAPED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        track(child, &mut unreaped);
+    }
+}
+
+/// Collectors this process started that it has not seen exit. Nobody waits for a collector,
+/// but a process that lives on (`txbox serve`, `txbox mcp`) must reap them, or each one it
+/// ever started stays a zombie (a slot in the process table and under the pids limit) for as
+/// long as it runs. A one-shot command exits first and leaves them to init.
+static UNREAPED: std::sync::Mutex<Vec<std::process::Child>> = std::sync::Mutex::new(Vec::new());
+
+/// Reap the collectors of `unreaped` that have exited, then keep `child` among them: at most
+/// the collectors still running and the last one started are left unreaped.
+fn track(child: std::process::Child, unreaped: &mut Vec<std::process::Child>) {
+    unreaped.retain_mut(|c| matches!(c.try_wait(), Ok(None)));
+    unreaped.push(child);
 }
 
 /// The hidden subcommand of the background collector: `txbox __gc STATE`.
@@ -107,4 +124,45 @@ pub fn main(args: &[OsString]) -> ! {
         }
     }
     std::process::exit(0);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    /// The state letter of process `pid` in /proc (`Z`: a zombie), or None if it is gone.
+    fn state_of(pid: u32) -> Option<char> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next())
+    }
+
+    #[test]
+    fn collectors_that_exited_are_reaped_when_the_next_starts() -> std::io::Result<()> {
+        let mut unreaped = Vec::new();
+        let first = std::process::Command::new("true").spawn()?;
+        let pid = first.id();
+        // Wait (untimed: the deadline only bounds a hang) until it has exited unreaped.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while state_of(pid) != Some('Z') {
+            assert!(Instant::now() < deadline, "`true` did not exit");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        track(first, &mut unreaped);
+        assert_eq!(state_of(pid), Some('Z'), "the last started is kept, not reaped");
+        let running = std::process::Command::new("sleep").arg("30").spawn()?;
+        let second = running.id();
+        track(running, &mut unreaped);
+        assert_eq!(state_of(pid), None, "an exited collector is still a zombie");
+        assert_eq!(unreaped.len(), 1);
+        // One still running is kept, not waited for.
+        track(std::process::Command::new("true").spawn()?, &mut unreaped);
+        assert_eq!(unreaped.len(), 2);
+        assert!(state_of(second).is_some_and(|s| s != 'Z'));
+        for mut c in unreaped {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        Ok(())
+    }
 }

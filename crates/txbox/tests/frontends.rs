@@ -39,6 +39,10 @@ fn serve(s: &Scratch, workspaces: &[&Path]) -> Server {
 }
 
 fn serve_with(s: &Scratch, workspaces: &[&Path], state_dir: Option<&Path>) -> Server {
+    serve_env(s, workspaces, state_dir, &[])
+}
+
+fn serve_env(s: &Scratch, workspaces: &[&Path], state_dir: Option<&Path>, env: &[(&str, &str)]) -> Server {
     let token_file = s.root.join("token");
     std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
     for _ in 0..5 {
@@ -51,6 +55,7 @@ fn serve_with(s: &Scratch, workspaces: &[&Path], state_dir: Option<&Path>) -> Se
         if let Some(d) = state_dir {
             cmd.arg("--state-dir").arg(d);
         }
+        cmd.envs(env.iter().copied());
         let child = cmd
             .env_remove("TXBOX_TOKEN")
             // Undo data must not yield to a shared disk running low during the undo tests.
@@ -206,6 +211,50 @@ fn http_run_commits_rolls_back_and_denies() {
     let (st, v) = http(srv.port, "GET", "/v1/log?n=2", auth(), None);
     assert_eq!(st, 200, "{v}");
     assert_eq!(v.as_array().map(Vec::len), Some(2), "{v}");
+}
+
+/// The server reaps the background collectors it starts: each rolled-back cold run that wrote
+/// retires its layer and starts `txbox __gc`, which nobody waits for; a server that never
+/// reaped them kept every one as a zombie for as long as it ran.
+#[test]
+fn serve_leaves_no_zombie_collectors() {
+    let s = Scratch::new("http-zombies");
+    let state = s.root.join("state");
+    let srv = serve_env(&s, &[&s.ws], Some(&state), &[("TXBOX_WARM", "0")]);
+    let ws = s.ws.to_str().unwrap();
+    for i in 0..6 {
+        let cmd = format!("echo {i} > f{i}.txt; exit 1");
+        let (st, v) = http(srv.port, "POST", "/v1/run", auth(), Some(&json!({"command": cmd, "workspace": ws})));
+        assert_eq!(st, 200, "{v}");
+        assert_eq!(v["outcome"], "rolled_back", "{v}");
+        // Let this run's collector finish, so the next run starts one of its own.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::fs::read_dir(state.join("gone")).map(|d| d.count()).unwrap_or(0) > 0 {
+            assert!(Instant::now() < deadline, "the retired layers were never collected");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let zombies = children_of(srv.child.id()).into_iter().filter(|(_, state)| *state == 'Z').count();
+    // The last collector started may have exited since, unreaped until the next starts.
+    assert!(zombies <= 1, "{zombies} zombie children of txbox serve");
+}
+
+/// The children of `parent`: pid and state letter (`Z`: a zombie), from /proc.
+fn children_of(parent: u32) -> Vec<(u32, char)> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else { continue };
+        // `pid (comm) state ppid ...`; comm may hold spaces and parentheses.
+        let Some((_, rest)) = stat.rsplit_once(')') else { continue };
+        let mut f = rest.split_whitespace();
+        let state = f.next().and_then(|s| s.chars().next()).unwrap_or('?');
+        if f.next().and_then(|p| p.parse::<u32>().ok()) == Some(parent) {
+            out.push((pid, state));
+        }
+    }
+    out
 }
 
 /// An agent's undo puts nothing back that a commit of the same change would have held for a

@@ -77,7 +77,7 @@ impl Mem {
 
 fn builtin_rules() -> CommitRules {
     match crate::builtin_cell() {
-        Ok(p) => p.inner.commit.clone(),
+        Ok(p) => p.commit().clone(),
         Err(e) => panic!("{e}"),
     }
 }
