@@ -3,6 +3,7 @@
 
     bench/ab.py --rounds 15 --per-round 20 before=/path/to/old/txbox after=target/release/txbox
     bench/ab.py --shell 'echo $RANDOM > f' before=/path/to/old/txbox after=target/release/txbox
+    bench/ab.py --file f2 --shell 'cat f2' before=/path/to/old/txbox after=target/release/txbox
 
 Each variant gets its own scratch workspace and state directory (`--state-dir`; a variant named
 `NAME:default` uses the default state directory instead, with HOME set to a scratch home), one
@@ -26,6 +27,7 @@ def main():
     ap.add_argument("--per-round", type=int, default=20)
     ap.add_argument("--command", default="true", help="argv of the command, split on spaces")
     ap.add_argument("--shell", help="a shell command line instead (`txbox run -c STRING`)")
+    ap.add_argument("--file", action="append", default=[], help="a small file put in each workspace first (repeatable)")
     args = ap.parse_args()
     root = tempfile.mkdtemp(prefix="txbox-ab-", dir="/var/tmp")
     variants = []
@@ -34,6 +36,9 @@ def main():
         default = name.endswith(":default")
         d = os.path.join(root, name.replace(":", "-"))
         os.makedirs(os.path.join(d, "ws"))
+        for f in args.file:
+            with open(os.path.join(d, "ws", f), "w") as out:
+                out.write("a small file\n")
         os.makedirs(os.path.join(d, "state"))
         os.makedirs(os.path.join(d, "home"))
         env = dict(os.environ, HOME=os.path.join(d, "home"))

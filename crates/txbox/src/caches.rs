@@ -148,9 +148,14 @@ pub fn plan(caches: &[Cache], var: &dyn Fn(&str) -> Option<String>, base: &Path,
 /// The caches of the tools installed here: a tool counts when one of its programs is on
 /// `path` (the command's `PATH`).
 pub fn installed(path: &str) -> Vec<Cache> {
-    let on_path = |names: &[&str]| {
-        path.split(':').filter(|d| d.starts_with('/')).any(|d| names.iter().any(|n| Path::new(d).join(n).is_file()))
-    };
+    // Each directory once: a PATH often names one twice (profiles that prepend it again).
+    let mut dirs: Vec<&str> = Vec::new();
+    for d in path.split(':').filter(|d| d.starts_with('/')) {
+        if !dirs.contains(&d) {
+            dirs.push(d);
+        }
+    }
+    let on_path = |names: &[&str]| dirs.iter().any(|d| names.iter().any(|n| Path::new(d).join(n).is_file()));
     let mut out = Vec::new();
     if on_path(&["pip", "pip3"]) {
         out.push(Cache::Pip);
@@ -324,16 +329,27 @@ pub fn prepare(mounts: Vec<CacheMount>, bounds: &Bounds<'_>) -> Vec<CacheMount> 
         if clashes(step.target(), bounds.workspace, bounds.base, bounds.hidden, &taken) {
             continue;
         }
-        let made = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&m.source).is_ok();
-        if !made || !std::fs::symlink_metadata(&m.source).is_ok_and(|md| md.is_dir() && md.uid() == uid) {
-            continue;
-        }
+        // txbox's own directory: made on first use; once it is there (the caller's directory,
+        // not a link), what every later run pays is one `lstat`.
+        let ours = |md: &std::fs::Metadata| md.is_dir() && md.uid() == uid;
+        let md = match std::fs::symlink_metadata(&m.source) {
+            Ok(md) if ours(&md) => md,
+            _ => {
+                let made = std::fs::DirBuilder::new().recursive(true).mode(0o700).create(&m.source).is_ok();
+                match std::fs::symlink_metadata(&m.source) {
+                    Ok(md) if made && ours(&md) => md,
+                    _ => continue,
+                }
+            }
+        };
         if let Step::Make { at, names, .. } = &step {
             if make(at, names, uid).is_err() {
                 continue;
             }
         }
-        let _ = touch(&m.source);
+        if stale(md.modified().ok(), std::time::SystemTime::now()) {
+            let _ = touch(&m.source);
+        }
         ready.push(CacheMount { cache: m.cache, source: m.source, target: step.target().to_path_buf() });
     }
     ready
@@ -400,6 +416,16 @@ fn make(at: &Path, names: &[std::ffi::OsString], uid: u32) -> rustix::io::Result
 }
 
 /// Mark a cache used now (its directory's mtime), for [`gc`]'s order.
+/// How often a run marks a cache used: [`gc`] removes the least recently used first, and
+/// caches used within the same minute are equally recent for that; a run of quick commands
+/// does not write the cache's inode each time.
+pub const TOUCH_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Whether a cache last marked at `marked` (its mtime; unknown: yes) is due to be marked again.
+fn stale(marked: Option<std::time::SystemTime>, now: std::time::SystemTime) -> bool {
+    marked.and_then(|t| now.duration_since(t).ok()).is_none_or(|age| age >= TOUCH_EVERY)
+}
+
 fn touch(dir: &Path) -> std::io::Result<()> {
     let now = rustix::fs::Timestamps {
         last_access: rustix::fs::Timespec { tv_sec: 0, tv_nsec: rustix::fs::UTIME_NOW },
@@ -725,6 +751,75 @@ mod tests {
         // A file where a directory would be: no facts, no cache.
         std::fs::write(home.join("real/file"), "").unwrap();
         assert_eq!(look(&home.join(".cache/file/x")), None);
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn tools_are_found_on_path_each_directory_once() {
+        let root = std::env::temp_dir().join(format!("txbox-caches-path-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join("bin")).unwrap();
+        std::fs::create_dir_all(root.join("other/npm")).unwrap();
+        std::fs::write(root.join("bin/pip3"), "").unwrap();
+        std::fs::write(root.join("bin/cargo"), "").unwrap();
+        let bin = root.join("bin").to_string_lossy().into_owned();
+        let other = root.join("other").to_string_lossy().into_owned();
+        // Named twice, and a relative entry (never looked in): the same answer.
+        let path = format!("{bin}:relative:{other}:{bin}");
+        assert_eq!(installed(&path), [Cache::Pip, Cache::CargoRegistry, Cache::CargoGit]);
+        assert!(installed(&format!("{other}:relative")).is_empty(), "a directory named npm is not the tool");
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn a_cache_is_marked_used_at_most_once_a_minute() {
+        let now = std::time::SystemTime::now();
+        assert!(stale(None, now), "unknown: marked");
+        assert!(!stale(Some(now), now));
+        assert!(!stale(Some(now - TOUCH_EVERY / 2), now));
+        assert!(stale(Some(now - TOUCH_EVERY), now));
+        assert!(stale(Some(now + TOUCH_EVERY), now), "a time in the future is not trusted");
+    }
+
+    #[test]
+    fn prepare_makes_txbox_s_directory_once_and_refuses_a_link_in_its_place() {
+        use std::os::unix::fs::PermissionsExt;
+        let root = std::env::temp_dir().join(format!("txbox-caches-prepare-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        for d in ["home/.npm", "ws", "base", "elsewhere"] {
+            std::fs::create_dir_all(root.join(d)).unwrap();
+        }
+        let root = std::fs::canonicalize(&root).unwrap();
+        std::fs::set_permissions(root.join("home"), std::fs::Permissions::from_mode(0o755)).unwrap();
+        let (home, ws, base) = (root.join("home"), root.join("ws"), root.join("base"));
+        let bounds = Bounds { workspace: &ws, base: &base, hidden: &[], home: Some(&home) };
+        let var = |k: &str| (k == "HOME").then(|| home.to_string_lossy().into_owned());
+        let mounts = || plan(&[Cache::Npm], &var, &base, &ws);
+        let source = mounts()[0].source.clone();
+        // First use: made, 0700, and the location mounted at its real path.
+        let ready = prepare(mounts(), &bounds);
+        assert_eq!(ready.len(), 1, "{ready:?}");
+        assert_eq!(ready[0].target, home.join(".npm"));
+        use std::os::unix::fs::MetadataExt;
+        assert_eq!(std::fs::symlink_metadata(&source).unwrap().mode() & 0o7777, 0o700);
+        // An old mark is renewed; a fresh one is left alone.
+        let old = std::time::SystemTime::now() - 2 * TOUCH_EVERY;
+        std::fs::File::open(&source).unwrap().set_modified(old).unwrap();
+        assert_eq!(prepare(mounts(), &bounds).len(), 1);
+        let marked = std::fs::symlink_metadata(&source).unwrap().modified().unwrap();
+        assert!(marked > old + TOUCH_EVERY, "renewed: {marked:?}");
+        assert_eq!(prepare(mounts(), &bounds).len(), 1);
+        assert_eq!(std::fs::symlink_metadata(&source).unwrap().modified().unwrap(), marked, "fresh: left alone");
+        // A link where txbox's directory was (planted between two runs): no cache, and
+        // nothing made through it.
+        std::fs::remove_dir(&source).unwrap();
+        std::os::unix::fs::symlink(root.join("elsewhere"), &source).unwrap();
+        assert!(prepare(mounts(), &bounds).is_empty());
+        assert!(std::fs::read_dir(root.join("elsewhere")).unwrap().next().is_none());
+        // A file in its place: no cache either.
+        std::fs::remove_file(&source).unwrap();
+        std::fs::write(&source, "").unwrap();
+        assert!(prepare(mounts(), &bounds).is_empty());
         let _ = std::fs::remove_dir_all(&root);
     }
 

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use anyhow::{Context as _, Result};
 use clap::{Args, Parser, Subcommand};
 use txbox::api::{ApiError, Ceiling, ErrorKind};
-use txbox::config::{Config, Source, Untrusted};
+use txbox::config::{Config, Untrusted};
 use txbox::engine;
 use txbox::options::{Isolation, LimitArgs, Seconds};
 use txbox::render;
@@ -193,7 +193,7 @@ impl ServerArgs {
             state_dir: state_dir.clone(),
             fallback: self.workspaces.is_empty().then(|| cwd.clone()),
         };
-        let config = Config::load(Source::default_location().as_ref(), &untrusted)?;
+        let config = Config::load_default(&untrusted)?;
         let workspaces = match (self.workspaces.is_empty(), &config.workspace) {
             (true, Some(w)) => vec![w.clone()],
             (true, None) => vec![cwd],
@@ -604,11 +604,15 @@ fn locate_tx(state_dir: Option<&std::path::Path>, ws: &WorkspaceArg, tx: &str) -
 }
 
 fn workspace_of(ws: &WorkspaceArg) -> Result<PathBuf> {
-    let dir = match &ws.workspace {
-        Some(d) => d.clone(),
-        None => std::env::current_dir().context("reading the current directory")?,
-    };
-    Ok(request::resolve_workspace(&dir)?)
+    Ok(request::resolve_workspace(&workspace_given(ws)?)?)
+}
+
+/// The workspace directory named (`-C`), else the current directory; not resolved.
+fn workspace_given(ws: &WorkspaceArg) -> Result<PathBuf> {
+    match &ws.workspace {
+        Some(d) => Ok(d.clone()),
+        None => std::env::current_dir().context("reading the current directory"),
+    }
 }
 
 fn command_of(command: Option<String>, argv: Vec<OsString>) -> Result<Command> {
@@ -654,7 +658,8 @@ fn show(json: bool, r: &txbox::RunResult) -> i32 {
 
 fn cmd_run(state_dir: Option<PathBuf>, json: bool, a: RunArgs) -> Result<i32> {
     let req = RunRequest {
-        workspace: workspace_of(&a.ws)?,
+        // As given: the engine resolves it (`Env::open`), once per run.
+        workspace: workspace_given(&a.ws)?,
         state_dir,
         cwd: std::env::current_dir().unwrap_or_default(),
         command: command_of(a.command, a.argv)?,
@@ -705,7 +710,7 @@ fn configured_keep(ws: &WorkspaceArg) -> KeepRules {
         state_dir: None,
         fallback: ws.workspace.is_none().then_some(cwd),
     };
-    match Config::load(Source::default_location().as_ref(), &untrusted).and_then(|c| c.keep_rules()) {
+    match Config::load_default(&untrusted).and_then(|c| c.keep_rules()) {
         Ok(k) => k,
         Err(e) => {
             eprintln!("txbox: {}; the default kept directories apply", e.message);

@@ -80,6 +80,33 @@ impl Source {
     }
 }
 
+impl Source {
+    /// The file's text; None when it is absent and not required.
+    pub fn read(&self) -> Result<Option<String>, String> {
+        match std::fs::read_to_string(&self.path) {
+            Ok(t) => Ok(Some(t)),
+            Err(e) if !self.required && e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(format!("reading {}: {e}", self.path.display())),
+        }
+    }
+}
+
+/// The default configuration file and its text ([`Source::default_location`], [`Source::read`]),
+/// read once per process: what a process reads of it (`run`: the kept directories, the
+/// retention budget; `serve`: everything, at start) comes from one reading, each judged as
+/// [`Config::load`] judges it. A server reads it at start, as it did before.
+pub fn default_text() -> Result<Option<(&'static Source, &'static str)>, String> {
+    static TEXT: std::sync::OnceLock<Result<Option<(Source, String)>, String>> = std::sync::OnceLock::new();
+    let read = || {
+        let Some(src) = Source::default_location() else { return Ok(None) };
+        Ok(src.read()?.map(|text| (src, text)))
+    };
+    match TEXT.get_or_init(read) {
+        Ok(found) => Ok(found.as_ref().map(|(src, text)| (src, text.as_str()))),
+        Err(e) => Err(e.clone()),
+    }
+}
+
 /// The places a sandboxed command could have written a file: a configuration there may only
 /// narrow.
 #[derive(Debug, Clone, Default)]
@@ -228,12 +255,26 @@ impl Config {
     /// confinement from a place a sandboxed command could have written.
     pub fn load(source: Option<&Source>, untrusted: &Untrusted) -> Result<Config, ApiError> {
         let Some(src) = source else { return Ok(Config::default()) };
-        let text = match std::fs::read_to_string(&src.path) {
-            Ok(t) => t,
-            Err(e) if !src.required && e.kind() == std::io::ErrorKind::NotFound => return Ok(Config::default()),
-            Err(e) => return Err(ApiError::usage(format!("reading {}: {e}", src.path.display()))),
-        };
-        let config = Config::parse(&text, &src.path)?;
+        match src.read().map_err(ApiError::usage)? {
+            Some(text) => Config::judged(src, &text, untrusted),
+            None => Ok(Config::default()),
+        }
+    }
+
+    /// [`load`](Self::load) from the default location ([`Source::default_location`]), its
+    /// text read once per process ([`default_text`]): a `run` needs its kept directories and
+    /// its retention budget from it, and each reading would be judged again anyway.
+    pub fn load_default(untrusted: &Untrusted) -> Result<Config, ApiError> {
+        match default_text().map_err(ApiError::usage)? {
+            Some((src, text)) => Config::judged(src, text, untrusted),
+            None => Ok(Config::default()),
+        }
+    }
+
+    /// The configuration in `text` (the file `src`), refused if it widens confinement from a
+    /// place a sandboxed command could have written.
+    fn judged(src: &Source, text: &str, untrusted: &Untrusted) -> Result<Config, ApiError> {
+        let config = Config::parse(text, &src.path)?;
         let widening = config.widening();
         if widening.is_empty() {
             return Ok(config);

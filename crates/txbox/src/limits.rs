@@ -169,10 +169,9 @@ pub fn with_defaults(given: &Limits, workspace: &Path) -> Limits {
 /// The write limit's default depends on the disk, so its smallest value stands for it.
 pub fn defaults_ceiling() -> crate::options::LimitArgs {
     use crate::options::{LimitArgs, MaxWrite, Pids, Seconds};
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
     LimitArgs {
         timeout: Seconds::new(DEFAULT_TIMEOUT.as_secs_f64()).ok(),
-        pids: Pids::new(MIN_DEFAULT_PROCS.max(cpus.saturating_mul(PROCS_PER_CPU))).ok(),
+        pids: Pids::new(default_proc_count()).ok(),
         max_write: MaxWrite::new(MIN_DEFAULT_WRITE).ok(),
         ..LimitArgs::default()
     }
@@ -194,8 +193,27 @@ pub fn default_procs(limits: &Limits) -> Option<u64> {
     if limits.pids.is_some() {
         return None;
     }
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
-    Some(MIN_DEFAULT_PROCS.max(cpus.saturating_mul(PROCS_PER_CPU)))
+    Some(default_proc_count())
+}
+
+/// max([`MIN_DEFAULT_PROCS`], [`PROCS_PER_CPU`] per CPU this process may use), the CPUs
+/// counted as `std::thread::available_parallelism` counts them (the affinity mask, lowered by
+/// a cgroup CPU quota: a dozen syscalls) only when the count can matter.
+fn default_proc_count() -> u64 {
+    let affinity = rustix::thread::sched_getaffinity(None).ok().map(|set| u64::from(set.count()));
+    proc_count(affinity, || std::thread::available_parallelism().map_or(1, |n| n.get() as u64))
+}
+
+/// [`default_proc_count`] from the affinity mask's count (`affinity`, None if unknown) and the
+/// full count (`cpus`, called only when needed). The quota only ever lowers the count below
+/// the affinity's, so when the affinity's gives no more than the minimum, the full count
+/// would give the minimum too: one syscall then, not a dozen.
+fn proc_count(affinity: Option<u64>, cpus: impl FnOnce() -> u64) -> u64 {
+    let per_cpu = |n: u64| MIN_DEFAULT_PROCS.max(n.saturating_mul(PROCS_PER_CPU));
+    match affinity {
+        Some(n) if n > 0 && per_cpu(n) == MIN_DEFAULT_PROCS => MIN_DEFAULT_PROCS,
+        _ => per_cpu(cpus()),
+    }
 }
 
 /// Whether a finished step's layer holds more than the write limit (walked: the precise
@@ -229,6 +247,22 @@ pub fn upper_bytes(dir: &Path) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_process_default_counts_cpus_fully_only_when_they_can_matter() {
+        let never = || -> u64 { panic!("the full count is not needed") };
+        assert_eq!(proc_count(Some(2), never), MIN_DEFAULT_PROCS);
+        assert_eq!(proc_count(Some(MIN_DEFAULT_PROCS / PROCS_PER_CPU), never), MIN_DEFAULT_PROCS);
+        // Above the minimum the cgroup quota may lower the count: asked, and it wins.
+        assert_eq!(proc_count(Some(128), || 8), MIN_DEFAULT_PROCS);
+        assert_eq!(proc_count(Some(128), || 100), 100 * PROCS_PER_CPU);
+        // Affinity unknown (or an empty mask): the full count.
+        assert_eq!(proc_count(None, || 100), 100 * PROCS_PER_CPU);
+        assert_eq!(proc_count(Some(0), || 1), MIN_DEFAULT_PROCS);
+        // The same answer as counting fully, here.
+        let full = std::thread::available_parallelism().map_or(1, |n| n.get() as u64);
+        assert_eq!(default_proc_count(), MIN_DEFAULT_PROCS.max(full * PROCS_PER_CPU));
+    }
 
     #[test]
     fn defaults_fill_only_what_is_not_given() {

@@ -20,13 +20,8 @@ struct Keys {
 /// The retention keys of the configuration file (`crate::config`), refused from a file a
 /// sandboxed command could have written (as every key that widens confinement is).
 fn config_keys() -> Result<Keys, String> {
-    let Some(src) = crate::config::Source::default_location() else { return Ok(Keys::default()) };
-    let text = match std::fs::read_to_string(&src.path) {
-        Ok(t) => t,
-        Err(e) if !src.required && e.kind() == std::io::ErrorKind::NotFound => return Ok(Keys::default()),
-        Err(e) => return Err(format!("reading {}: {e}", src.path.display())),
-    };
-    let c = crate::config::Config::parse(&text, &src.path).map_err(|e| e.message)?;
+    let Some((src, text)) = crate::config::default_text()? else { return Ok(Keys::default()) };
+    let c = crate::config::Config::parse(text, &src.path).map_err(|e| e.message)?;
     let set = c.retain_keys();
     if !set.is_empty() {
         if let Some(why) = crate::config::Untrusted::default().reason(&src.path) {

@@ -16,7 +16,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use txbox::api::ApiError;
-use txbox::config::{Config, Source, Untrusted};
+use txbox::config::{Config, Untrusted};
 use txbox::engine;
 use txbox::options::{HostItems, Seconds};
 use txbox::render;
@@ -125,7 +125,7 @@ pub fn main(state_dir: Option<PathBuf>, args: Vec<OsString>) -> Result<i32> {
         state_dir: state_dir.clone(),
         fallback: flagged_ws.is_none().then(|| cwd.clone()),
     };
-    let config = Config::load(Source::default_location().as_ref(), &untrusted)?;
+    let config = Config::load_default(&untrusted)?;
     let workspace = flagged_ws.or(config.workspace.clone()).unwrap_or_else(|| cwd.clone());
     let policy_file = env_path("TXBOX_POLICY").or(config.policy.clone());
     let state_dir = state_dir.or(config.state_dir.clone());

@@ -167,12 +167,29 @@ fn environment() -> Vec<OsString> {
 
 /// The process's umask, read without changing it (another thread may be creating files).
 fn umask() -> u32 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|s| {
-            s.lines().find_map(|l| l.strip_prefix("Umask:").and_then(|v| u32::from_str_radix(v.trim(), 8).ok()))
-        })
-        .unwrap_or(0o022)
+    status_head().and_then(|s| umask_in(&s)).unwrap_or(0o022)
+}
+
+/// The start of `/proc/self/status`, where `Umask:` is (its second line): one read, not the
+/// dozen a whole-file read of a procfs file (size 0, read in growing pieces) takes.
+fn status_head() -> Option<String> {
+    let fd = rustix::fs::open("/proc/self/status", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty()).ok()?;
+    let mut buf = [0u8; 512];
+    let n = loop {
+        match rustix::io::read(&fd, &mut buf) {
+            Err(rustix::io::Errno::INTR) => {}
+            r => break r.ok()?,
+        }
+    };
+    Some(String::from_utf8_lossy(&buf[..n]).into_owned())
+}
+
+/// The `Umask:` line's value in a status text; None without a complete one.
+fn umask_in(status: &str) -> Option<u32> {
+    status.split_inclusive('\n').find_map(|l| {
+        let v = l.strip_prefix("Umask:")?.strip_suffix('\n')?;
+        u32::from_str_radix(v.trim(), 8).ok()
+    })
 }
 
 fn rlimits() -> Vec<(u32, Option<u64>, Option<u64>)> {
@@ -236,6 +253,19 @@ pub fn fits(socket: &Path) -> bool {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_umask_is_read_from_the_head_of_the_status_file() {
+        assert_eq!(umask_in("Name:\tx\nUmask:\t0027\nState:\tR\n"), Some(0o027));
+        // Cut off within the line (a short read): not taken.
+        assert_eq!(umask_in("Name:\tx\nUmask:\t00"), None);
+        assert_eq!(umask_in("Name:\tx\n"), None);
+        // This process's, as the kernel says it.
+        let old = rustix::process::umask(Mode::from_raw_mode(0o027));
+        let now = umask();
+        rustix::process::umask(old);
+        assert_eq!(now, 0o027);
+    }
 
     #[test]
     fn a_server_that_failed_here_is_not_started_again_for_a_while() {

@@ -57,6 +57,13 @@ pub struct LayerName {
 /// executable's device, inode, size and modification time: a rebuild or an upgrade changes
 /// them, and taking them costs one `stat`.
 pub fn binary_id() -> String {
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    ID.get_or_init(binary_id_now).clone()
+}
+
+/// [`binary_id`], looked at now: the inode `/proc/self/exe` names is this process's for its
+/// whole life (a binary replaced on disk is another inode, not this one), so once is enough.
+fn binary_id_now() -> String {
     let st = rustix::fs::stat("/proc/self/exe");
     // The field types differ by architecture.
     #[allow(clippy::unnecessary_cast)]
