@@ -5,15 +5,20 @@
 //! Parsing the whole policy cost ~1 ms per process as TOML, ~0.7 ms as JSON; the tables cost
 //! nothing until used.
 //!
-//! The inline examples are left out (only tests and `lint` check them). The test
+//! The inline examples are left out (only tests and `lint` check them). The index is
+//! `src/index.rs`'s, the same code `Policy::build` indexes a policy file with; the test
 //! `builtin_tables_are_the_policy` checks that the tables give the same rules and the same
-//! index as `Policy::build` over the TOML, so this file and `Policy::build` cannot drift.
+//! index as `Policy::build` over the TOML.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
 use toml::Value;
+
+/// The program index, shared with `Policy::build`.
+#[path = "src/index.rs"]
+#[allow(dead_code)]
+mod index;
 
 fn main() {
     println!("cargo::rerun-if-changed=src/builtin.toml");
@@ -46,45 +51,21 @@ fn tables(policy: &Value) -> String {
     let empty = Vec::new();
     let rules = policy.get("rule").and_then(Value::as_array).unwrap_or(&empty);
     let mut enabled: Vec<(&str, String)> = Vec::new();
-    let mut by_program: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
-    let mut by_pattern: Vec<(&str, usize)> = Vec::new();
-    let mut generic: Vec<usize> = Vec::new();
+    let mut programs_of: Vec<Vec<Vec<&str>>> = Vec::new();
     for r in rules {
         let Some(id) = r.get("id").and_then(Value::as_str) else { panic!("a built-in rule has no id") };
         if r.get("enabled").and_then(Value::as_bool) == Some(false) {
             continue;
         }
-        let i = enabled.len();
         let json = match serde_json::to_string(r) {
             Ok(j) => j,
             Err(e) => panic!("rule {id} as JSON: {e}"),
         };
         enabled.push((id, json));
-        // As `Policy::build` indexes: a rule with an alternative for any program is a candidate
-        // for every command; else for the programs it names, literally or by a pattern.
         let when = r.get("when").and_then(Value::as_array).unwrap_or(&empty);
-        if when.iter().any(|m| programs(m).is_empty()) {
-            generic.push(i);
-            continue;
-        }
-        for p in when.iter().flat_map(programs) {
-            // `rules::Pat::new`: a literal unless it has glob syntax; one with `/` is a path.
-            let literal = p == "[" || !p.contains(['*', '?', '[']);
-            if literal && !p.contains('/') {
-                let v = by_program.entry(p).or_default();
-                if !v.contains(&i) {
-                    v.push(i);
-                }
-            } else {
-                by_pattern.push((p, i));
-            }
-        }
+        programs_of.push(when.iter().map(programs).collect());
     }
-    for v in by_program.values_mut() {
-        v.extend(generic.iter().copied());
-        v.sort_unstable();
-        v.dedup();
-    }
+    let Some(ix) = index::index(&programs_of) else { panic!("too many built-in rules") };
     let commit = policy.get("commit").cloned().unwrap_or_else(|| Value::Array(Vec::new()));
     let commit = match serde_json::to_string(&commit) {
         Ok(j) => j,
@@ -97,14 +78,14 @@ fn tables(policy: &Value) -> String {
         let _ = writeln!(s, "    ({id:?}, {json:?}),");
     }
     s.push_str("];\npub(crate) static BY_PROGRAM: &[(&str, &[u32])] = &[\n");
-    for (name, v) in &by_program {
+    for (name, v) in &ix.by_program {
         let _ = writeln!(s, "    ({name:?}, &{v:?}),");
     }
     s.push_str("];\npub(crate) static BY_PATTERN: &[(&str, u32)] = &[\n");
-    for (p, i) in &by_pattern {
+    for (p, i) in &ix.by_pattern {
         let _ = writeln!(s, "    ({p:?}, {i}),");
     }
-    let _ = writeln!(s, "];\npub(crate) static GENERIC: &[u32] = &{generic:?};");
+    let _ = writeln!(s, "];\npub(crate) static GENERIC: &[u32] = &{:?};", ix.generic);
     let _ = writeln!(s, "pub(crate) static COMMIT: &str = {commit:?};");
     s
 }

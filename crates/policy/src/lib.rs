@@ -9,6 +9,7 @@ mod builtin;
 mod commit;
 mod extract;
 mod glob;
+mod index;
 pub mod paths;
 mod placed;
 mod rules;
@@ -437,34 +438,20 @@ impl Policy {
             }
             compiled.push(rule);
         }
-        let mut by_program: HashMap<String, Vec<u32>> = HashMap::new();
+        let programs: Vec<Vec<Vec<&str>>> = compiled
+            .iter()
+            .map(|r| r.when.iter().map(|m| m.program.iter().map(rules::Pat::source).collect()).collect())
+            .collect();
+        let too_many = || PolicyError::at(origin, text, 0, None, "too many rules");
+        let ix = index::index(&programs).ok_or_else(too_many)?;
+        let by_program: HashMap<String, Vec<u32>> =
+            ix.by_program.into_iter().map(|(name, v)| (name.to_string(), v)).collect();
         let mut by_pattern = Vec::new();
-        let mut generic = Vec::new();
-        for (i, r) in compiled.iter().enumerate() {
-            let i = u32::try_from(i).map_err(|_| PolicyError::at(origin, text, 0, None, "too many rules"))?;
-            // A rule with an alternative for any program is a candidate for every command;
-            // else for the programs it names, literally or by a pattern.
-            if r.when.iter().any(|m| m.program.is_empty()) {
-                generic.push(i);
-                continue;
-            }
-            for p in r.when.iter().flat_map(|m| m.program.iter()) {
-                match p {
-                    rules::Pat::Lit(l) if !l.contains('/') => {
-                        let v = by_program.entry(l.clone()).or_default();
-                        if !v.contains(&i) {
-                            v.push(i);
-                        }
-                    }
-                    other => by_pattern.push((other.clone(), i)),
-                }
-            }
+        for (p, i) in ix.by_pattern {
+            // Compiled with its rule already: cannot fail here.
+            by_pattern.push((rules::Pat::new(p).map_err(|e| PolicyError::at(origin, text, 0, None, e))?, i));
         }
-        for v in by_program.values_mut() {
-            v.extend(generic.iter().copied());
-            v.sort_unstable();
-            v.dedup();
-        }
+        let generic = ix.generic;
         let commit = build_commit_rules(&commit_specs, text, origin, check)?;
         Ok(Policy {
             inner: Arc::new(Compiled {
@@ -870,12 +857,8 @@ mod tests {
             assert_eq!(by_program.get(*name).map(Vec::as_slice), Some(*v), "{name}");
             assert_eq!(builtin::candidates(name), *v, "{name}");
         }
-        let source = |p: &rules::Pat| match p {
-            rules::Pat::Lit(l) => l.clone(),
-            rules::Pat::Glob(_, src) => src.clone(),
-        };
-        let want: Vec<(String, u32)> = full.inner.by_pattern.iter().map(|(p, i)| (source(p), *i)).collect();
-        let got: Vec<(String, u32)> = lazy.inner.by_pattern.iter().map(|(p, i)| (source(p), *i)).collect();
+        let want: Vec<(&str, u32)> = full.inner.by_pattern.iter().map(|(p, i)| (p.source(), *i)).collect();
+        let got: Vec<(&str, u32)> = lazy.inner.by_pattern.iter().map(|(p, i)| (p.source(), *i)).collect();
         assert_eq!(got, want);
         assert_eq!(builtin::BY_PATTERN.len(), want.len());
         // The commit rules.

@@ -172,10 +172,18 @@ pub(crate) enum Pat {
 
 impl Pat {
     pub fn new(glob: &str) -> Result<Pat, String> {
-        if glob == "[" || !glob.contains(['*', '?', '[']) {
+        if crate::index::is_literal(glob) {
             return Ok(Pat::Lit(glob.to_string()));
         }
         Ok(Pat::Glob(Glob::new(glob)?, glob.to_string()))
+    }
+
+    /// The entry as written.
+    pub fn source(&self) -> &str {
+        match self {
+            Pat::Lit(l) => l,
+            Pat::Glob(_, src) => src,
+        }
     }
 
     pub fn matches(&self, s: &str) -> bool {
