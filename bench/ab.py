@@ -4,6 +4,7 @@
     bench/ab.py --rounds 15 --per-round 20 before=/path/to/old/txbox after=target/release/txbox
     bench/ab.py --shell 'echo $RANDOM > f' before=/path/to/old/txbox after=target/release/txbox
     bench/ab.py --file f2 --shell 'cat f2' before=/path/to/old/txbox after=target/release/txbox
+    bench/ab.py --env off:TXBOX_RETAIN_COUNT=0 on=target/release/txbox off=target/release/txbox
 
 Each variant gets its own scratch workspace and state directory (`--state-dir`; a variant named
 `NAME:default` uses the default state directory instead, with HOME set to a scratch home), one
@@ -28,6 +29,8 @@ def main():
     ap.add_argument("--command", default="true", help="argv of the command, split on spaces")
     ap.add_argument("--shell", help="a shell command line instead (`txbox run -c STRING`)")
     ap.add_argument("--file", action="append", default=[], help="a small file put in each workspace first (repeatable)")
+    ap.add_argument("--env", action="append", default=[], metavar="NAME:VAR=VALUE",
+                    help="set VAR for variant NAME only (repeatable): one binary, two settings")
     args = ap.parse_args()
     root = tempfile.mkdtemp(prefix="txbox-ab-", dir="/var/tmp")
     variants = []
@@ -44,6 +47,11 @@ def main():
         env = dict(os.environ, HOME=os.path.join(d, "home"))
         env.pop("XDG_STATE_HOME", None)
         env.pop("TXBOX_STATE_DIR", None)
+        for e in args.env:
+            who, assignment = e.split(":", 1)
+            if who == name:
+                var, value = assignment.split("=", 1)
+                env[var] = value
         argv = [os.path.abspath(binary)]
         if not default:
             argv += ["--state-dir", os.path.join(d, "state")]
