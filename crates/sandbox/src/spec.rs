@@ -461,6 +461,18 @@ pub struct WarmPlan {
     pub reset: Vec<MountOp>,
 }
 
+impl WarmPlan {
+    /// The scratch filesystems: replaced by empty ones after every transaction (`reset`), so
+    /// nothing of the host below them is ever seen from inside.
+    pub fn scratch(&self) -> Vec<PathBuf> {
+        let tmpfs = |op: &MountOp| match op {
+            MountOp::Tmpfs { target, .. } => Some(target.clone()),
+            _ => None,
+        };
+        self.reset.iter().filter_map(tmpfs).collect()
+    }
+}
+
 /// Host paths `ops` mount from, which must be opened before the first mount covers them.
 pub fn sources(ops: &[MountOp]) -> Vec<PathBuf> {
     let mut out = Vec::new();

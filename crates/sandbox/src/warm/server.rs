@@ -141,7 +141,7 @@ fn listen_build_and_serve(
     let Built { supervisor, host_proc, roots, plan } = build(k, args, layout.retired)?;
     let me = Me { binary, host_proc, layer: layout.layer };
     // 4. What each secret outside the workspace looks like from inside, now that it is hidden.
-    let hidden = Hidden::now(spec);
+    let hidden = Hidden::now(spec, &plan.scratch());
 
     // It works here after all: forget an earlier failure.
     let mut failed = name.clone();
@@ -316,12 +316,8 @@ struct Hidden {
 }
 
 impl Hidden {
-    fn now(spec: &SandboxSpec) -> Hidden {
-        // The package caches' mount points too: one the host deletes (a user's `rm -rf ~/.npm`,
-        // made anew by the next run) takes the cache's mount with it here.
-        let caches = spec.caches.iter().map(|(_, at)| at.clone());
-        let paths: Vec<PathBuf> =
-            spec.hide.iter().filter(|h| !h.starts_with(&spec.workspace)).cloned().chain(caches).collect();
+    fn now(spec: &SandboxSpec, scratch: &[PathBuf]) -> Hidden {
+        let paths = Self::watched(spec, scratch);
         // Watching first: whatever moves while the identities are taken is seen.
         let watch = Watch::of(&paths);
         let paths = paths.into_iter().map(|h| {
@@ -329,6 +325,18 @@ impl Hidden {
             (h, id)
         });
         Hidden { paths: paths.collect(), watch: std::cell::RefCell::new(watch) }
+    }
+
+    /// The paths whose identity from inside matters: the hidden paths outside the workspace
+    /// (those inside are covered per run) and the package caches' mount points (one the host
+    /// deletes, a user's `rm -rf ~/.npm` made anew by the next run, takes the cache's mount with
+    /// it here). Not those below a scratch filesystem (`/tmp`, `/dev/shm`): they show nothing of
+    /// the host, and since each reset unmounts them, a watch on one would be lost after every
+    /// transaction and every secret looked at again for the next (a state directory in `/tmp`).
+    fn watched(spec: &SandboxSpec, scratch: &[PathBuf]) -> Vec<PathBuf> {
+        let caches = spec.caches.iter().map(|(_, at)| at.clone());
+        let hidden = spec.hide.iter().filter(|h| !h.starts_with(&spec.workspace)).cloned();
+        hidden.chain(caches).filter(|p| !scratch.iter().any(|s| p.starts_with(s))).collect()
     }
 
     /// What `p` is from inside: the cover over it (followed through a symlink, as the cover
@@ -1038,6 +1046,30 @@ mod tests {
             }
             _ => None,
         }
+    }
+
+    /// The scratch filesystems are the reset's: what is below them is not looked at, the rest
+    /// is, and a secret replaced on the host is seen as moved.
+    #[test]
+    fn secrets_below_the_scratch_filesystems_are_not_watched() {
+        let root = PathBuf::from(format!("/var/tmp/txbox-hidden-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(root.join("home")).unwrap();
+        std::fs::write(root.join("home/key"), "old").unwrap();
+        let mut spec = SandboxSpec::new("/w".into(), "/s/u".into(), "/s/w".into(), vec![OsString::from("true")]);
+        spec.hide = vec![root.join("home/key"), "/tmp/state".into(), "/dev/shm/x".into(), "/w/.env".into()];
+        spec.caches = vec![("/s/caches/pip".into(), "/tmp/home/.cache/pip".into())];
+        let scratch = MountPlan::for_warm(&spec).scratch();
+        assert_eq!(scratch, [PathBuf::from("/tmp"), PathBuf::from("/dev/shm")]);
+        assert_eq!(Hidden::watched(&spec, &scratch), [root.join("home/key")]);
+        assert_eq!(Hidden::watched(&spec, &[]).len(), 4, "the workspace's own are covered per run");
+
+        let hidden = Hidden::now(&spec, &scratch);
+        assert_eq!(hidden.changed(), None);
+        std::fs::write(root.join("home/key.new"), "new").unwrap();
+        std::fs::rename(root.join("home/key.new"), root.join("home/key")).unwrap();
+        assert_eq!(hidden.changed(), Some(root.join("home/key").as_path()), "a replaced secret is seen");
+        std::fs::remove_dir_all(&root).unwrap();
     }
 
     #[test]
