@@ -219,6 +219,15 @@ fn classes(v: &[String], field: &str) -> Result<ClassSet, String> {
     Ok(set)
 }
 
+/// A name's bit in [`Matcher::program_bits`]: from its length and its first and last bytes, which
+/// tell apart the short names of programs well, at the cost of a few instructions.
+fn name_bit(name: &str) -> u64 {
+    let b = name.as_bytes();
+    let (first, last) = (b.first().copied().unwrap_or(0), b.last().copied().unwrap_or(0));
+    let h = (b.len() as u32).wrapping_mul(0x9e37).wrapping_add(u32::from(first).wrapping_mul(0x85eb)) ^ u32::from(last);
+    1 << (h.wrapping_mul(0x2c1b_3c6d) >> 26)
+}
+
 /// A compiled alternative.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Matcher {
@@ -226,6 +235,9 @@ pub(crate) struct Matcher {
     /// `program`'s plain basenames, sorted: one binary search instead of a comparison per entry
     /// (the read-only rule names a hundred programs, and most commands meet it).
     program_names: Vec<String>,
+    /// One bit per name of `program_names` ([`name_bit`]): a program whose bit is clear is not
+    /// among them, and most alternatives a command meets do not name its program.
+    program_bits: u64,
     /// `program`'s globs and paths, matched one by one.
     program_other: Vec<Pat>,
     subcommand: Vec<Vec<Pat>>,
@@ -282,10 +294,12 @@ impl Matcher {
             })
             .collect();
         program_names.sort_unstable();
+        let program_bits = program_names.iter().fold(0, |bits, n| bits | name_bit(n));
         let program_other = program.iter().filter(|p| p_has_slash(p) || matches!(p, Pat::Glob(..))).cloned().collect();
         Ok(Matcher {
             program,
             program_names,
+            program_bits,
             program_other,
             subcommand: s
                 .subcommand
@@ -316,7 +330,9 @@ impl Matcher {
     pub fn matches(&self, c: &CmdView) -> Option<Option<String>> {
         let cmd = c.cmd;
         if !self.program.is_empty() {
-            let ok = self.program_names.binary_search_by(|n| n.as_str().cmp(cmd.program())).is_ok()
+            let name = cmd.program();
+            let ok = (self.program_bits & name_bit(name) != 0
+                && self.program_names.binary_search_by(|n| n.as_str().cmp(name)).is_ok())
                 || self.program_other.iter().any(|p| p.matches_program(cmd));
             if !ok {
                 return None;
@@ -720,5 +736,47 @@ mod lazy_re_tests {
             }
             assert_eq!(lazy.re.get().is_some(), !literal, "{src}: compiled only when it is no plain text");
         }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod program_tests {
+    use super::*;
+    use crate::extract::Cmd;
+    use proptest::prelude::*;
+
+    /// A program name from a small alphabet and few lengths, so that names share first and
+    /// last bytes and lengths (and so bits) often.
+    fn name() -> impl Strategy<Value = String> {
+        "[a-c][a-c_.-]{0,3}"
+    }
+
+    proptest! {
+        /// Matching `program` with the bits and the binary search answers as the entries one by
+        /// one do: a name, a glob, a path.
+        #[test]
+        fn program_matching_agrees_with_the_entries_one_by_one(
+            names in proptest::collection::vec(name(), 0..12),
+            globs in proptest::collection::vec("[a-c]\\*|\\*[a-c]|/usr/bin/[a-c]", 0..2),
+            argv0 in "(/usr/bin/)?[a-c][a-c_.-]{0,3}",
+        ) {
+            let spec = MatchSpec { program: names.into_iter().chain(globs).collect(), ..MatchSpec::default() };
+            let m = Matcher::compile(&spec).unwrap();
+            let cmd = Cmd { path: argv0.clone(), argv: vec![argv0.rsplit('/').next().unwrap().to_string()], ..Cmd::default() };
+            let ctx = crate::example_context();
+            let all = [cmd.clone()];
+            let got = m.matches(&CmdView::new(&all[0], &ctx, &all)).is_some();
+            let want = spec.program.is_empty() || m.program.iter().any(|p| p.matches_program(&cmd));
+            prop_assert_eq!(got, want, "{:?} against {:?}", cmd.argv, spec.program);
+        }
+    }
+
+    #[test]
+    fn the_bits_of_program_names_spread() {
+        let names = ["ls", "cat", "grep", "rg", "sed", "awk", "find", "git", "make", "cargo", "python3", "npm"];
+        let bits: std::collections::HashSet<u64> = names.iter().map(|n| name_bit(n)).collect();
+        assert!(bits.len() >= 10, "{} distinct bits for {} names", bits.len(), names.len());
+        assert!(names.iter().all(|n| name_bit(n).count_ones() == 1));
     }
 }
