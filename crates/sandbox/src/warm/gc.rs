@@ -16,15 +16,34 @@ use rustix::fs::{AtFlags, Mode, OFlags};
 
 /// Delete everything in `retired` (a directory fd: it holds retired directories only),
 /// stopping early when `stop` says so. Returns whether everything retired is gone. Never
-/// follows a symlink.
+/// follows a symlink. A directory whose `work` is locked is left: another warm server (a
+/// second slot, another configuration on the same state directory) still holds a view of it,
+/// as `txbox_txn::StateDir::collect_retired` leaves it too.
 pub fn collect(retired: &OwnedFd, stop: &mut dyn FnMut() -> bool) -> bool {
     let Some(names) = entries(retired) else { return false };
+    let mut all = true;
     for name in names {
+        if in_use(retired, &name) {
+            all = false;
+            continue;
+        }
         if !remove(retired, &name, stop) {
             return false;
         }
     }
-    true
+    all
+}
+
+/// Whether `name/work` is locked (a server's view of it lives on). Opened without following
+/// a symlink at either step.
+fn in_use(parent: &OwnedFd, name: &OsStr) -> bool {
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let Ok(dir) = rustix::fs::openat(parent, name, flags, Mode::empty()) else { return false };
+    let Ok(work) = rustix::fs::openat(&dir, "work", flags, Mode::empty()) else { return false };
+    matches!(
+        rustix::fs::flock(&work, rustix::fs::FlockOperation::NonBlockingLockExclusive),
+        Err(rustix::io::Errno::WOULDBLOCK)
+    )
 }
 
 fn entries(dir: &OwnedFd) -> Option<Vec<OsString>> {
@@ -102,6 +121,23 @@ mod tests {
         assert!(collect(&open(&tx), &mut || false));
         assert!(!gone.exists());
         assert!(std::path::Path::new("/etc/hostname").exists() || std::path::Path::new("/etc").is_dir());
+        std::fs::remove_dir_all(&tx).unwrap();
+    }
+
+    #[test]
+    fn a_directory_another_server_still_holds_is_left() {
+        let tx = scratch("held");
+        std::fs::create_dir_all(tx.join("held/work/work")).unwrap();
+        std::fs::create_dir_all(tx.join("free/work")).unwrap();
+        let work = std::fs::File::open(tx.join("held/work")).unwrap();
+        // Shared, as a server holds the work directory of a view it keeps.
+        rustix::fs::flock(&work, rustix::fs::FlockOperation::LockShared).unwrap();
+        assert!(!collect(&open(&tx), &mut || false), "not everything is gone");
+        assert!(tx.join("held/work/work").is_dir());
+        assert!(!tx.join("free").exists());
+        drop(work);
+        assert!(collect(&open(&tx), &mut || false));
+        assert_eq!(std::fs::read_dir(&tx).unwrap().count(), 0);
         std::fs::remove_dir_all(&tx).unwrap();
     }
 
