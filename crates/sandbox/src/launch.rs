@@ -8,7 +8,7 @@
 use std::ffi::OsString;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -109,6 +109,9 @@ pub struct Finished {
     /// The limit that made txbox kill the command, if any (`output`, or one from `Watch`).
     pub limit: Option<&'static str>,
     pub warm: WarmUse,
+    /// The socket of a warm-server slot found without a server: start one there for the next
+    /// runs ([`crate::warm::spawn`]).
+    pub start_warm: Option<PathBuf>,
     /// How often the command tried to reach a network it does not have ([`crate::net`]).
     pub net_attempts: u64,
 }
@@ -330,12 +333,32 @@ pub fn launch(
     } else {
         spec
     };
-    let why_cold = match opts.warm.as_deref().map(|socket| try_warm(socket, spec, opts)) {
+    // The first slot whose server is free takes it; one without a server, or a server that
+    // refuses, ends the search (the run is built cold, and an absent server started after).
+    let mut start_warm = None;
+    let why_cold = match opts.warm.as_deref() {
         None => NotWarm::Off,
-        Some(Err(why)) => why,
-        Some(Ok((conn, out_r, err_r))) => {
-            let report = conn.stream.try_clone().map_err(&spawn_err)?;
-            return supervise(Helper::Warm(conn), report, out_r, err_r, None, opts, watch, WarmUse::Served);
+        Some(base) => {
+            let mut why = NotWarm::Busy;
+            for socket in (0..crate::warm::SLOTS).map(|i| crate::warm::slot(base, i)) {
+                match try_warm(&socket, spec, opts) {
+                    Ok((conn, out_r, err_r)) => {
+                        let report = conn.stream.try_clone().map_err(&spawn_err)?;
+                        return supervise(Helper::Warm(conn), report, out_r, err_r, None, opts, watch, WarmUse::Served);
+                    }
+                    Err(NotWarm::Busy) => continue,
+                    Err(NotWarm::Absent) => {
+                        start_warm = Some(socket);
+                        why = NotWarm::Absent;
+                        break;
+                    }
+                    Err(other) => {
+                        why = other;
+                        break;
+                    }
+                }
+            }
+            why
         }
     };
     let (report_r, report_w) = pipe()?;
@@ -448,7 +471,9 @@ pub fn launch(
             }
         },
     };
-    supervise(child, report_r, out_r, err_r, relay, opts, watch, WarmUse::Cold(why_cold))
+    let mut finished = supervise(child, report_r, out_r, err_r, relay, opts, watch, WarmUse::Cold(why_cold))?;
+    finished.start_warm = start_warm;
+    Ok(finished)
 }
 
 /// Stream or capture the command's output, relay its terminal, enforce the timeout and the
@@ -577,6 +602,7 @@ fn supervise(
         stderr_truncated: err.truncated,
         limit,
         warm,
+        start_warm: None,
         net_attempts,
     })
 }

@@ -11,8 +11,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use txbox_sandbox::warm::NotWarm;
-use txbox_sandbox::{Finished, LaunchOptions, SandboxSpec, WarmUse};
+use txbox_sandbox::{Finished, LaunchOptions, SandboxSpec};
 use txbox_txn::StateDir;
 
 use crate::request::{Command, Env, Io, Limits, DEFAULT_CAPTURE};
@@ -145,9 +144,9 @@ pub(crate) fn execute(
         env: Some(crate::environ::for_command(pass_env)),
     };
     let mut finished = txbox_sandbox::launch(exe, &spec, &opts, &mut watch)?;
-    if let (WarmUse::Cold(NotWarm::Absent), Some(socket)) = (&finished.warm, &opts.warm) {
-        // No server for sandboxes like this one yet: start one for the next runs. Failing to
-        // is only a missed speed-up.
+    if let Some(socket) = &finished.start_warm {
+        // No server for sandboxes like this one yet (or none in the first free slot): start one
+        // for the next runs. Failing to is only a missed speed-up.
         let _ = txbox_sandbox::warm::spawn(exe, socket, &env.state.root, warm_idle(), &spec);
     }
     if finished.limit.is_none() {

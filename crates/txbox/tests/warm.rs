@@ -253,6 +253,72 @@ fn a_warm_server_holds_the_work_directory_until_its_overlay_is_gone() {
     }
 }
 
+/// `txbox run -c SCRIPT` in the background, as `run_timed` runs it.
+fn spawn_timed(who: As, s: &Scratch, script: &str) -> std::process::Child {
+    let mut cmd = txbox_command(who);
+    if who != As::Me {
+        cmd.env("HOME", &s.root);
+    }
+    cmd.env_remove("TXBOX_WARM").env("TXBOX_TIMING", "1").arg("--state-dir").arg(&s.state);
+    cmd.args(["run", "-c", script]).current_dir(&s.ws).stdin(Stdio::null());
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
+}
+
+/// The busy locks of the state directory's warm servers that a client holds now.
+fn busy_slots(s: &Scratch) -> usize {
+    let Ok(dir) = std::fs::read_dir(s.state.join("warm")) else { return 0 };
+    dir.flatten()
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".busy"))
+        .filter(|e| !flock_free(&e.path()))
+        .count()
+}
+
+/// An agent running commands side by side on one workspace: while one run holds the first
+/// server, the next is built cold and starts a second server, which serves the runs that
+/// overlap from then on; both commit. Before slots, every overlapping run was cold.
+#[test]
+fn overlapping_runs_on_one_workspace_are_each_served_warm() {
+    for who in identities() {
+        let s = Scratch::new("warm-slots");
+        if let As::User(uid) = who {
+            s.chown(uid);
+        }
+        warm_up(who, &s);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let mut second_warm = false;
+        let mut round = 0;
+        while !second_warm {
+            assert!(Instant::now() < deadline, "{who:?}: an overlapping run was never served warm");
+            round += 1;
+            let long = spawn_timed(who, &s, &format!("sleep 1; echo long > long-{round}"));
+            // Only once the first server is taken does the next run overlap it.
+            while busy_slots(&s) == 0 {
+                assert!(Instant::now() < deadline, "{who:?}: the long run never took a server");
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let o = run_timed(who, &s, &format!("echo short > short-{round}"), &[]);
+            assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+            second_warm = served_warm(&o);
+            let l = long.wait_with_output().unwrap();
+            assert!(served_warm(&l), "{}", describe(&l));
+            assert_eq!(l.status.code(), Some(0), "{}", describe(&l));
+            assert_eq!(std::fs::read_to_string(s.ws.join(format!("long-{round}"))).unwrap(), "long\n");
+            assert_eq!(std::fs::read_to_string(s.ws.join(format!("short-{round}"))).unwrap(), "short\n");
+            if !second_warm {
+                let err = String::from_utf8_lossy(&o.stderr);
+                assert!(err.contains("cold (Absent)"), "{who:?}: the second slot was not started: {}", describe(&o));
+            }
+        }
+        assert!(s
+            .state
+            .join("warm")
+            .read_dir()
+            .unwrap()
+            .flatten()
+            .any(|e| e.file_name().to_string_lossy().ends_with("-1.sock")));
+    }
+}
+
 #[test]
 fn a_secret_that_appears_after_the_server_started_is_still_hidden() {
     let s = Scratch::new("warm-secret");

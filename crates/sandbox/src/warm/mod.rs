@@ -75,8 +75,24 @@ fn binary_id_now() -> String {
     format!("{:016x}", h.0)
 }
 
+/// How many warm servers may serve sandboxes alike at once (a server runs one transaction at a
+/// time): concurrent runs of one agent on one workspace each get one, up to this many, and
+/// the next is built cold. A slot's server is started only when a run found every slot below
+/// it busy, and leaves when idle, so one client at a time keeps one server.
+pub const SLOTS: usize = 4;
+
+/// The socket of slot `i` for sandboxes whose slot 0 is `base` (`KEY.sock`, then `KEY-1.sock`, …).
+pub fn slot(base: &std::path::Path, i: usize) -> std::path::PathBuf {
+    if i == 0 {
+        return base.to_path_buf();
+    }
+    let name = base.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let stem = name.strip_suffix(".sock").unwrap_or(&name);
+    base.with_file_name(format!("{stem}-{i}.sock"))
+}
+
 /// The socket of the warm server for sandboxes like `spec`, run by this binary:
-/// `<16 hex digits>.sock`.
+/// `<16 hex digits>.sock` (slot 0; [`slot`] names the others).
 pub fn socket_name(spec: &crate::SandboxSpec, binary: &str) -> String {
     let mut h = Fnv::new();
     h.write(spec.sandbox_key().as_bytes());
@@ -177,5 +193,14 @@ mod tests {
         other.host_network = true;
         assert_ne!(a, socket_name(&other, "0000000000000001"));
         assert_eq!(binary_id(), binary_id());
+    }
+
+    #[test]
+    fn slots_are_named_beside_the_first() {
+        let base = std::path::Path::new("/s/warm/0123456789abcdef.sock");
+        assert_eq!(slot(base, 0), base);
+        assert_eq!(slot(base, 1), std::path::Path::new("/s/warm/0123456789abcdef-1.sock"));
+        assert_eq!(slot(base, SLOTS - 1), std::path::Path::new("/s/warm/0123456789abcdef-3.sock"));
+        assert!(super::client::fits(&slot(base, SLOTS - 1)));
     }
 }
