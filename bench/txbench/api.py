@@ -12,6 +12,8 @@ would keep them), so the TCP handshake is not counted.
 - `throughput`: `clients` threads, each on its own connection and workspace, sending
   `POST /v1/run {"command": "true"}` back to back for `per_client` requests after a warm-up;
   transactions per second = all requests / wall time from the first to the last.
+- `shared`: the same with every client on one workspace (an agent's commands side by side):
+  what the warm servers for overlapping runs (`warm::SLOTS`) serve.
 """
 import http.client
 import json
@@ -133,16 +135,31 @@ def api(ctx):
         latency = {"variants": {k: summary(v) for k, v in s.items()}, "added_ms": run - health - bash}
         one.conn.close()
 
-        cs = [Client(srv, w) for w in workspaces]
-        for c in cs:
-            c.run_true()
-        errors = []
-        start = threading.Barrier(clients + 1)
+        wall = concurrent(srv, workspaces, per_client)
+        shared = concurrent(srv, [workspaces[0]] * clients, per_client)
+    return {
+        "latency": latency,
+        "throughput": {"clients": clients, "requests": clients * per_client, "seconds": wall,
+                       "tx_per_s": clients * per_client / wall},
+        "shared": {"clients": clients, "requests": clients * per_client, "seconds": shared,
+                   "tx_per_s": clients * per_client / shared},
+    }
+
+
+def concurrent(srv, workspaces, per_client):
+    """One client per entry of `workspaces` (a workspace may repeat), each warmed up with two
+    requests (together, so that overlapping runs find their servers started), then
+    `per_client` requests each, all at once. Returns the wall time of the timed part."""
+    cs = [Client(srv, w) for w in workspaces]
+    errors = []
+
+    def together(n):
+        start = threading.Barrier(len(cs) + 1)
 
         def work(c):
             start.wait()
             try:
-                for _ in range(per_client):
+                for _ in range(n):
                     c.run_true()
             except Exception as e:  # reported below: a failed request is not a measurement
                 errors.append(repr(e))
@@ -154,13 +171,13 @@ def api(ctx):
         t0 = time.perf_counter()
         for t in threads:
             t.join()
-        wall = time.perf_counter() - t0
-        for c in cs:
-            c.conn.close()
-        if errors:
-            raise BenchError(f"API throughput: {len(errors)} client(s) failed: {errors[0]}")
-    return {
-        "latency": latency,
-        "throughput": {"clients": clients, "requests": clients * per_client, "seconds": wall,
-                       "tx_per_s": clients * per_client / wall},
-    }
+        return time.perf_counter() - t0
+
+    together(2)
+    time.sleep(0.3)  # a server started by the warm-up is listening by now
+    wall = together(per_client)
+    for c in cs:
+        c.conn.close()
+    if errors:
+        raise BenchError(f"API throughput: {len(errors)} request(s) failed: {errors[0]}")
+    return wall

@@ -149,7 +149,10 @@ def api_section(ap):
             + table(["request", "median", "min", "runs"], rows)
             + f"\nAdded by a transaction beyond the round trip and `bash -c true`: {ms(lat['added_ms'])}. "
             f"Throughput: {thr['clients']} clients on {thr['clients']} workspaces, {thr['requests']} "
-            f"`true` transactions in {thr['seconds']:.2f} s: {thr['tx_per_s']:.0f} tx/s.\n")
+            f"`true` transactions in {thr['seconds']:.2f} s: {thr['tx_per_s']:.0f} tx/s"
+            + (f"; the same {ap['shared']['clients']} clients on one workspace: {ap['shared']['tx_per_s']:.0f} tx/s"
+               if "shared" in ap else "")
+            + ".\n")
 
 
 def set_label(name):
