@@ -333,8 +333,9 @@ pub fn launch(
     } else {
         spec
     };
-    // The first slot whose server is free takes it; one without a server, or a server that
-    // refuses, ends the search (the run is built cold, and an absent server started after).
+    // The first slot whose server is free takes the run. Without one, the run is built cold,
+    // and the first slot found without a server gets one for the next runs; a server that
+    // refuses ends the search.
     let mut start_warm = None;
     let why_cold = match opts.warm.as_deref() {
         None => NotWarm::Off,
@@ -346,11 +347,12 @@ pub fn launch(
                         let report = conn.stream.try_clone().map_err(&spawn_err)?;
                         return supervise(Helper::Warm(conn), report, out_r, err_r, None, opts, watch, WarmUse::Served);
                     }
-                    Err(NotWarm::Busy) => continue,
+                    Err(NotWarm::Busy) => {}
                     Err(NotWarm::Absent) => {
-                        start_warm = Some(socket);
-                        why = NotWarm::Absent;
-                        break;
+                        if start_warm.is_none() {
+                            start_warm = Some(socket);
+                            why = NotWarm::Absent;
+                        }
                     }
                     Err(other) => {
                         why = other;

@@ -309,13 +309,23 @@ fn overlapping_runs_on_one_workspace_are_each_served_warm() {
                 assert!(err.contains("cold (Absent)"), "{who:?}: the second slot was not started: {}", describe(&o));
             }
         }
-        assert!(s
-            .state
-            .join("warm")
-            .read_dir()
-            .unwrap()
-            .flatten()
-            .any(|e| e.file_name().to_string_lossy().ends_with("-1.sock")));
+        let second = s.state.join("warm").read_dir().unwrap().flatten().find_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.strip_suffix("-1.sock").map(str::to_string)
+        });
+        let key = second.expect("no server in the second slot");
+        // The first slot's server gone (idled out, retired), the second still serves: a run
+        // goes on to it rather than building its own.
+        let first = format!("__warm --socket {}/warm/{key}.sock ", s.state.display());
+        assert!(Command::new("pkill").arg("-f").arg(&first).status().unwrap().success());
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Command::new("pgrep").arg("-f").arg(&first).status().unwrap().success() {
+            assert!(Instant::now() < deadline, "the first slot's server did not go");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let o = run_timed(who, &s, "echo after > after", &[]);
+        assert!(served_warm(&o), "{who:?}: the second slot's server was passed over: {}", describe(&o));
+        assert_eq!(std::fs::read_to_string(s.ws.join("after")).unwrap(), "after\n");
     }
 }
 
