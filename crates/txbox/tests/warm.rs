@@ -553,3 +553,110 @@ fn a_secret_in_a_directory_made_after_the_server_started_is_still_hidden() {
     let o = run_timed(As::Me, &s, "cat ~/.config/gh/hosts.yml", &[("HOME", h)]);
     assert!(!String::from_utf8_lossy(&o.stdout).contains("GHTOKEN"), "{}", describe(&o));
 }
+
+/// A scratch area below `/tmp` (a workspace, a state directory and a home beside it), for
+/// what a warm sandbox shows of `/tmp`: the host's `/tmp` never, the workspace's view only.
+struct UnderTmp {
+    root: std::path::PathBuf,
+    ws: std::path::PathBuf,
+    state: std::path::PathBuf,
+    home: std::path::PathBuf,
+}
+
+impl UnderTmp {
+    fn new(name: &str, who: As) -> UnderTmp {
+        use std::os::unix::fs::PermissionsExt;
+        let root = std::path::PathBuf::from(format!("/tmp/txbox-it-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let t = UnderTmp { ws: root.join("ws"), state: root.join("state"), home: root.join("home"), root };
+        for d in [&t.ws, &t.state, &t.home] {
+            std::fs::create_dir_all(d).unwrap();
+        }
+        std::fs::set_permissions(&t.root, std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::create_dir(t.home.join(".ssh")).unwrap();
+        std::fs::write(t.home.join(".ssh/id_ed25519"), "OLDKEY").unwrap();
+        std::fs::write(t.root.join("plain.txt"), "HOSTFILE").unwrap();
+        std::fs::write(t.ws.join("seen.txt"), "WORKSPACE").unwrap();
+        // A hidden path inside the workspace: the policy file (covered per run).
+        std::fs::write(t.ws.join("policy.toml"), "version = 1 # POLICYTEXT\n").unwrap();
+        if let As::User(uid) = who {
+            assert!(Command::new("chown")
+                .arg("-R")
+                .arg(format!("{uid}:{uid}"))
+                .arg(&t.root)
+                .status()
+                .unwrap()
+                .success());
+        }
+        t
+    }
+
+    fn run(&self, who: As, script: &str) -> Output {
+        let mut cmd = txbox_command(who);
+        cmd.env_remove("TXBOX_WARM").env("TXBOX_TIMING", "1").env("HOME", &self.home);
+        cmd.env("TXBOX_POLICY", self.ws.join("policy.toml"));
+        cmd.arg("--state-dir").arg(&self.state).args(["run", "-c", script]);
+        cmd.current_dir(&self.ws).stdin(Stdio::null()).output().unwrap()
+    }
+}
+
+impl Drop for UnderTmp {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.root);
+    }
+}
+
+/// Warm servers do not watch hidden paths below `/tmp` and `/dev/shm` (3229b6e): that holds only
+/// while nothing of the host shows there, before the first reset and after every one, with the
+/// workspace itself below `/tmp` (its own hidden paths covered per run). A state directory, a
+/// home and its secrets below `/tmp`, outside the workspace: none shows, not even a secret that
+/// appears or is replaced after the server started; the same server goes on serving (the
+/// watches are not lost on every reset); what a run leaves in `/tmp` is gone for the next.
+#[test]
+fn nothing_of_the_hosts_tmp_shows_in_a_warm_sandbox() {
+    for who in identities() {
+        let t = UnderTmp::new(&format!("tmp-secrets-{}", matches!(who, As::Me)), who);
+        let r = t.root.display().to_string();
+        let look = format!(
+            "cat seen.txt; echo; cat policy.toml; cat $HOME/.ssh/id_ed25519 $HOME/.aws/credentials {r}/plain.txt \
+             {r}/late.txt; ls -A /tmp {r} {r}/state $HOME /dev/shm; true"
+        );
+        let bad =
+            ["OLDKEY", "NEWKEY", "POLICYTEXT", "HOSTFILE", "LATE", "AWSSECRET", "id_ed25519", "plain.txt", "left"];
+        let check = |o: &Output, when: &str| {
+            assert_eq!(o.status.code(), Some(0), "{who:?} {when}: {}", describe(o));
+            let out = String::from_utf8_lossy(&o.stdout);
+            assert!(out.starts_with("WORKSPACE\n"), "{who:?} {when}: the workspace below /tmp: {}", describe(o));
+            for b in bad {
+                assert!(!out.contains(b), "{who:?} {when}: {b} showed: {}", describe(o));
+            }
+        };
+        // The first run is cold and starts the server; the next is its first transaction, on
+        // the sandbox as built (before any reset).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let o = t.run(who, &look);
+            check(&o, "before the server");
+            if served_warm(&o) {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{who:?}: never served warm: {}", describe(&o));
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        // A run writes where the host's secrets would be, in its own /tmp.
+        let o = t
+            .run(who, &format!("mkdir -p {r}/home/.ssh && echo left > {r}/home/.ssh/id_ed25519 && echo left > /tmp/x"));
+        assert!(served_warm(&o), "{who:?}: {}", describe(&o));
+        // The host changes below /tmp: a secret appears, one is replaced, a file appears.
+        std::fs::create_dir(t.home.join(".aws")).unwrap();
+        std::fs::write(t.home.join(".aws/credentials"), "AWSSECRET").unwrap();
+        std::fs::write(t.home.join(".ssh/new"), "NEWKEY").unwrap();
+        std::fs::rename(t.home.join(".ssh/new"), t.home.join(".ssh/id_ed25519")).unwrap();
+        std::fs::write(t.root.join("late.txt"), "LATE").unwrap();
+        for i in 0..3 {
+            let o = t.run(who, &look);
+            check(&o, &format!("after the host changed, run {i}"));
+            assert!(served_warm(&o), "{who:?}: the server stopped serving: {}", describe(&o));
+        }
+    }
+}
