@@ -660,3 +660,88 @@ fn nothing_of_the_hosts_tmp_shows_in_a_warm_sandbox() {
         }
     }
 }
+
+/// The warm servers of the state directory alive now (their `.lock` held), by socket name.
+fn live_slots(state: &std::path::Path) -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir(state.join("warm")) else { return Vec::new() };
+    let mut v: Vec<String> = dir
+        .flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_suffix(".lock")).map(str::to_string))
+        .filter(|n| !flock_free(&state.join("warm").join(format!("{n}.lock"))))
+        .collect();
+    v.sort();
+    v
+}
+
+/// Every `.busy` file of the state directory's warm servers has a server's `.lock` beside it:
+/// a run that looks at every slot leaves nothing behind for a slot that never had a server.
+fn busy_files_without_a_server(state: &std::path::Path) -> Vec<String> {
+    let warm = state.join("warm");
+    let Ok(dir) = std::fs::read_dir(&warm) else { return Vec::new() };
+    dir.flatten()
+        .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_suffix(".busy")).map(str::to_string))
+        .filter(|sock| !warm.join(format!("{sock}.lock")).exists())
+        .collect()
+}
+
+/// Many runs at once on one workspace, again and again: never more servers than slots, and
+/// every run commits. A second slot's server, once the runs stop overlapping, leaves after
+/// its idle time while the first one, serving one client at a time, stays. The first run,
+/// finding no server in any slot, leaves no file behind for the slots it looked at.
+#[test]
+fn overlapping_runs_start_at_most_the_slots_and_idle_extra_servers_leave() {
+    for who in identities() {
+        let s = Scratch::new("warm-bounded");
+        if let As::User(uid) = who {
+            s.chown(uid);
+        }
+        // A first server that leaves at once; then a run finds no server in any slot.
+        let o = run_timed(who, &s, "true", &[("TXBOX_WARM_IDLE", "0")]);
+        assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !std::fs::read_dir(s.state.join("warm")).is_ok_and(|d| d.count() > 0) || !live_slots(&s.state).is_empty()
+        {
+            assert!(Instant::now() < deadline, "{who:?}: the first server never left");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let idle = [("TXBOX_WARM_IDLE", "4")];
+        let o = run_timed(who, &s, "true", &idle);
+        assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+        assert!(String::from_utf8_lossy(&o.stderr).contains("cold (Absent)"), "{who:?}: {}", describe(&o));
+        assert_eq!(busy_files_without_a_server(&s.state), Vec::<String>::new(), "{who:?}");
+        let mut most = 0;
+        for round in 0..3 {
+            let runs: Vec<_> = (0..8)
+                .map(|i| {
+                    let mut cmd = txbox_command(who);
+                    if who != As::Me {
+                        cmd.env("HOME", &s.root);
+                    }
+                    cmd.env_remove("TXBOX_WARM").env("TXBOX_WARM_IDLE", "4").arg("--state-dir").arg(&s.state);
+                    cmd.args(["run", "-c", &format!("sleep 0.5; echo {i} > f{round}-{i}")]).current_dir(&s.ws);
+                    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
+                })
+                .collect();
+            for (i, r) in runs.into_iter().enumerate() {
+                let o = r.wait_with_output().unwrap();
+                assert_eq!(o.status.code(), Some(0), "{who:?}: {}", describe(&o));
+                assert_eq!(std::fs::read_to_string(s.ws.join(format!("f{round}-{i}"))).unwrap(), format!("{i}\n"));
+                most = most.max(live_slots(&s.state).len());
+            }
+            // Servers started by the last runs of the round are on their way.
+            std::thread::sleep(Duration::from_millis(300));
+            most = most.max(live_slots(&s.state).len());
+        }
+        assert!(most >= 2, "{who:?}: overlapping runs never got a second server");
+        assert!(most <= txbox_sandbox::warm::SLOTS, "{who:?}: {most} servers for one sandbox");
+        // One client at a time, for longer than the idle time: the first free slot serves it.
+        let start = Instant::now();
+        while start.elapsed() < Duration::from_secs(8) {
+            let o = run_timed(who, &s, "true", &idle);
+            assert!(served_warm(&o), "{who:?}: {}", describe(&o));
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let live = live_slots(&s.state);
+        assert_eq!(live.len(), 1, "{who:?}: idle extra servers stayed: {live:?}");
+    }
+}

@@ -63,14 +63,7 @@ pub fn claim(
         return Err(NotWarm::Unsuitable);
     }
     // Only one client at a time; the others build their own sandboxes rather than wait.
-    let busy = match rustix::fs::open(
-        with_suffix(socket, ".busy"),
-        OFlags::CREATE | OFlags::RDWR | OFlags::CLOEXEC,
-        Mode::from_raw_mode(0o600),
-    ) {
-        Ok(fd) => fd,
-        Err(_) => return Err(NotWarm::Absent),
-    };
+    let busy = open_busy(socket)?;
     if rustix::fs::flock(&busy, FlockOperation::NonBlockingLockExclusive).is_err() {
         return Err(NotWarm::Busy);
     }
@@ -120,6 +113,23 @@ pub fn claim(
         Some(Answer::Ok) => Ok(Conn { stream, _busy: busy }),
         Some(Answer::Refuse(why)) => Err(NotWarm::Refused(why)),
         None => Err(NotWarm::Refused(format!("unexpected answer {line:?}"))),
+    }
+}
+
+/// The busy lock of the server on `socket`, made on first use only where a server has listened:
+/// a run looks at every slot (`crate::warm::SLOTS`), and one never served must not leave a file
+/// behind for each. Never removed (a client holding the old one and another making a new one
+/// would both get in).
+fn open_busy(socket: &Path) -> Result<OwnedFd, NotWarm> {
+    let path = with_suffix(socket, ".busy");
+    let open =
+        |flags: OFlags| rustix::fs::open(&path, flags | OFlags::RDWR | OFlags::CLOEXEC, Mode::from_raw_mode(0o600));
+    match open(OFlags::empty()) {
+        Ok(fd) => Ok(fd),
+        Err(rustix::io::Errno::NOENT) if rustix::fs::lstat(socket).is_ok() => {
+            open(OFlags::CREATE).map_err(|_| NotWarm::Absent)
+        }
+        Err(_) => Err(NotWarm::Absent),
     }
 }
 
@@ -265,6 +275,26 @@ mod tests {
         let now = umask();
         rustix::process::umask(old);
         assert_eq!(now, 0o027);
+    }
+
+    /// A slot no server ever listened on is absent without a trace; one whose socket is there
+    /// (a server that died without removing it) gets its busy lock made.
+    #[test]
+    fn a_slot_without_a_server_leaves_no_busy_file() {
+        let dir = std::env::temp_dir().join(format!("txbox-warm-busy-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let socket = dir.join("0123456789abcdef-1.sock");
+        let spec = SandboxSpec::new("/w".into(), "/u".into(), "/k".into(), vec!["true".into()]);
+        let null = std::fs::File::open("/dev/null").unwrap();
+        let stdio = || [null.as_fd(), null.as_fd(), null.as_fd()];
+        assert!(matches!(claim(&socket, &spec, stdio(), Some(&[])), Err(NotWarm::Absent)));
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 0, "a file was left for a slot without a server");
+        // A socket left behind by a server that died: nobody listens there.
+        drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
+        assert!(matches!(claim(&socket, &spec, stdio(), Some(&[])), Err(NotWarm::Absent)));
+        assert!(with_suffix(&socket, ".busy").exists());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
