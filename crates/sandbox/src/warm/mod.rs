@@ -15,8 +15,9 @@
 //! - [`gc`]: deleting retired transaction directories while the server is idle.
 //!
 //! A server is keyed by [`SandboxSpec::sandbox_key`](crate::SandboxSpec::sandbox_key) and
-//! lives in the state directory (hidden from every sandbox); it exits when idle. Runs that need
-//! a terminal or cgroup limits, and runs while the server is busy, build their own sandbox.
+//! lives in the state directory (hidden from every sandbox); it exits when idle. Up to [`SLOTS`]
+//! servers serve sandboxes alike, for runs that overlap. Runs that need a terminal or cgroup
+//! limits, and runs while every server is busy, build their own sandbox.
 //!
 //! Owns what client and server share (names, the binary's identity, whether a spec fits); may not
 //! build a sandbox (the server's) nor claim one (the client's).
