@@ -62,6 +62,9 @@ pub fn claim(
     if spec.layers.len() > MAX_LAYERS {
         return Err(NotWarm::Unsuitable);
     }
+    // A slot whose name does not fit a socket address never has a server (one more slot's
+    // name is two bytes longer than the first's): not worth a server started for it.
+    let addr = SocketAddrUnix::new(socket).map_err(|_| NotWarm::Unsuitable)?;
     // Only one client at a time; the others build their own sandboxes rather than wait.
     let busy = open_busy(socket)?;
     if rustix::fs::flock(&busy, FlockOperation::NonBlockingLockExclusive).is_err() {
@@ -69,7 +72,6 @@ pub fn claim(
     }
     let stream = rustix::net::socket_with(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC, None)
         .map_err(|_| NotWarm::Absent)?;
-    let addr = SocketAddrUnix::new(socket).map_err(|_| NotWarm::Unsuitable)?;
     if rustix::net::connect(&stream, &addr).is_err() {
         return Err(NotWarm::Absent);
     }
@@ -294,6 +296,12 @@ mod tests {
         drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
         assert!(matches!(claim(&socket, &spec, stdio(), Some(&[])), Err(NotWarm::Absent)));
         assert!(with_suffix(&socket, ".busy").exists());
+        // A slot whose name is too long for a socket address is no place for a server.
+        let long = dir.join("d".repeat(100));
+        std::fs::create_dir(&long).unwrap();
+        let socket = long.join("0123456789abcdef-1.sock");
+        assert!(matches!(claim(&socket, &spec, stdio(), Some(&[])), Err(NotWarm::Unsuitable)));
+        assert_eq!(std::fs::read_dir(&long).unwrap().count(), 0);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 
