@@ -217,6 +217,18 @@ fn flock_free(dir: &std::path::Path) -> bool {
     Command::new("flock").args(["--nonblock", "--exclusive"]).arg(dir).arg("true").status().unwrap().success()
 }
 
+/// Whether someone holds a `flock` on `path` now, as `/proc/locks` lists it. Unlike
+/// [`flock_free`] it does not take the lock: a probe that holds a server's `.busy` for a moment
+/// makes a client that looks then find the server busy, and one that holds its `.lock` makes
+/// a server starting then leave.
+fn held(path: &std::path::Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(md) = std::fs::metadata(path) else { return false };
+    let id = format!("{:02x}:{:02x}:{}", rustix::fs::major(md.dev()), rustix::fs::minor(md.dev()), md.ino());
+    let locks = std::fs::read_to_string("/proc/locks").unwrap();
+    locks.lines().any(|l| !l.contains("->") && l.contains(" FLOCK ") && l.split_whitespace().any(|f| f == id))
+}
+
 #[test]
 fn a_warm_server_holds_the_work_directory_until_its_overlay_is_gone() {
     // A later transaction may take this directory over (a spare) only once this lock is let
@@ -267,10 +279,7 @@ fn spawn_timed(who: As, s: &Scratch, script: &str) -> std::process::Child {
 /// The busy locks of the state directory's warm servers that a client holds now.
 fn busy_slots(s: &Scratch) -> usize {
     let Ok(dir) = std::fs::read_dir(s.state.join("warm")) else { return 0 };
-    dir.flatten()
-        .filter(|e| e.file_name().to_string_lossy().ends_with(".busy"))
-        .filter(|e| !flock_free(&e.path()))
-        .count()
+    dir.flatten().filter(|e| e.file_name().to_string_lossy().ends_with(".busy")).filter(|e| held(&e.path())).count()
 }
 
 /// An agent running commands side by side on one workspace: while one run holds the first
@@ -667,7 +676,7 @@ fn live_slots(state: &std::path::Path) -> Vec<String> {
     let mut v: Vec<String> = dir
         .flatten()
         .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_suffix(".lock")).map(str::to_string))
-        .filter(|n| !flock_free(&state.join("warm").join(format!("{n}.lock"))))
+        .filter(|n| held(&state.join("warm").join(format!("{n}.lock"))))
         .collect();
     v.sort();
     v
