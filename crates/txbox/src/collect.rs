@@ -74,6 +74,37 @@ pub(crate) fn start_retention_collector(state: &StateDir) {
     }
 }
 
+/// After a run's commit was retained: a collector for what retention left. Data to measure
+/// wants one now; evicted data alone waits in `gone/` with the retired directories, which the
+/// warm server that ran the transaction deletes when idle (`collected`), as [`drop_tx`] leaves
+/// them: a collector only once more than `RETIRED_BOUND` wait. At the retention budget every
+/// commit evicts one transaction, and a process started per commit for it cost every warm
+/// run a `vfork` and `exec` and a core's worth of work beside the next command.
+pub(crate) fn after_retention(state: &StateDir, r: &txbox_txn::retain::Retention, collected: bool) {
+    match retention_collector(r, collected) {
+        Some(Want::Now) => start_retention_collector(state),
+        Some(Want::AsRetired { cold }) => start_collector(state, cold),
+        None => {}
+    }
+}
+
+/// What retention's outcome asks of a collector.
+#[derive(Debug, PartialEq, Eq)]
+enum Want {
+    /// Data to measure (or a recount): start one unless one is at work.
+    Now,
+    /// Only evicted data in `gone/`: the rule of retired directories ([`start_collector`]).
+    AsRetired { cold: bool },
+}
+
+fn retention_collector(r: &txbox_txn::retain::Retention, collected: bool) -> Option<Want> {
+    match (r.collector, r.measure) {
+        (false, _) => None,
+        (true, true) => Some(Want::Now),
+        (true, false) => Some(Want::AsRetired { cold: !collected }),
+    }
+}
+
 fn spawn_collector(state: &StateDir) {
     let started = std::process::Command::new("/proc/self/exe")
         .arg(SUBCOMMAND)
@@ -135,6 +166,16 @@ mod tests {
     fn state_of(pid: u32) -> Option<char> {
         let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
         stat.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next())
+    }
+
+    #[test]
+    fn evicted_data_alone_waits_for_the_warm_server() {
+        use txbox_txn::retain::Retention;
+        let r = |collector, measure| Retention { collector, measure, ..Retention::default() };
+        assert_eq!(retention_collector(&r(false, false), true), None);
+        assert_eq!(retention_collector(&r(true, true), true), Some(Want::Now), "data to measure");
+        assert_eq!(retention_collector(&r(true, false), true), Some(Want::AsRetired { cold: false }));
+        assert_eq!(retention_collector(&r(true, false), false), Some(Want::AsRetired { cold: true }));
     }
 
     #[test]

@@ -18,7 +18,7 @@ use txbox_txn::session::Fingerprints;
 use txbox_txn::{CrashHook, RecoverStats, TxDir};
 
 use crate::audit::{audit, audit_recovered, CommitAudit};
-use crate::collect::{drop_tx, start_retention_collector};
+use crate::collect::{after_retention, drop_tx};
 use crate::commit::{commit_upper, settle, settle_kept, Base, Target};
 use crate::execute::{execute, Layers};
 use crate::options::Isolation;
@@ -179,9 +179,7 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
         // Retained for undo: its directory is in `kept/` now, not ours to drop.
         None if settled.retention.retained => {
             drop(tx);
-            if settled.retention.collector {
-                start_retention_collector(&env.state);
-            }
+            after_retention(&env.state, &settled.retention, served_warm);
         }
         None => drop_tx(&env.state, tx, served_warm),
     }

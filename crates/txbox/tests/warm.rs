@@ -338,6 +338,40 @@ fn overlapping_runs_on_one_workspace_are_each_served_warm() {
     }
 }
 
+/// At the retention budget every commit evicts the oldest retained transaction into `gone/`.
+/// After a warm run that is left to the server, which deletes it when idle (no collector per
+/// commit): nothing piles up, and what is retained stays within the budget.
+#[test]
+fn evicted_data_is_deleted_by_the_warm_server_when_idle() {
+    for who in identities() {
+        let s = Scratch::new("warm-evicted");
+        if let As::User(uid) = who {
+            s.chown(uid);
+        }
+        warm_up(who, &s);
+        let budget = [("TXBOX_RETAIN_COUNT", "2")];
+        for i in 0..12 {
+            let o = run_timed(who, &s, &format!("echo {i} > f{i}"), &budget);
+            assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+            assert!(served_warm(&o), "{}", describe(&o));
+            let waiting = std::fs::read_dir(s.state.join("gone")).unwrap().count();
+            let bound = txbox_txn::state::RETIRED_BOUND as usize + 2;
+            assert!(waiting <= bound, "{who:?}: {waiting} directories wait in gone/");
+        }
+        let retained = |s: &Scratch| {
+            let kept = std::fs::read_dir(s.state.join("kept")).unwrap().flatten();
+            kept.filter(|e| e.file_name().len() == 16 && e.path().is_dir()).count()
+        };
+        assert_eq!(retained(&s), 2, "{who:?}");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while std::fs::read_dir(s.state.join("gone")).unwrap().count() > 0 {
+            assert!(Instant::now() < deadline, "{who:?}: gone/ was never emptied");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        assert_eq!(std::fs::read_to_string(s.ws.join("f11")).unwrap(), "11\n");
+    }
+}
+
 #[test]
 fn a_secret_that_appears_after_the_server_started_is_still_hidden() {
     let s = Scratch::new("warm-secret");

@@ -134,6 +134,9 @@ pub struct Retention {
     pub evicted: Vec<String>,
     /// A collector is wanted (data to measure, or evicted data retired to `gone/`).
     pub collector: bool,
+    /// Of that, data to measure or a recount: the collector's own work. Evicted data alone is
+    /// garbage in `gone/` like a retired directory, which a warm server deletes when idle.
+    pub measure: bool,
 }
 
 /// How to keep a committed transaction.
@@ -339,7 +342,7 @@ pub fn keep_commit(
     fsx::rename_noreplace(txs.as_fd(), OsStr::new(id), idx.kept(), OsStr::new(id))
         .map_err(fsx::at(&state.tx_dir(id), "move to kept"))?;
     // From here it is retained: what fails now is bookkeeping, repaired by a recount.
-    let mut out = Retention { retained: true, collector: pending, ..Retention::default() };
+    let mut out = Retention { retained: true, collector: pending, measure: pending, ..Retention::default() };
     let booked = idx.adjust(1, pre.displaced_bytes as i64).and_then(|()| match pending {
         true => idx.add_pending(id),
         false => Ok(()),
@@ -348,6 +351,7 @@ pub fn keep_commit(
         let _ = idx.flag_recount();
         out.error = Some(e.to_string());
         out.collector = true;
+        out.measure = true;
     }
     if let Err(e) = apply_budget(state, &idx, &opts.budget, Eviction::Retire, &mut out) {
         out.error = Some(e.to_string());
