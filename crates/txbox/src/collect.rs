@@ -98,10 +98,10 @@ enum Want {
 }
 
 fn retention_collector(r: &txbox_txn::retain::Retention, collected: bool) -> Option<Want> {
-    match (r.collector, r.measure) {
-        (false, _) => None,
-        (true, true) => Some(Want::Now),
-        (true, false) => Some(Want::AsRetired { cold: !collected }),
+    match (r.measure, r.retired) {
+        (true, _) => Some(Want::Now),
+        (false, true) => Some(Want::AsRetired { cold: !collected }),
+        (false, false) => None,
     }
 }
 
@@ -171,11 +171,12 @@ mod tests {
     #[test]
     fn evicted_data_alone_waits_for_the_warm_server() {
         use txbox_txn::retain::Retention;
-        let r = |collector, measure| Retention { collector, measure, ..Retention::default() };
+        let r = |measure, retired| Retention { measure, retired, ..Retention::default() };
         assert_eq!(retention_collector(&r(false, false), true), None);
         assert_eq!(retention_collector(&r(true, true), true), Some(Want::Now), "data to measure");
-        assert_eq!(retention_collector(&r(true, false), true), Some(Want::AsRetired { cold: false }));
-        assert_eq!(retention_collector(&r(true, false), false), Some(Want::AsRetired { cold: true }));
+        assert_eq!(retention_collector(&r(true, false), true), Some(Want::Now), "data to measure");
+        assert_eq!(retention_collector(&r(false, true), true), Some(Want::AsRetired { cold: false }));
+        assert_eq!(retention_collector(&r(false, true), false), Some(Want::AsRetired { cold: true }));
     }
 
     #[test]

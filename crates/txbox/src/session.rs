@@ -259,7 +259,7 @@ fn commit_as(state: &StateDir, tx: &str, policy: &Policy, approving: bool) -> Re
     } else if let Some(retention) = retention {
         // A committed session is retained for undo as one transaction (its directory is in
         // `kept/`).
-        if retention.collector {
+        if retention.collector() {
             start_retention_collector(state);
         }
     } else if r.pending_recovery.is_none() {

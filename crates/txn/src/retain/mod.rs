@@ -132,11 +132,18 @@ pub struct Retention {
     pub error: Option<String>,
     /// Transactions no longer undoable because their data was evicted (budget, full disk).
     pub evicted: Vec<String>,
-    /// A collector is wanted (data to measure, or evicted data retired to `gone/`).
-    pub collector: bool,
-    /// Of that, data to measure or a recount: the collector's own work. Evicted data alone is
-    /// garbage in `gone/` like a retired directory, which a warm server deletes when idle.
+    /// Data to measure, or a recount: the collector's own work.
     pub measure: bool,
+    /// Evicted data was retired to `gone/`: garbage like a retired directory, which a warm
+    /// server deletes when idle.
+    pub retired: bool,
+}
+
+impl Retention {
+    /// Whether a collector is wanted (data to measure, or evicted data retired to `gone/`).
+    pub fn collector(&self) -> bool {
+        self.measure || self.retired
+    }
 }
 
 /// How to keep a committed transaction.
@@ -342,7 +349,7 @@ pub fn keep_commit(
     fsx::rename_noreplace(txs.as_fd(), OsStr::new(id), idx.kept(), OsStr::new(id))
         .map_err(fsx::at(&state.tx_dir(id), "move to kept"))?;
     // From here it is retained: what fails now is bookkeeping, repaired by a recount.
-    let mut out = Retention { retained: true, collector: pending, measure: pending, ..Retention::default() };
+    let mut out = Retention { retained: true, measure: pending, ..Retention::default() };
     let booked = idx.adjust(1, pre.displaced_bytes as i64).and_then(|()| match pending {
         true => idx.add_pending(id),
         false => Ok(()),
@@ -350,7 +357,6 @@ pub fn keep_commit(
     if let Err(e) = booked {
         let _ = idx.flag_recount();
         out.error = Some(e.to_string());
-        out.collector = true;
         out.measure = true;
     }
     if let Err(e) = apply_budget(state, &idx, &opts.budget, Eviction::Retire, &mut out) {
@@ -519,7 +525,7 @@ pub(crate) fn apply_budget(
     })?;
     idx.set_totals(totals)?;
     if how == Eviction::Retire && !dropped.is_empty() {
-        out.collector = true;
+        out.retired = true;
     }
     out.evicted.extend(dropped);
     match err {

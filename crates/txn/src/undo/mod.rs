@@ -239,8 +239,8 @@ pub fn undo_vetted(
         undone,
         conflicts: Vec::new(),
         changes: plan.changes,
+        collector: r.collector() || rec.ops.iter().any(|o| matches!(o, record::UndoOp::Remove { .. })),
         evicted: r.evicted,
-        collector: r.collector || rec.ops.iter().any(|o| matches!(o, record::UndoOp::Remove { .. })),
     })
 }
 
