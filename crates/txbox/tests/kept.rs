@@ -75,14 +75,6 @@ fn start_waiting(who: As, s: &Scratch, go: &Path, then: &str) -> std::thread::Jo
     h
 }
 
-fn scratch(who: As, name: &str) -> Scratch {
-    let s = Scratch::new(name);
-    if let As::User(uid) = who {
-        s.chown(uid);
-    }
-    s
-}
-
 fn strings(v: &serde_json::Value) -> Vec<String> {
     v.as_array().map(|a| a.iter().filter_map(|x| x.as_str().map(str::to_string)).collect()).unwrap_or_default()
 }
@@ -98,7 +90,7 @@ fn last_audit(who: As, s: &Scratch) -> serde_json::Value {
 fn a_failed_command_keeps_build_output_and_nothing_else() {
     for who in identities() {
         for cold in [false, true] {
-            let s = scratch(who, "kept-basic");
+            let s = Scratch::for_who(who, "kept-basic");
             native(who, &s.ws, "mkdir -p src pkg web/node_modules && echo old > src/a.txt && echo 'x = 1' > pkg/m.py");
             let script =
                 "mkdir -p target/debug pkg/__pycache__ web/node_modules/.cache/b && echo bin > target/debug/app \
@@ -138,7 +130,7 @@ fn a_failed_command_keeps_build_output_and_nothing_else() {
 #[test]
 fn no_keep_and_an_empty_configuration_keep_nothing() {
     for who in identities() {
-        let s = scratch(who, "kept-off");
+        let s = Scratch::for_who(who, "kept-off");
         let (out, j) = run(who, &s, &["--no-keep"], "mkdir target && echo x > target/x; exit 1", false);
         assert_eq!(j["outcome"], "rolled_back", "{}", describe(&out));
         assert!(j.get("kept").is_none(), "{j}");
@@ -167,7 +159,7 @@ fn no_keep_and_an_empty_configuration_keep_nothing() {
 #[test]
 fn a_symlink_named_like_a_kept_directory_keeps_nothing() {
     for who in identities() {
-        let s = scratch(who, "kept-symlink");
+        let s = Scratch::for_who(who, "kept-symlink");
         // Made by the failed command: a symlink out of the workspace, and one inside it.
         native(who, &s.ws, "mkdir real");
         let script = "ln -s /etc target && mkdir -p pkg && ln -s ../real pkg/__pycache__ && echo x > real/y; exit 1";
@@ -191,7 +183,7 @@ fn a_symlink_named_like_a_kept_directory_keeps_nothing() {
 #[test]
 fn kept_files_lose_setuid_and_capabilities_as_any_commit() {
     for who in identities() {
-        let s = scratch(who, "kept-suid");
+        let s = Scratch::for_who(who, "kept-suid");
         let script = r#"
 mkdir -p target && cp /bin/true target/su && cp /bin/true outside && cp /bin/true target/cap
 python3 - <<'PY'
@@ -228,7 +220,7 @@ exit 1"#;
 #[test]
 fn hooks_dressed_as_build_output_are_never_kept() {
     for who in identities() {
-        let s = scratch(who, "kept-hooks");
+        let s = Scratch::for_who(who, "kept-hooks");
         native(who, &s.ws, "git init -q . && mkdir -p target");
         let hooks_before = std::fs::read_dir(s.ws.join(".git/hooks")).unwrap().count();
         // Inside .git: a cache directory's name does not make it build output.
@@ -259,7 +251,7 @@ fn hooks_dressed_as_build_output_are_never_kept() {
 #[test]
 fn kept_directories_are_last_writer_wins() {
     for who in identities() {
-        let s = scratch(who, "kept-lww");
+        let s = Scratch::for_who(who, "kept-lww");
         native(who, &s.ws, "mkdir -p target && echo base > target/x && echo base > src.txt");
         let go = s.root.join("go");
         // The first run begins, then writes only once a second has committed the same path.
@@ -334,7 +326,7 @@ echo "test result: FAILED" >&2; exit 101
 fn a_failing_build_run_twice_builds_once_unprivileged_too() {
     for who in identities() {
         for cold in [false, true] {
-            let s = scratch(who, "kept-standin");
+            let s = Scratch::for_who(who, "kept-standin");
             tiny_crate(who, &s);
             let compiles = |j: &serde_json::Value| j["stderr"].as_str().unwrap().matches("Compiling tiny").count();
             let (out, j) = run(who, &s, &[], STAND_IN, cold);
@@ -361,7 +353,7 @@ fn undo_passes_over_a_transaction_that_only_kept_build_output() {
     for who in identities() {
         for cold in [false, true] {
             let at = format!("{who:?} cold={cold}");
-            let s = scratch(who, "kept-undo");
+            let s = Scratch::for_who(who, "kept-undo");
             let (_, first) = run(who, &s, &[], "echo v1 > src.txt", cold);
             assert_eq!(first["outcome"], "committed", "{at}: {first}");
             let (_, real) = run(who, &s, &[], "echo v2 > src.txt", cold);

@@ -145,14 +145,6 @@ fn python_with_pip(who: As) -> String {
     panic!("no python3 with pip for {who:?}: install python3-pip (.ci/run does)");
 }
 
-fn scratch_for(who: As, name: &str) -> Scratch {
-    let s = Scratch::new(name);
-    if let As::User(uid) = who {
-        s.chown(uid);
-    }
-    s
-}
-
 #[test]
 fn package_managers_and_git_fetch_through_the_proxy() {
     let reg =
@@ -160,7 +152,7 @@ fn package_managers_and_git_fetch_through_the_proxy() {
     let allow = reg.allow();
     let url = reg.url();
     for who in identities() {
-        let s = scratch_for(who, "net-tools");
+        let s = Scratch::for_who(who, "net-tools");
         let py = python_with_pip(who);
         let pip = format!(
             "PIP_BREAK_SYSTEM_PACKAGES=1 {py} -m pip install -q --no-cache-dir --disable-pip-version-check --target deps \
@@ -253,7 +245,7 @@ fn refusals_are_clear_and_recorded() {
     let local =
         Registry::start(Path::new(&format!("/var/tmp/txbox-it-registry-{}-c", std::process::id())), "127.0.0.1");
     for who in identities() {
-        let s = scratch_for(who, "net-refusals");
+        let s = Scratch::for_who(who, "net-refusals");
         let allow = format!("{},localhost:{}", reg.allow(), local.port);
 
         // An address not listed (IP literals are refused unless listed), then the metadata one.
@@ -307,7 +299,7 @@ fn refusals_are_clear_and_recorded() {
 #[test]
 fn visible_targets_outside_the_allowlist_are_denied_before_running() {
     for who in identities() {
-        let s = scratch_for(who, "net-visible");
+        let s = Scratch::for_who(who, "net-visible");
         let (out, v) = run_json(who, &s, &["-c", "touch ran; curl -fsS https://pkgs.invalid/x.tgz -o x.tgz"], &[]);
         assert_eq!(out.status.code(), Some(126), "{}", describe(&out));
         assert_eq!(v["decision"]["rule"], "network.allowlist", "{v}");
@@ -324,7 +316,7 @@ fn visible_targets_outside_the_allowlist_are_denied_before_running() {
 fn without_permission_resolution_fails_at_once_and_run_says_so() {
     for who in identities() {
         for warm in ["1", "0"] {
-            let s = scratch_for(who, "net-off");
+            let s = Scratch::for_who(who, "net-off");
             let env = [("TXBOX_WARM", warm)];
             // Twice: the first run starts a warm server, the second is served by it.
             for _ in 0..2 {
@@ -376,7 +368,7 @@ slow.close()
 "#
     );
     for who in identities() {
-        let s = scratch_for(who, "net-hostile");
+        let s = Scratch::for_who(who, "net-hostile");
         std::fs::write(s.ws.join("hostile.py"), &script).unwrap();
         if let As::User(uid) = who {
             s.chown(uid);
@@ -432,7 +424,7 @@ print(ok, delayed_acks() - before)
         target = reg.allow()
     );
     for who in identities() {
-        let s = scratch_for(who, "net-nagle");
+        let s = Scratch::for_who(who, "net-nagle");
         std::fs::write(s.ws.join("nagle.py"), &script).unwrap();
         if let As::User(uid) = who {
             s.chown(uid);
@@ -456,7 +448,7 @@ fn a_session_keeps_the_hosts_it_began_with() {
         // A proxied step builds its own sandbox whether warm servers are on or off.
         for warm in ["1", "0"] {
             let env = [("TXBOX_WARM", warm)];
-            let s = scratch_for(who, "net-session");
+            let s = Scratch::for_who(who, "net-session");
             let ws = s.ws.to_str().unwrap().to_string();
             let out = txbox_env(who, &s, &["begin", "-C", &ws, "--allow-host", &reg.allow()], &env);
             assert!(out.status.success(), "{}", describe(&out));
@@ -532,7 +524,7 @@ fn the_callers_upstream_proxy_is_chained() {
     // A name that resolves nowhere: only the upstream can take it to the stand-in.
     let name = format!("pkgs.upstream.invalid:{}", reg.port);
     for who in identities() {
-        let s = scratch_for(who, "net-upstream");
+        let s = Scratch::for_who(who, "net-upstream");
         for (flags, via, line) in
             [("", "http", format!("GET http://{name}/simple/ ")), ("-p", "tunnel", format!("CONNECT {name} "))]
         {

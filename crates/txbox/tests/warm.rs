@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::*;
 
 /// `txbox run -c SCRIPT` with phase timings on, stdin from /dev/null (as an agent runs it).
-fn run_timed(who: As, s: &Scratch, script: &str, extra_env: &[(&str, &str)]) -> Output {
+fn timed_command(who: As, s: &Scratch, script: &str, extra_env: &[(&str, &str)]) -> Command {
     let mut cmd = txbox_command(who);
     if who != As::Me {
         cmd.env("HOME", &s.root);
@@ -22,7 +22,18 @@ fn run_timed(who: As, s: &Scratch, script: &str, extra_env: &[(&str, &str)]) -> 
         cmd.env(k, v);
     }
     cmd.env("TXBOX_TIMING", "1").arg("--state-dir").arg(&s.state).args(["run", "-c", script]);
-    cmd.current_dir(&s.ws).stdin(Stdio::null()).output().unwrap()
+    cmd.current_dir(&s.ws).stdin(Stdio::null());
+    cmd
+}
+
+/// [`timed_command`], waited for.
+fn run_timed(who: As, s: &Scratch, script: &str, extra_env: &[(&str, &str)]) -> Output {
+    timed_command(who, s, script, extra_env).output().unwrap()
+}
+
+/// [`timed_command`] in the background, its output captured.
+fn spawn_timed(who: As, s: &Scratch, script: &str, extra_env: &[(&str, &str)]) -> std::process::Child {
+    timed_command(who, s, script, extra_env).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
 }
 
 fn served_warm(o: &Output) -> bool {
@@ -141,10 +152,7 @@ fn a_warm_run_gets_the_callers_environment_directory_umask_and_limits() {
 #[test]
 fn nothing_of_one_warm_transaction_reaches_the_next() {
     for who in identities() {
-        let s = Scratch::new("warm-clean");
-        if let As::User(uid) = who {
-            s.chown(uid);
-        }
+        let s = Scratch::for_who(who, "warm-clean");
         warm_up(who, &s);
         let marker = format!("txbox-warm-leftover-{}-{}", std::process::id(), s.root.display().to_string().len());
         // Scratch files, shared memory, SysV shared memory, and a background process in a
@@ -213,14 +221,10 @@ fn running_tx_work(s: &Scratch) -> Option<std::path::PathBuf> {
         .map(|p| p.join("work"))
 }
 
-fn flock_free(dir: &std::path::Path) -> bool {
-    Command::new("flock").args(["--nonblock", "--exclusive"]).arg(dir).arg("true").status().unwrap().success()
-}
-
-/// Whether someone holds a `flock` on `path` now, as `/proc/locks` lists it. Unlike
-/// [`flock_free`] it does not take the lock: a probe that holds a server's `.busy` for a moment
-/// makes a client that looks then find the server busy, and one that holds its `.lock` makes
-/// a server starting then leave.
+/// Whether someone holds a `flock` on `path` now, as `/proc/locks` lists it. It does not take
+/// the lock: a probe that held a server's `.busy` for a moment would make a client that looks
+/// then find the server busy, and one that held its `.lock` would make a server starting then
+/// leave.
 fn held(path: &std::path::Path) -> bool {
     use std::os::unix::fs::MetadataExt;
     let Ok(md) = std::fs::metadata(path) else { return false };
@@ -235,45 +239,23 @@ fn a_warm_server_holds_the_work_directory_until_its_overlay_is_gone() {
     // go, so that no two overlays ever share upper and work.
     let s = Scratch::new("warm-in-use");
     warm_up(As::Me, &s);
-    let mut child = txbox_command(As::Me)
-        .env_remove("TXBOX_WARM")
-        .env("TXBOX_TIMING", "1")
-        .arg("--state-dir")
-        .arg(&s.state)
-        .args(["run", "-c", "sleep 2"])
-        .current_dir(&s.ws)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = spawn_timed(As::Me, &s, "sleep 2", &[]);
     let deadline = Instant::now() + Duration::from_secs(10);
-    let mut held = false;
-    while !held && Instant::now() < deadline && child.try_wait().unwrap().is_none() {
-        held = running_tx_work(&s).is_some_and(|w| !flock_free(&w));
+    let mut locked = false;
+    while !locked && Instant::now() < deadline && child.try_wait().unwrap().is_none() {
+        locked = running_tx_work(&s).is_some_and(|w| held(&w));
         std::thread::sleep(Duration::from_millis(20));
     }
     let o = child.wait_with_output().unwrap();
     assert!(served_warm(&o), "{}", describe(&o));
-    assert!(held, "the work directory was never locked while the command ran");
+    assert!(locked, "the work directory was never locked while the command ran");
     // Released once the server has let the view go (when idle): the directory is a spare now.
     let spare = s.state.join("tx/.spare-0/work");
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !flock_free(&spare) {
+    while held(&spare) {
         assert!(Instant::now() < deadline, "the spare's work directory stayed locked");
         std::thread::sleep(Duration::from_millis(20));
     }
-}
-
-/// `txbox run -c SCRIPT` in the background, as `run_timed` runs it.
-fn spawn_timed(who: As, s: &Scratch, script: &str) -> std::process::Child {
-    let mut cmd = txbox_command(who);
-    if who != As::Me {
-        cmd.env("HOME", &s.root);
-    }
-    cmd.env_remove("TXBOX_WARM").env("TXBOX_TIMING", "1").arg("--state-dir").arg(&s.state);
-    cmd.args(["run", "-c", script]).current_dir(&s.ws).stdin(Stdio::null());
-    cmd.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
 }
 
 /// The busy locks of the state directory's warm servers that a client holds now.
@@ -288,10 +270,7 @@ fn busy_slots(s: &Scratch) -> usize {
 #[test]
 fn overlapping_runs_on_one_workspace_are_each_served_warm() {
     for who in identities() {
-        let s = Scratch::new("warm-slots");
-        if let As::User(uid) = who {
-            s.chown(uid);
-        }
+        let s = Scratch::for_who(who, "warm-slots");
         warm_up(who, &s);
         let deadline = Instant::now() + Duration::from_secs(20);
         let mut second_warm = false;
@@ -299,7 +278,7 @@ fn overlapping_runs_on_one_workspace_are_each_served_warm() {
         while !second_warm {
             assert!(Instant::now() < deadline, "{who:?}: an overlapping run was never served warm");
             round += 1;
-            let long = spawn_timed(who, &s, &format!("sleep 1; echo long > long-{round}"));
+            let long = spawn_timed(who, &s, &format!("sleep 1; echo long > long-{round}"), &[]);
             // Only once the first server is taken does the next run overlap it.
             while busy_slots(&s) == 0 {
                 assert!(Instant::now() < deadline, "{who:?}: the long run never took a server");
@@ -344,10 +323,7 @@ fn overlapping_runs_on_one_workspace_are_each_served_warm() {
 #[test]
 fn evicted_data_is_deleted_by_the_warm_server_when_idle() {
     for who in identities() {
-        let s = Scratch::new("warm-evicted");
-        if let As::User(uid) = who {
-            s.chown(uid);
-        }
+        let s = Scratch::for_who(who, "warm-evicted");
         warm_up(who, &s);
         let budget = [("TXBOX_RETAIN_COUNT", "2")];
         for i in 0..12 {
@@ -540,10 +516,7 @@ fn a_server_of_another_binary_does_not_serve_and_retires() {
 #[test]
 fn a_client_inside_another_pid_namespace_is_refused() {
     for who in identities() {
-        let s = Scratch::new("warm-pidns");
-        if let As::User(uid) = who {
-            s.chown(uid);
-        }
+        let s = Scratch::for_who(who, "warm-pidns");
         warm_up(who, &s);
         let mut cmd = match who {
             As::Me => {
@@ -734,10 +707,7 @@ fn busy_files_without_a_server(state: &std::path::Path) -> Vec<String> {
 #[test]
 fn overlapping_runs_start_at_most_the_slots_and_idle_extra_servers_leave() {
     for who in identities() {
-        let s = Scratch::new("warm-bounded");
-        if let As::User(uid) = who {
-            s.chown(uid);
-        }
+        let s = Scratch::for_who(who, "warm-bounded");
         // A first server that leaves at once; then a run finds no server in any slot.
         let o = run_timed(who, &s, "true", &[("TXBOX_WARM_IDLE", "0")]);
         assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
@@ -754,17 +724,8 @@ fn overlapping_runs_start_at_most_the_slots_and_idle_extra_servers_leave() {
         assert_eq!(busy_files_without_a_server(&s.state), Vec::<String>::new(), "{who:?}");
         let mut most = 0;
         for round in 0..3 {
-            let runs: Vec<_> = (0..8)
-                .map(|i| {
-                    let mut cmd = txbox_command(who);
-                    if who != As::Me {
-                        cmd.env("HOME", &s.root);
-                    }
-                    cmd.env_remove("TXBOX_WARM").env("TXBOX_WARM_IDLE", "4").arg("--state-dir").arg(&s.state);
-                    cmd.args(["run", "-c", &format!("sleep 0.5; echo {i} > f{round}-{i}")]).current_dir(&s.ws);
-                    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap()
-                })
-                .collect();
+            let runs: Vec<_> =
+                (0..8).map(|i| spawn_timed(who, &s, &format!("sleep 0.5; echo {i} > f{round}-{i}"), &idle)).collect();
             for (i, r) in runs.into_iter().enumerate() {
                 let o = r.wait_with_output().unwrap();
                 assert_eq!(o.status.code(), Some(0), "{who:?}: {}", describe(&o));

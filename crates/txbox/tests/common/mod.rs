@@ -32,6 +32,15 @@ impl Scratch {
         Scratch { ws: root.join("ws"), state: root.join("state"), root }
     }
 
+    /// A scratch area for runs as `who`: handed to the user when it is not this process's.
+    pub fn for_who(who: As, name: &str) -> Scratch {
+        let s = Scratch::new(name);
+        if let As::User(uid) = who {
+            s.chown(uid);
+        }
+        s
+    }
+
     /// Hand the whole scratch area to `uid` (for unprivileged runs).
     /// A collector of an earlier run may still be deleting retired directories in the state
     /// directory, so a file can vanish under `chown -R`: tried again, a few times.
