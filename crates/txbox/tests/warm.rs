@@ -345,6 +345,24 @@ fn evicted_data_is_deleted_by_the_warm_server_when_idle() {
             std::thread::sleep(Duration::from_millis(50));
         }
         assert_eq!(std::fs::read_to_string(s.ws.join("f11")).unwrap(), "11\n");
+
+        // Evicted data that waits for the server can hold a secret an overwrite displaced:
+        // `txbox gc --purge-all` deletes it at once, as it deletes what is retained.
+        let holding = |s: &Scratch| {
+            let out = Command::new("grep").args(["-r", "-l", "SECRET-TOKEN"]).arg(&s.state).output().unwrap();
+            String::from_utf8_lossy(&out.stdout).lines().map(str::to_string).collect::<Vec<_>>()
+        };
+        // The secret is never on a command line (the audit log keeps those).
+        for script in ["printf 'SECRET-%s\\n' TOKEN > s", "echo clean > s", "echo x > g1", "echo x > g2"] {
+            let o = run_timed(who, &s, script, &budget);
+            assert!(served_warm(&o), "{}", describe(&o));
+        }
+        // The server deletes `gone/` only after a second without work: it still waits now.
+        let waiting = holding(&s);
+        assert!(waiting.iter().any(|p| p.contains("/gone/")), "{who:?}: the secret was not evicted: {waiting:?}");
+        let o = txbox(who, &s, &["gc", "--purge-all"]);
+        assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+        assert_eq!(holding(&s), Vec::<String>::new(), "{who:?}: purged data left behind");
     }
 }
 
