@@ -79,10 +79,17 @@ pub struct LaunchOptions {
 /// Where the command ran.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WarmUse {
-    /// In a warm server's sandbox.
-    Served,
+    /// In a warm server's sandbox; `premounted`: in the view it had mounted ahead.
+    Served { premounted: bool },
     /// In a sandbox built for it, and why.
     Cold(NotWarm),
+}
+
+impl WarmUse {
+    /// Whether a warm server ran the command.
+    pub fn served(&self) -> bool {
+        matches!(self, WarmUse::Served { .. })
+    }
 }
 
 /// Hooks the launcher calls while the sandbox runs: put it into its cgroups before it starts
@@ -345,7 +352,8 @@ pub fn launch(
                 match try_warm(&socket, spec, opts) {
                     Ok((conn, out_r, err_r)) => {
                         let report = conn.stream.try_clone().map_err(&spawn_err)?;
-                        return supervise(Helper::Warm(conn), report, out_r, err_r, None, opts, watch, WarmUse::Served);
+                        let used = WarmUse::Served { premounted: conn.premounted };
+                        return supervise(Helper::Warm(conn), report, out_r, err_r, None, opts, watch, used);
                     }
                     Err(NotWarm::Busy) => {}
                     Err(NotWarm::Absent) => {

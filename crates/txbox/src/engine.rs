@@ -107,11 +107,12 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
                 return Ok(r);
             }
         };
-    let served_warm = finished.warm == WarmUse::Served;
+    let served_warm = finished.warm.served();
     timeline.mark("sandbox");
     if timeline.enabled {
         timeline.sandbox = Some(match &finished.warm {
-            WarmUse::Served => "warm".to_string(),
+            WarmUse::Served { premounted: false } => "warm".to_string(),
+            WarmUse::Served { premounted: true } => "warm, premounted".to_string(),
             WarmUse::Cold(why) => format!("cold ({why:?})"),
         });
     }

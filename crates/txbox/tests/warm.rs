@@ -86,6 +86,100 @@ fn a_warm_run_commits_and_rolls_back_like_a_cold_one() {
     }
 }
 
+fn premounted(o: &Output) -> bool {
+    String::from_utf8_lossy(&o.stderr).contains("txbox sandbox: warm, premounted")
+}
+
+/// The view a server mounts ahead for the next run (`warm::premount`) is mounted while the run
+/// before commits: each run must still see everything that run committed (a file rewritten, a
+/// directory made, one removed) and nothing of one rolled back, as a view mounted for it would.
+#[test]
+fn a_premounted_view_shows_what_the_run_before_committed() {
+    for who in identities() {
+        let s = Scratch::for_who(who, "warm-premount");
+        warm_up(who, &s);
+        for i in 1..=6 {
+            let write = format!("echo {i} > f && mkdir d{i} && echo {i} > d{i}/g && rm -rf d{}", i - 1);
+            let o = run_timed(who, &s, &write, &[]);
+            assert_eq!(o.status.code(), Some(0), "{who:?}: {}", describe(&o));
+            assert!(premounted(&o), "{who:?} {i}: {}", describe(&o));
+            let read = format!("cat f; ls -d d*; cat d{i}/g");
+            let o = run_timed(who, &s, &read, &[]);
+            assert!(premounted(&o), "{who:?} {i}: {}", describe(&o));
+            assert_eq!(String::from_utf8_lossy(&o.stdout), format!("{i}\nd{i}\n{i}\n"), "{who:?}: {}", describe(&o));
+            let o = run_timed(who, &s, &format!("echo lost > f; rm -r d{i}; mkdir lost; exit 3"), &[]);
+            assert_eq!(o.status.code(), Some(3), "{who:?}: {}", describe(&o));
+            let o = run_timed(who, &s, &read, &[]);
+            assert!(premounted(&o), "{who:?} {i}: {}", describe(&o));
+            assert_eq!(String::from_utf8_lossy(&o.stdout), format!("{i}\nd{i}\n{i}\n"), "{who:?}: {}", describe(&o));
+        }
+    }
+}
+
+/// Overlayfs takes the view's root mode and owner from the upper root when it mounts: a view
+/// premounted before the workspace root's mode changed (by a run, or on the host) is not the
+/// next run's, which sees the root as it is.
+#[test]
+fn a_premounted_view_follows_a_changed_workspace_root() {
+    use std::os::unix::fs::PermissionsExt;
+    for who in identities() {
+        let s = Scratch::for_who(who, "warm-premount-root");
+        warm_up(who, &s);
+        for mode in ["700", "751"] {
+            let o = run_timed(who, &s, &format!("chmod {mode} ."), &[]);
+            assert_eq!(o.status.code(), Some(0), "{who:?}: {}", describe(&o));
+            let o = run_timed(who, &s, "stat -c %a .", &[]);
+            assert_eq!(String::from_utf8_lossy(&o.stdout), format!("{mode}\n"), "{who:?}: {}", describe(&o));
+        }
+        for mode in [0o705, 0o755] {
+            std::fs::set_permissions(&s.ws, std::fs::Permissions::from_mode(mode)).unwrap();
+            let o = run_timed(who, &s, "stat -c %a .", &[]);
+            assert!(served_warm(&o), "{who:?}: {}", describe(&o));
+            assert_eq!(String::from_utf8_lossy(&o.stdout), format!("{mode:o}\n"), "{who:?}: {}", describe(&o));
+            // The next premount has the new mode.
+            let o = run_timed(who, &s, "stat -c %a .", &[]);
+            assert!(premounted(&o), "{who:?}: {}", describe(&o));
+            assert_eq!(String::from_utf8_lossy(&o.stdout), format!("{mode:o}\n"), "{who:?}: {}", describe(&o));
+        }
+    }
+}
+
+/// A warm server killed at any moment of a run (premounting, exchanging directories, while the
+/// command runs, reporting) loses nothing: the run's outcome is true of the workspace (status
+/// 0 and the new content, or a failure and the old), and the next runs are served premounted.
+#[test]
+fn a_warm_server_killed_at_any_moment_of_a_run_loses_nothing() {
+    for who in identities() {
+        let s = Scratch::for_who(who, "warm-kill");
+        std::fs::write(s.ws.join("f"), "old\n").unwrap();
+        if let As::User(uid) = who {
+            s.chown(uid);
+        }
+        for i in 0..10u64 {
+            warm_up(who, &s);
+            let before = std::fs::read_to_string(s.ws.join("f")).unwrap();
+            let child = spawn_timed(who, &s, &format!("echo {i} > f"), &[]);
+            std::thread::sleep(Duration::from_micros(400 * i));
+            for pid in servers_of(&s) {
+                // SAFETY: a plain kill(2) of a process this test's runs started.
+                unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            }
+            let o = child.wait_with_output().unwrap();
+            let now = std::fs::read_to_string(s.ws.join("f")).unwrap();
+            match o.status.code() {
+                Some(0) => assert_eq!(now, format!("{i}\n"), "{who:?} {i}: {}", describe(&o)),
+                _ => assert_eq!(now, before, "{who:?} {i}: a failed run changed the workspace: {}", describe(&o)),
+            }
+        }
+        warm_up(who, &s);
+        let o = run_timed(who, &s, "echo again > f", &[]);
+        assert!(premounted(&o), "{who:?}: {}", describe(&o));
+        let o = run_timed(who, &s, "cat f", &[]);
+        assert!(premounted(&o), "{who:?}: {}", describe(&o));
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "again\n", "{who:?}: {}", describe(&o));
+    }
+}
+
 #[test]
 fn a_warm_run_gets_the_callers_environment_directory_umask_and_limits() {
     for who in identities() {

@@ -41,6 +41,8 @@ pub enum NotWarm {
 /// A claimed server: the connection on which it reports, and the busy lock held while it works.
 pub struct Conn {
     pub(crate) stream: OwnedFd,
+    /// The command runs in the view the server had mounted before the request came.
+    pub premounted: bool,
     _busy: OwnedFd,
 }
 
@@ -112,7 +114,7 @@ pub fn claim(
     let line = read_line(&stream).map_err(|e| refused("reading the answer", e))?;
     let _ = rustix::net::sockopt::set_socket_timeout(&stream, rustix::net::sockopt::Timeout::Recv, None);
     match Answer::parse(&line) {
-        Some(Answer::Ok) => Ok(Conn { stream, _busy: busy }),
+        Some(Answer::Ok { premounted }) => Ok(Conn { stream, premounted, _busy: busy }),
         Some(Answer::Refuse(why)) => Err(NotWarm::Refused(why)),
         None => Err(NotWarm::Refused(format!("unexpected answer {line:?}"))),
     }

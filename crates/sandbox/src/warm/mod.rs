@@ -12,7 +12,8 @@
 //! - [`server`]: `txbox __warm`, the server and its pid-1 loop, its setup order generic over
 //!   `crate::kernel::Kernel` (as stage 2's); `refusal`: why it does not take a request;
 //! - [`client`]: claim a server for one command, or start one for next time;
-//! - [`gc`]: deleting retired transaction directories while the server is idle.
+//! - [`gc`]: deleting retired transaction directories while the server is idle;
+//! - `premount`: the next run's view, mounted while the server waits.
 //!
 //! A server is keyed by [`SandboxSpec::sandbox_key`](crate::SandboxSpec::sandbox_key) and
 //! lives in the state directory (hidden from every sandbox); it exits when idle. Up to [`SLOTS`]
@@ -24,6 +25,7 @@
 
 pub mod client;
 pub mod gc;
+mod premount;
 mod refusal;
 pub mod server;
 pub mod wire;

@@ -35,6 +35,7 @@ use rustix::net::{
     AddressFamily, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags, SocketAddrUnix, SocketFlags, SocketType,
 };
 
+use super::premount::{self, NotHanded, Premount};
 use super::refusal::Refusal;
 use super::wire::{resource, with_suffix, Answer, Report, Request, ServerArgs, FIXED_FDS, MAX_LAYERS, MAX_REQUEST};
 use super::{LayerName, StateLayout};
@@ -189,6 +190,7 @@ fn build<K: Kernel>(k: &mut K, args: &ServerArgs, retired: &Path) -> Result<Buil
         state: k.clone_tree(&args.state)?,
         workspace: k.clone_tree(&spec.workspace)?,
         retired: retired.to_path_buf(),
+        premount: premount::location(&args.socket, &args.state),
     };
     let plan = MountPlan::for_warm(spec);
     let mut pins = Pins::default();
@@ -246,6 +248,8 @@ struct Roots {
     workspace: OwnedFd,
     /// Where retired transaction directories wait, relative to `state`.
     retired: PathBuf,
+    /// Where the next run's view is premounted, relative to `state` (`premount::location`).
+    premount: Option<PathBuf>,
 }
 
 impl Roots {
@@ -280,6 +284,34 @@ impl Roots {
             let mut fds = [PollFd::new(listener, PollFlags::IN)];
             matches!(rustix::event::poll(&mut fds, Some(&rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 })), Ok(n) if n > 0)
         })
+    }
+
+    /// Mount the next run's view for sandboxes like `base` (`premount`). Directories that are
+    /// not clean enough to lay a view on are retired (deleted when the server is idle) and made
+    /// anew the next time.
+    fn premount(&self, k: &mut Linux, base: &SandboxSpec) -> Option<Premount> {
+        let rel = self.premount.as_deref()?;
+        match premount::mount(k, base, &self.state, &self.state_path, rel, &self.workspace) {
+            Ok(p) => Some(p),
+            Err(e) if e.errno == rustix::io::Errno::NOTEMPTY => {
+                static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+                let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let name = rel.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+                let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+                let to = self.retired.join(format!("{name}.{}.{n}", now.as_nanos()));
+                let _ =
+                    rustix::fs::renameat_with(&self.state, rel, &self.state, &to, rustix::fs::RenameFlags::NOREPLACE);
+                None
+            }
+            Err(_) => None,
+        }
+    }
+
+    /// The server leaves: its premount goes, with its directories.
+    fn remove_premount(&self, k: &mut Linux, p: Option<Premount>) {
+        if let (Some(p), Some(rel)) = (p, self.premount.as_deref()) {
+            p.remove(k, &self.state, rel);
+        }
     }
 
     /// The workspace, if the client's is still the one this server cloned.
@@ -479,6 +511,8 @@ fn init(
     let mut last_used = Instant::now();
     let mut garbage = true;
     let mut kept: Vec<Kept> = Vec::new();
+    // The next run's view, ready before it asks (`premount`).
+    let mut next = roots.premount(k, spec);
     loop {
         let mut fds = [PollFd::new(listener, PollFlags::IN)];
         let wait = if kept.is_empty() { TICK } else { LET_GO_WHEN_IDLE };
@@ -492,6 +526,7 @@ fn init(
             }
             Ok(0) => {
                 if last_used.elapsed() >= idle || !bound.still_ours() {
+                    roots.remove_premount(k, next.take());
                     roots.collect_garbage(listener);
                     return Ok(());
                 }
@@ -513,7 +548,7 @@ fn init(
             continue;
         }
         let mut in_use = None;
-        let go_on = serve_one(&ready, &conn, &mut in_use);
+        let go_on = serve_one(&ready, &conn, &mut in_use, &mut Views { next: &mut next, kept: &mut kept });
         drop(conn);
         // Make the sandbox as new for the next transaction; one that cannot be reset is done.
         // A run's view, detached, lives on in `kept` until the server is idle, and so does the
@@ -523,22 +558,36 @@ fn init(
             Some(u) if u.run => pin_views(plan),
             _ => Vec::new(),
         };
-        reset(k, plan)?;
+        // A premount still there was neither used nor set aside: the request never got as far
+        // as a view, and the premount is the one on the workspace's path. It stays.
+        match next {
+            Some(_) => reset_scratch(k, plan)?,
+            None => reset(k, plan)?,
+        }
         match in_use {
-            Some(u) if !views.is_empty() => {
-                kept.push(Kept { _views: views, _work: u.lock });
-                if kept.len() > KEPT_VIEWS {
-                    kept.remove(0);
-                }
-            }
+            Some(u) if !views.is_empty() => kept.push(Kept { _views: views, _work: u.lock }),
             other => drop(other),
+        }
+        // A premount set aside for a request is kept the same way.
+        while kept.len() > KEPT_VIEWS {
+            kept.remove(0);
         }
         if !go_on {
             return Ok(());
         }
         last_used = Instant::now();
         garbage = true;
+        if next.is_none() {
+            next = roots.premount(k, spec);
+        }
     }
+}
+
+/// The views of transactions the server holds between requests: the premounted one for the
+/// next run, and finished ones kept until the server is idle.
+struct Views<'a> {
+    next: &'a mut Option<Premount>,
+    kept: &'a mut Vec<Kept>,
 }
 
 /// pid 1's own setup, before it serves anyone: it dies with the server, mounts its /proc (and
@@ -589,7 +638,15 @@ fn pin_views(plan: &WarmPlan) -> Vec<OwnedFd> {
 /// After a transaction, when no process of it is left: detach its view (`release`), then give
 /// the next one a new `/tmp` and `/dev/shm` (`reset`).
 fn reset<K: Kernel>(k: &mut K, plan: &WarmPlan) -> Result<(), StepError> {
-    for op in plan.release.iter().chain(&plan.reset) {
+    for op in &plan.release {
+        k.mount(op, &Pins::default())?;
+    }
+    reset_scratch(k, plan)
+}
+
+/// A new `/tmp` and `/dev/shm`, the workspace's view left as it is.
+fn reset_scratch<K: Kernel>(k: &mut K, plan: &WarmPlan) -> Result<(), StepError> {
+    for op in &plan.reset {
         k.mount(op, &Pins::default())?;
     }
     Ok(())
@@ -724,8 +781,8 @@ struct Ready<'a> {
 /// directory its run left empty for a later transaction (`TxDir::create` takes it as a
 /// spare) only when it is not locked, and a session's next step waits for it: two overlays
 /// must never share upper and work, nor a layer be one overlay's upper and another's lower.
-fn serve_one(ready: &Ready<'_>, conn: &OwnedFd, in_use: &mut Option<InUse>) -> bool {
-    let (req, command, stdio) = match admit(ready, conn, in_use) {
+fn serve_one(ready: &Ready<'_>, conn: &OwnedFd, in_use: &mut Option<InUse>, views: &mut Views<'_>) -> bool {
+    let (req, command, stdio, premounted) = match admit(ready, conn, in_use, views) {
         Ok(admitted) => admitted,
         Err(why) => {
             say(conn, &Answer::Refuse(why.to_string()).line());
@@ -735,7 +792,7 @@ fn serve_one(ready: &Ready<'_>, conn: &OwnedFd, in_use: &mut Option<InUse>) -> b
     // When the command's fate is reported, no process of it is left (all killed and reaped),
     // so nothing writes to the upper layer any more and the client may classify it. The view
     // is detached afterwards, off the client's path: unmounting waits for an RCU grace period.
-    let status = run_command(&req, &command, stdio, ready.seccomp, conn, ready.stack);
+    let status = run_command(&req, &command, stdio, ready.seccomp, conn, ready.stack, premounted);
     if let Some(line) = crate::net::warm_since_last() {
         say(conn, &line);
     }
@@ -752,7 +809,8 @@ fn admit(
     ready: &Ready<'_>,
     conn: &OwnedFd,
     in_use: &mut Option<InUse>,
-) -> Result<(Request, Command, Vec<OwnedFd>), Refusal> {
+    views: &mut Views<'_>,
+) -> Result<(Request, Command, Vec<OwnedFd>, bool), Refusal> {
     let Ready { base, plan, roots, hidden, me, .. } = *ready;
     let (req, mut fds) = receive(conn)?;
     if req.binary != me.binary {
@@ -776,20 +834,47 @@ fn admit(
     let workspace = roots.workspace(&client_layers[0]).ok_or(Refusal::WorkspaceReplaced)?;
     let mut pins = Pins::default();
     pins.insert(spec.workspace.clone(), workspace);
-    let layers = [&spec.upper, &spec.work].into_iter().chain(spec.layers.iter());
-    for (p, client) in layers.zip(&client_layers[1..]) {
-        let fd = roots.resolve(p, client)?;
-        if *p == spec.work {
-            let lock = lock_shared(&fd).map_err(|errno| Refusal::Lock { path: p.clone(), errno })?;
-            let run = p.strip_prefix(&roots.state_path).ok().and_then(me.layer).is_some_and(|l| l.step.is_none());
-            *in_use = Some(InUse { lock, run });
-        }
-        pins.insert(p.clone(), fd);
+    let upper = roots.resolve(&spec.upper, &client_layers[1])?;
+    let work = roots.resolve(&spec.work, &client_layers[2])?;
+    for (p, client) in spec.layers.iter().zip(&client_layers[3..]) {
+        pins.insert(p.clone(), roots.resolve(p, client)?);
     }
     drop(client_layers);
-    mount_run(&mut Linux, &MountPlan::for_warm(spec).per_run, &plan.release, &pins).map_err(Refusal::Setup)?;
+    let run = spec.work.strip_prefix(&roots.state_path).ok().and_then(me.layer).is_some_and(|l| l.step.is_none());
+    let per_run = MountPlan::for_warm(spec).per_run;
+    // The view premounted for the next run, if it is this one's; else it is set aside.
+    let handed = match views.next.take().map(|p| p.hand_over(spec, &roots.state, &roots.state_path, &upper, &work)) {
+        None => None,
+        Some(Ok(handed)) => Some(handed),
+        Some(Err(NotHanded::Unfit(p))) => {
+            if let Some((view, lock)) = p.set_aside(&mut Linux) {
+                views.kept.push(Kept { _views: vec![view], _work: lock });
+            }
+            None
+        }
+        Some(Err(NotHanded::Broken(p, e))) => {
+            // Gone before the client hears of it: it builds its own view on these directories.
+            p.release(&mut Linux);
+            return Err(Refusal::Setup(e));
+        }
+    };
+    let premounted = handed.is_some();
+    let per_run: Vec<MountOp> = match handed {
+        Some(h) => {
+            *in_use = Some(InUse { lock: h.lock, run });
+            per_run.into_iter().filter(|op| !matches!(op, MountOp::Overlay { .. })).collect()
+        }
+        None => {
+            let lock = lock_shared(&work).map_err(|errno| Refusal::Lock { path: spec.work.clone(), errno })?;
+            *in_use = Some(InUse { lock, run });
+            pins.insert(spec.upper.clone(), upper);
+            pins.insert(spec.work.clone(), work);
+            per_run
+        }
+    };
+    mount_run(&mut Linux, &per_run, &plan.release, &pins).map_err(Refusal::Setup)?;
     drop(pins);
-    Ok((req, command, fds))
+    Ok((req, command, fds, premounted))
 }
 
 /// Mount a run's view (`per_run`: the overlay on the pinned layers, then what hides inside
@@ -859,10 +944,11 @@ fn run_command(
     seccomp: &seccompiler::BpfProgram,
     conn: &OwnedFd,
     stack: &ChildStack,
+    premounted: bool,
 ) -> Result<String, StepError> {
     let raw: Vec<i32> = stdio.iter().map(|f| f.as_raw_fd()).collect();
     let conn_fd = conn.as_raw_fd();
-    say(conn, &Answer::Ok.line());
+    say(conn, &Answer::Ok { premounted }.line());
     let child = spawn(&Child { req, stdio: &raw, seccomp, conn_fd, command }, stack)?;
     // The command has its own copies; ours would keep the client's pipes open.
     drop(stdio);

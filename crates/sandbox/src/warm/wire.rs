@@ -9,7 +9,8 @@
 //!                   rlimits ("RES:CUR:MAX;…", "-" = infinity),
 //!                   N, N spec arguments (SandboxSpec::to_args), the environment ("K=V"…),
 //!                   "end" (so a cut anywhere is noticed)
-//! server → client   "ok\n" (the command starts) or "refuse REASON\n" (nothing was done:
+//! server → client   "ok\n" or "ok premounted\n" (the command starts, in a view mounted before
+//!                   it asked or for it) or "refuse REASON\n" (nothing was done:
 //!                   run it elsewhere), then a `Report`, as stage 2 writes it on its report
 //!                   pipe: "exit N\n" | "signal N\n" | "error MESSAGE\n", then end of stream
 //! client → server   end of stream (shutdown) at any time: kill the command
@@ -267,8 +268,9 @@ impl Report {
 /// The server's first answer to a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Answer {
-    /// The command is starting; its fate follows.
-    Ok,
+    /// The command is starting; its fate follows. `premounted`: in the view the server had
+    /// mounted before the request came.
+    Ok { premounted: bool },
     /// Nothing was done; the caller should build a sandbox of its own.
     Refuse(String),
 }
@@ -276,7 +278,8 @@ pub enum Answer {
 impl Answer {
     pub fn line(&self) -> String {
         match self {
-            Answer::Ok => "ok\n".to_string(),
+            Answer::Ok { premounted: false } => "ok\n".to_string(),
+            Answer::Ok { premounted: true } => "ok premounted\n".to_string(),
             // One line: a reason never carries a newline into the protocol.
             Answer::Refuse(why) => format!("refuse {}\n", why.replace('\n', " ")),
         }
@@ -284,8 +287,10 @@ impl Answer {
 
     pub fn parse(line: &str) -> Option<Answer> {
         let line = line.strip_suffix('\n').unwrap_or(line);
-        if line == "ok" {
-            return Some(Answer::Ok);
+        match line {
+            "ok" => return Some(Answer::Ok { premounted: false }),
+            "ok premounted" => return Some(Answer::Ok { premounted: true }),
+            _ => {}
         }
         line.strip_prefix("refuse ").map(|w| Answer::Refuse(w.to_string()))
     }
@@ -388,7 +393,10 @@ mod tests {
 
     #[test]
     fn answers_are_single_lines() {
-        assert_eq!(Answer::parse(&Answer::Ok.line()), Some(Answer::Ok));
+        for premounted in [false, true] {
+            assert_eq!(Answer::parse(&Answer::Ok { premounted }.line()), Some(Answer::Ok { premounted }));
+        }
+        assert_eq!(Answer::parse("ok premounted later\n"), None);
         let refuse = Answer::Refuse("busy\nnow".into());
         assert_eq!(refuse.line(), "refuse busy now\n");
         assert_eq!(Answer::parse(&refuse.line()), Some(Answer::Refuse("busy now".into())));
