@@ -98,20 +98,21 @@ fn a_premounted_view_shows_what_the_run_before_committed() {
     for who in identities() {
         let s = Scratch::for_who(who, "warm-premount");
         warm_up(who, &s);
+        // A premounted run sees exactly what run `i` committed.
+        let sees_commit = |i: u32| {
+            let o = run_timed(who, &s, &format!("cat f; ls -d d*; cat d{i}/g"), &[]);
+            assert!(premounted(&o), "{who:?} {i}: {}", describe(&o));
+            assert_eq!(String::from_utf8_lossy(&o.stdout), format!("{i}\nd{i}\n{i}\n"), "{who:?}: {}", describe(&o));
+        };
         for i in 1..=6 {
             let write = format!("echo {i} > f && mkdir d{i} && echo {i} > d{i}/g && rm -rf d{}", i - 1);
             let o = run_timed(who, &s, &write, &[]);
             assert_eq!(o.status.code(), Some(0), "{who:?}: {}", describe(&o));
             assert!(premounted(&o), "{who:?} {i}: {}", describe(&o));
-            let read = format!("cat f; ls -d d*; cat d{i}/g");
-            let o = run_timed(who, &s, &read, &[]);
-            assert!(premounted(&o), "{who:?} {i}: {}", describe(&o));
-            assert_eq!(String::from_utf8_lossy(&o.stdout), format!("{i}\nd{i}\n{i}\n"), "{who:?}: {}", describe(&o));
+            sees_commit(i);
             let o = run_timed(who, &s, &format!("echo lost > f; rm -r d{i}; mkdir lost; exit 3"), &[]);
             assert_eq!(o.status.code(), Some(3), "{who:?}: {}", describe(&o));
-            let o = run_timed(who, &s, &read, &[]);
-            assert!(premounted(&o), "{who:?} {i}: {}", describe(&o));
-            assert_eq!(String::from_utf8_lossy(&o.stdout), format!("{i}\nd{i}\n{i}\n"), "{who:?}: {}", describe(&o));
+            sees_commit(i);
         }
     }
 }
