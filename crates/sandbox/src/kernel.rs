@@ -113,6 +113,9 @@ pub(crate) trait Kernel {
     fn umask(&mut self, mask: u32);
     /// The caller's own limit on `resource`, best effort (`None`: unlimited).
     fn caller_rlimit(&mut self, resource: Resource, soft: Option<u64>, hard: Option<u64>);
+    /// Join the hostname namespace `ns` (a warm server's init, back in its own before it
+    /// makes the next command's).
+    fn enter_uts(&mut self, ns: std::os::fd::BorrowedFd<'_>) -> Result<(), StepError>;
 }
 
 /// The real kernel.
@@ -363,6 +366,11 @@ impl Kernel for Linux {
     fn caller_rlimit(&mut self, resource: Resource, soft: Option<u64>, hard: Option<u64>) {
         let _ = rustix::process::setrlimit(resource, rustix::process::Rlimit { current: soft, maximum: hard });
     }
+
+    fn enter_uts(&mut self, ns: std::os::fd::BorrowedFd<'_>) -> Result<(), StepError> {
+        rustix::thread::move_into_link_name_space(ns, Some(rustix::thread::LinkNameSpaceType::HostNameAndNISDomainName))
+            .map_err(at("setns UTS"))
+    }
 }
 
 /// A kernel that writes down what it is asked, for the order tests of stage 2 and the warm
@@ -530,6 +538,9 @@ pub(crate) mod recorder {
         }
         fn caller_rlimit(&mut self, resource: Resource, soft: Option<u64>, hard: Option<u64>) {
             self.ok(format!("caller_rlimit {resource:?} {soft:?} {hard:?}"));
+        }
+        fn enter_uts(&mut self, _: std::os::fd::BorrowedFd<'_>) -> Result<(), StepError> {
+            self.note("enter_uts")
         }
     }
 

@@ -262,8 +262,11 @@ fn nothing_of_one_warm_transaction_reaches_the_next() {
         // The background process died with the transaction.
         let left = Command::new("pgrep").arg("-f").arg(&marker).output().unwrap();
         assert!(left.stdout.is_empty(), "{who:?}: process left behind: {}", String::from_utf8_lossy(&left.stdout));
-        let o = run_timed(who, &s, "ls -A /tmp /dev/shm; ipcs -m | grep -c '^0x'; ps -e -o pid=,comm= | wc -l", &[]);
+        let next = "hostname; ls -A /tmp /dev/shm; ipcs -m | grep -c '^0x'; ps -e -o pid=,comm= | wc -l";
+        let o = run_timed(who, &s, next, &[]);
         assert!(served_warm(&o), "{}", describe(&o));
+        // The hostname every sandbox has (its UTS namespace is a copy of the server's first).
+        assert_eq!(String::from_utf8_lossy(&o.stdout).lines().next(), Some("txbox"), "{}", describe(&o));
         let out = String::from_utf8_lossy(&o.stdout).to_string();
         assert!(!out.contains("left"), "{who:?}: scratch files carried over: {out}");
         let lines: Vec<&str> = out.lines().collect();

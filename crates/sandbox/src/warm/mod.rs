@@ -3,10 +3,11 @@
 //!
 //! Building a sandbox costs milliseconds of kernel work (new namespaces, ~35 mounts, and the
 //! teardown of all of it); a command like `git status` costs less. A warm server pays that once:
-//! per transaction it only mounts the overlay (with the layers the client passes as fds),
-//! forks the command into fresh IPC and UTS namespaces with the same confinement as a cold
+//! per transaction it hands over the view it mounted while it waited (or mounts one, with the
+//! layers the client passes as fds), starts the command with the same confinement as a cold
 //! sandbox (rlimits, capabilities, Landlock, seccomp), and afterwards kills every process the
-//! command left, detaches the view and replaces `/tmp` and `/dev/shm`.
+//! command left, detaches the view, replaces `/tmp` and `/dev/shm`, makes the next command's
+//! IPC and UTS namespaces and mounts the next view.
 //!
 //! - [`wire`]: the request and answers, as bytes (pure);
 //! - [`server`]: `txbox __warm`, the server and its pid-1 loop, its setup order generic over

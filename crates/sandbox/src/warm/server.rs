@@ -11,7 +11,7 @@
 //! One transaction at a time (the client holds `SOCKET.busy` while it is served). Between two
 //! transactions no process of the first is left (pid 1 kills and reaps every other process in
 //! its namespace), its workspace view is detached and `/tmp` and `/dev/shm` are new; each
-//! command also gets its own IPC and UTS namespaces. The server exits after `--idle` seconds
+//! command also gets its own IPC and UTS namespaces (made by init before it asks). The server exits after `--idle` seconds
 //! without a request, when its socket is removed or replaced (the state directory was deleted),
 //! or when a secret it did not hide at start appears.
 //!
@@ -504,6 +504,10 @@ fn init(
     handoff: Option<Handoff>,
 ) -> Result<(), StepError> {
     seal_init(k, plan, handoff)?;
+    // The hostname namespace every command's is copied from; the first command's namespaces.
+    let uts = rustix::fs::open("/proc/self/ns/uts", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
+        .map_err(at("open /proc/self/ns/uts"))?;
+    fresh_namespaces(k, uts.as_fd())?;
     let seccomp =
         crate::seccomp::build().map_err(|e| StepError::new(format!("seccomp: {e}"), rustix::io::Errno::PERM))?;
     let stack = ChildStack::new()?;
@@ -561,8 +565,8 @@ fn init(
         // A premount still there was neither used nor set aside: the request never got as far
         // as a view, and the premount is the one on the workspace's path. It stays.
         match next {
-            Some(_) => reset_scratch(k, plan)?,
-            None => reset(k, plan)?,
+            Some(_) => reset_scratch(k, plan, uts.as_fd())?,
+            None => reset(k, plan, uts.as_fd())?,
         }
         match in_use {
             Some(u) if !views.is_empty() => kept.push(Kept { _views: views, _work: u.lock }),
@@ -636,20 +640,31 @@ fn pin_views(plan: &WarmPlan) -> Vec<OwnedFd> {
 }
 
 /// After a transaction, when no process of it is left: detach its view (`release`), then give
-/// the next one a new `/tmp` and `/dev/shm` (`reset`).
-fn reset<K: Kernel>(k: &mut K, plan: &WarmPlan) -> Result<(), StepError> {
+/// the next one a new `/tmp` and `/dev/shm` (`reset`) and new IPC and UTS namespaces.
+fn reset<K: Kernel>(k: &mut K, plan: &WarmPlan, uts: BorrowedFd<'_>) -> Result<(), StepError> {
     for op in &plan.release {
         k.mount(op, &Pins::default())?;
     }
-    reset_scratch(k, plan)
+    reset_scratch(k, plan, uts)
 }
 
-/// A new `/tmp` and `/dev/shm`, the workspace's view left as it is.
-fn reset_scratch<K: Kernel>(k: &mut K, plan: &WarmPlan) -> Result<(), StepError> {
+/// A new `/tmp`, `/dev/shm`, IPC and UTS namespaces; the workspace's view left as it is.
+fn reset_scratch<K: Kernel>(k: &mut K, plan: &WarmPlan, uts: BorrowedFd<'_>) -> Result<(), StepError> {
     for op in &plan.reset {
         k.mount(op, &Pins::default())?;
     }
-    Ok(())
+    fresh_namespaces(k, uts)
+}
+
+/// The next command's IPC and UTS namespaces, made by init while it waits (not in the
+/// command's process, on its path: ~60 µs): init joins them, and the command, started from it,
+/// shares them; after the command, init makes new ones. The UTS namespace is copied from
+/// init's first (`uts`), never from one a command had (none may change it: it has no
+/// CAP_SYS_ADMIN, but this holds without that); a new IPC namespace is empty, so nothing of one
+/// transaction's (System V objects, POSIX message queues) reaches the next.
+fn fresh_namespaces<K: Kernel>(k: &mut K, uts: BorrowedFd<'_>) -> Result<(), StepError> {
+    k.enter_uts(uts)?;
+    k.unshare(rustix::thread::UnshareFlags::NEWIPC | rustix::thread::UnshareFlags::NEWUTS)
 }
 
 /// What the server knows of itself and its host, for judging requests.
@@ -1091,9 +1106,10 @@ impl Drop for ChildStack {
     }
 }
 
-/// In the command's process, before exec: the client's stdio, a session and IPC/UTS
-/// namespaces of its own, the client's umask and limits, then the confinement of any sandbox
-/// (whose limits, set after the client's, win). The order is the documentation; `tests` pin it.
+/// In the command's process, before exec: the client's stdio, a session of its own (its IPC
+/// and UTS namespaces init made for it: `fresh_namespaces`), the client's umask and limits,
+/// then the confinement of any sandbox (whose limits, set after the client's, win). The order
+/// is the documentation; `tests` pin it.
 fn prepare_child<K: Kernel>(
     k: &mut K,
     req: &Request,
@@ -1102,8 +1118,6 @@ fn prepare_child<K: Kernel>(
 ) -> Result<(), StepError> {
     k.install_stdio(stdio)?;
     k.take_terminal(None)?;
-    k.unshare(rustix::thread::UnshareFlags::NEWIPC | rustix::thread::UnshareFlags::NEWUTS)
-        .map_err(|e| StepError::new("unshare IPC and UTS", e.errno))?;
     k.umask(req.umask & 0o777);
     for &(res, soft, hard) in &req.rlimits {
         // Best effort: a limit the server cannot raise back stays at the server's.
@@ -1307,11 +1321,9 @@ mod tests {
         prepare_child(&mut k, &request(), &[10, 11, 12], &Vec::new()).unwrap();
         let t = Trace(k.ops);
         assert_eq!(t.0[0], "install_stdio [10, 11, 12]");
-        let unshare = t.first("unshare");
-        assert!(t.0[unshare].contains("NEWIPC") && t.0[unshare].contains("NEWUTS"), "{:#?}", t.0);
-        assert!(!t.0[unshare].contains("NEWNS") && !t.0[unshare].contains("NEWUSER"), "{:#?}", t.0);
-        t.before("take_terminal false", "unshare");
-        t.before("unshare", "no_new_privs");
+        // Its IPC and UTS namespaces are made by init beforehand (`fresh_namespaces`).
+        assert!(!t.has("unshare"), "{:#?}", t.0);
+        t.before("take_terminal false", "umask");
         t.before("umask 22", "setrlimit");
         // The run's limits are set after the caller's, so they win.
         t.before("caller_rlimit Cpu Some(100) None", "setrlimit Cpu 10");
@@ -1325,10 +1337,8 @@ mod tests {
 
     #[test]
     fn a_command_whose_setup_fails_is_never_left_half_confined() {
-        let mut k = Recorder { fail: Some("unshare"), ..Recorder::default() };
-        let e = prepare_child(&mut k, &request(), &[10, 11, 12], &Vec::new()).unwrap_err();
-        assert_eq!(e.step, "unshare IPC and UTS");
-        assert!(e.to_string().starts_with("sandbox setup failed at `unshare IPC and UTS`: "), "{e}");
+        let mut k = Recorder { fail: Some("take_terminal"), ..Recorder::default() };
+        assert!(prepare_child(&mut k, &request(), &[10, 11, 12], &Vec::new()).is_err());
         assert!(!k.ops.iter().any(|o| o.starts_with("umask") || o.starts_with("seccomp")), "{:#?}", k.ops);
         let mut k = Recorder { fail: Some("landlock"), ..Recorder::default() };
         assert!(prepare_child(&mut k, &request(), &[10, 11, 12], &Vec::new()).is_err());
@@ -1353,12 +1363,20 @@ mod tests {
             k.ops[1..],
             ["mount Hide { target: \"/work/repo/.env\" }", "mount Detach { target: \"/work/repo\" }"]
         );
-        // After a run, its view goes before /tmp and /dev/shm are replaced by empty ones.
+        // After a run, its view goes before /tmp and /dev/shm are replaced by empty ones, then
+        // the next command's IPC and UTS namespaces are made, the UTS one from init's first.
+        let uts = std::fs::File::open("/proc/self/ns/uts").unwrap();
         let mut k = Recorder::default();
-        reset(&mut k, &plan).unwrap();
+        reset(&mut k, &plan, uts.as_fd()).unwrap();
         let mut expected = mounts(&plan.release);
         expected.extend(mounts(&plan.reset));
+        expected.extend(["enter_uts".to_string(), "unshare UnshareFlags(NEWIPC | NEWUTS)".to_string()]);
         assert_eq!(k.ops, expected);
         assert_eq!(k.ops[0], "mount Detach { target: \"/work/repo\" }");
+        // With the premount still in place (no request got as far as a view), the view stays.
+        let mut k = Recorder::default();
+        reset_scratch(&mut k, &plan, uts.as_fd()).unwrap();
+        assert_eq!(k.ops[..plan.reset.len()], mounts(&plan.reset)[..]);
+        assert!(!k.ops.iter().any(|o| o.contains("Detach { target: \"/work/repo\" }")), "{:#?}", k.ops);
     }
 }
