@@ -181,6 +181,71 @@ fn a_warm_server_killed_at_any_moment_of_a_run_loses_nothing() {
     }
 }
 
+/// A client killed at any moment of its run (connecting, sending its request, while the
+/// command runs) leaves the server fit: the request it never finished is refused before the
+/// premounted view is touched (`reset_scratch` keeps it), and the next runs are served
+/// premounted and see the workspace as it is. A killed run changes nothing.
+#[test]
+fn a_client_killed_at_any_moment_leaves_the_server_and_its_premount_fit() {
+    for who in identities() {
+        let s = Scratch::for_who(who, "warm-client-kill");
+        std::fs::write(s.ws.join("f"), "old\n").unwrap();
+        if let As::User(uid) = who {
+            s.chown(uid);
+        }
+        warm_up(who, &s);
+        for i in 0..10u64 {
+            let mut child = spawn_timed(who, &s, &format!("echo {i} > f; sleep 0.05; echo {i} > g"), &[]);
+            std::thread::sleep(Duration::from_micros(500 * i));
+            let _ = child.kill();
+            let o = child.wait_with_output().unwrap();
+            // Killed before its commit point: nothing of it lands; after it: all of it.
+            let (f, g) = (std::fs::read_to_string(s.ws.join("f")).unwrap(), std::fs::read_to_string(s.ws.join("g")));
+            match g {
+                Ok(g) => assert_eq!((f.as_str(), g.as_str()), (format!("{i}\n").as_str(), format!("{i}\n").as_str())),
+                Err(_) => assert_eq!(f, "old\n", "{who:?} {i}: {}", describe(&o)),
+            }
+            let _ = std::fs::remove_file(s.ws.join("g"));
+            std::fs::write(s.ws.join("f"), "old\n").unwrap();
+            if let As::User(uid) = who {
+                s.chown(uid);
+            }
+            // Read and write: a view that is not the run's (none, or a stale one) fails either.
+            let o = run_timed(who, &s, "cat f; ls; echo new > h", &[]);
+            assert_eq!(o.status.code(), Some(0), "{who:?} {i}: {}", describe(&o));
+            assert!(premounted(&o), "{who:?} {i}: {}", describe(&o));
+            assert_eq!(String::from_utf8_lossy(&o.stdout), "old\nf\n", "{who:?} {i}: {}", describe(&o));
+            std::fs::remove_file(s.ws.join("h")).unwrap();
+        }
+    }
+}
+
+/// Requests the server refuses before it gets to a view (a client that connects and leaves, a
+/// malformed request, one of another binary's size) leave the premounted view in place: the
+/// next run is served in it, and it is a writable view of the workspace as it is (were it
+/// detached with the refused request's, the run would find the bare read-only workspace).
+#[test]
+fn a_request_refused_before_its_view_leaves_the_premount_in_place() {
+    use std::io::Write;
+    let s = Scratch::new("warm-early-refusal");
+    std::fs::write(s.ws.join("f"), "old\n").unwrap();
+    warm_up(As::Me, &s);
+    let socket = only_socket(&s);
+    let requests: [&[u8]; 3] = [b"", b"\x05\x00\x00\x00junk!", b"\xff\xff\xff\x7f"];
+    for (i, bytes) in requests.iter().enumerate() {
+        let mut c = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+        c.write_all(bytes).unwrap();
+        c.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut answer = String::new();
+        std::io::Read::read_to_string(&mut c, &mut answer).unwrap();
+        assert!(answer.is_empty() || answer.starts_with("refuse "), "{i}: {answer:?}");
+        let o = run_timed(As::Me, &s, &format!("cat f; echo {i} > f"), &[]);
+        assert_eq!(o.status.code(), Some(0), "{i}: {}", describe(&o));
+        assert!(premounted(&o), "{i}: {}", describe(&o));
+        assert_eq!(std::fs::read_to_string(s.ws.join("f")).unwrap(), format!("{i}\n"), "{}", describe(&o));
+    }
+}
+
 #[test]
 fn a_warm_run_gets_the_callers_environment_directory_umask_and_limits() {
     for who in identities() {
