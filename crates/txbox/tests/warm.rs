@@ -246,6 +246,45 @@ fn a_request_refused_before_its_view_leaves_the_premount_in_place() {
     }
 }
 
+/// `txbox gc` removes what warm servers that are gone left beside their sockets (a killed
+/// server's socket, lock, busy file and premount directories; every build names its servers
+/// anew), and leaves a running server's, however old its files.
+#[test]
+fn gc_removes_what_gone_warm_servers_left_and_nothing_of_a_live_one() {
+    let s = Scratch::new("warm-stale");
+    warm_up(As::Me, &s);
+    let warm = s.state.join("warm");
+    std::fs::create_dir_all(warm.join("0123456789abcdef.sock.next/work/work")).unwrap();
+    std::fs::create_dir_all(warm.join("0123456789abcdef.sock.next/upper")).unwrap();
+    for f in ["0123456789abcdef.sock", "0123456789abcdef.sock.lock", "0123456789abcdef-2.sock.busy"] {
+        std::fs::write(warm.join(f), "").unwrap();
+    }
+    // An hour old, all of them (a socket cannot be opened to set its times: by path).
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    let old = rustix::fs::Timespec { tv_sec: now - 3600, tv_nsec: 0 };
+    let times = rustix::fs::Timestamps { last_access: old, last_modification: old };
+    for e in std::fs::read_dir(&warm).unwrap() {
+        let p = e.unwrap().path();
+        rustix::fs::utimensat(rustix::fs::CWD, &p, &times, rustix::fs::AtFlags::SYMLINK_NOFOLLOW).unwrap();
+    }
+    let before: Vec<_> = std::fs::read_dir(&warm).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let o = Command::new(binary())
+        .args(["--json", "--state-dir"])
+        .arg(&s.state)
+        .arg("gc")
+        .current_dir(&s.ws)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["warm_servers_removed"], 2, "{}", describe(&o));
+    let after: Vec<_> = std::fs::read_dir(&warm).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(after.iter().all(|n| !n.to_string_lossy().starts_with("0123456789abcdef")), "{after:?}");
+    assert_eq!(after.len(), before.len() - 4, "the live server's files stay: {before:?} -> {after:?}");
+    let o = run_timed(As::Me, &s, "true", &[]);
+    assert!(premounted(&o), "{}", describe(&o));
+}
+
 #[test]
 fn a_warm_run_gets_the_callers_environment_directory_umask_and_limits() {
     for who in identities() {
