@@ -86,6 +86,15 @@ fn a_warm_run_commits_and_rolls_back_like_a_cold_one() {
     }
 }
 
+/// Write `rel` in the workspace, as `who`'s file.
+fn put(who: As, s: &Scratch, rel: &str, text: &str) {
+    let p = s.ws.join(rel);
+    std::fs::write(&p, text).unwrap();
+    if let As::User(uid) = who {
+        std::os::unix::fs::chown(&p, Some(uid), Some(uid)).unwrap();
+    }
+}
+
 fn premounted(o: &Output) -> bool {
     String::from_utf8_lossy(&o.stderr).contains("txbox sandbox: warm, premounted")
 }
@@ -152,10 +161,7 @@ fn a_premounted_view_follows_a_changed_workspace_root() {
 fn a_warm_server_killed_at_any_moment_of_a_run_loses_nothing() {
     for who in identities() {
         let s = Scratch::for_who(who, "warm-kill");
-        std::fs::write(s.ws.join("f"), "old\n").unwrap();
-        if let As::User(uid) = who {
-            s.chown(uid);
-        }
+        put(who, &s, "f", "old\n");
         for i in 0..10u64 {
             warm_up(who, &s);
             let before = std::fs::read_to_string(s.ws.join("f")).unwrap();
@@ -189,10 +195,7 @@ fn a_warm_server_killed_at_any_moment_of_a_run_loses_nothing() {
 fn a_client_killed_at_any_moment_leaves_the_server_and_its_premount_fit() {
     for who in identities() {
         let s = Scratch::for_who(who, "warm-client-kill");
-        std::fs::write(s.ws.join("f"), "old\n").unwrap();
-        if let As::User(uid) = who {
-            s.chown(uid);
-        }
+        put(who, &s, "f", "old\n");
         warm_up(who, &s);
         for i in 0..10u64 {
             let mut child = spawn_timed(who, &s, &format!("echo {i} > f; sleep 0.05; echo {i} > g"), &[]);
@@ -206,10 +209,7 @@ fn a_client_killed_at_any_moment_leaves_the_server_and_its_premount_fit() {
                 Err(_) => assert_eq!(f, "old\n", "{who:?} {i}: {}", describe(&o)),
             }
             let _ = std::fs::remove_file(s.ws.join("g"));
-            std::fs::write(s.ws.join("f"), "old\n").unwrap();
-            if let As::User(uid) = who {
-                s.chown(uid);
-            }
+            put(who, &s, "f", "old\n");
             // Read and write: a view that is not the run's (none, or a stale one) fails either.
             let o = run_timed(who, &s, "cat f; ls; echo new > h", &[]);
             assert_eq!(o.status.code(), Some(0), "{who:?} {i}: {}", describe(&o));
