@@ -148,11 +148,35 @@ fn write_all(fd: &OwnedFd, mut rest: &[u8]) -> Result<(), rustix::io::Errno> {
     Ok(())
 }
 
-/// One line, byte by byte: nothing after it may be consumed (the report follows).
+/// One line, and nothing after it (the report follows on the same stream): what has arrived
+/// is looked at first (`MSG_PEEK`, which blocks until something has), and exactly the line is
+/// read when it is all there; else one byte at a time, as it comes.
 fn read_line(fd: &OwnedFd) -> Result<String, rustix::io::Errno> {
+    const MAX: usize = 4096;
+    let mut peek = [0u8; 256];
+    let seen = loop {
+        match rustix::net::recv(fd, &mut peek, rustix::net::RecvFlags::PEEK) {
+            Err(rustix::io::Errno::INTR) => {}
+            r => break r?.0,
+        }
+    };
+    if let Some(end) = peek[..seen].iter().position(|b| *b == b'\n') {
+        let mut line = vec![0u8; end + 1];
+        let mut got = 0;
+        while got < line.len() {
+            match rustix::io::read(fd, &mut line[got..]) {
+                Ok(0) => break,
+                Ok(n) => got += n,
+                Err(rustix::io::Errno::INTR) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        line.truncate(got);
+        return Ok(String::from_utf8_lossy(&line).into_owned());
+    }
     let mut line = Vec::new();
     let mut b = [0u8; 1];
-    while line.len() < 4096 {
+    while line.len() < MAX {
         match rustix::io::read(fd, &mut b) {
             Ok(0) => break,
             Ok(_) => {
@@ -267,6 +291,30 @@ pub fn fits(socket: &Path) -> bool {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    /// The answer is read to its newline and no further, whether the report behind it has
+    /// arrived too or the line comes in pieces: what follows is the report's.
+    #[test]
+    fn an_answer_is_read_to_its_end_and_no_further() {
+        use std::io::{Read, Write};
+        let (mut server, client) = std::os::unix::net::UnixStream::pair().unwrap();
+        let client = OwnedFd::from(client);
+        server.write_all(b"ok premounted\nnet 0\nexit 0\n").unwrap();
+        assert_eq!(read_line(&client).unwrap(), "ok premounted\n");
+        assert_eq!(read_line(&client).unwrap(), "net 0\n");
+        let writer = std::thread::spawn(move || {
+            for piece in [&b"refuse so"[..], b"me reason\n", b"exit 3\n"] {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                server.write_all(piece).unwrap();
+            }
+        });
+        assert_eq!(read_line(&client).unwrap(), "exit 0\n");
+        assert_eq!(read_line(&client).unwrap(), "refuse some reason\n");
+        writer.join().unwrap();
+        let mut rest = String::new();
+        std::fs::File::from(client).read_to_string(&mut rest).unwrap();
+        assert_eq!(rest, "exit 3\n");
+    }
 
     #[test]
     fn the_umask_is_read_from_the_head_of_the_status_file() {
