@@ -153,6 +153,18 @@ impl Premount {
             && self.root == (theirs.st_mode & 0o7777, theirs.st_uid, theirs.st_gid);
         let tx = up_dir.strip_prefix(state_path).ok().and_then(|rel| open_beneath(state, rel).ok());
         let Some(tx) = tx.filter(|_| fits) else { return Err(NotHanded::Unfit(Box::new(self))) };
+        // The times `begin` gave the run's upper root (the workspace root's), or the root would
+        // look changed; set before the exchange, which keeps them.
+        let times = rustix::fs::Timestamps {
+            last_access: rustix::fs::Timespec { tv_sec: theirs.st_atime as _, tv_nsec: theirs.st_atime_nsec as _ },
+            last_modification: rustix::fs::Timespec {
+                tv_sec: theirs.st_mtime as _,
+                tv_nsec: theirs.st_mtime_nsec as _,
+            },
+        };
+        if rustix::fs::futimens(&self.upper, &times).is_err() {
+            return Err(NotHanded::Unfit(Box::new(self)));
+        }
         let exchange =
             |a: &std::ffi::OsStr, b: &str| rustix::fs::renameat_with(&tx, a, &self.dir, b, RenameFlags::EXCHANGE);
         if exchange(work_name, WORK).is_err() {
@@ -172,15 +184,6 @@ impl Premount {
             let e = StepError::at_path("exchange with the premount", &spec.upper, rustix::io::Errno::STALE);
             return Err(NotHanded::Broken(Box::new(self), e));
         }
-        // The times `begin` gave the run's upper root (the workspace root's): not a change.
-        let times = rustix::fs::Timestamps {
-            last_access: rustix::fs::Timespec { tv_sec: theirs.st_atime as _, tv_nsec: theirs.st_atime_nsec as _ },
-            last_modification: rustix::fs::Timespec {
-                tv_sec: theirs.st_mtime as _,
-                tv_nsec: theirs.st_mtime_nsec as _,
-            },
-        };
-        let _ = rustix::fs::futimens(&self.upper, &times);
         Ok(Handed { lock: self.work })
     }
 
@@ -390,14 +393,18 @@ mod tests {
 
         let (pre_upper, pre_work) = (d.ino("warm/k.sock.next/upper"), d.ino("warm/k.sock.next/work"));
         let (run_upper, run_work) = (d.ino("tx/a/upper"), d.ino("tx/a/work"));
-        let mtime = std::fs::metadata(d.state.join("tx/a/upper")).unwrap().mtime();
+        // `begin` gave the run's upper root the workspace root's times: an old one here.
+        let old = rustix::fs::Timespec { tv_sec: 1_000_000_000, tv_nsec: 7 };
+        let times = rustix::fs::Timestamps { last_access: old, last_modification: old };
+        rustix::fs::utimensat(rustix::fs::CWD, d.state.join("tx/a/upper"), &times, AtFlags::empty()).unwrap();
         let (spec, upper, work) = d.run(&[]);
         let state = Dirs::open(&d.state);
         let handed = p.hand_over(&spec, &state, &d.state, &upper, &work);
         assert!(handed.is_ok());
         assert_eq!((d.ino("tx/a/upper"), d.ino("tx/a/work")), (pre_upper, pre_work));
         assert_eq!((d.ino("warm/k.sock.next/upper"), d.ino("warm/k.sock.next/work")), (run_upper, run_work));
-        assert_eq!(std::fs::metadata(d.state.join("tx/a/upper")).unwrap().mtime(), mtime, "the run's times");
+        let md = std::fs::metadata(d.state.join("tx/a/upper")).unwrap();
+        assert_eq!((md.mtime(), md.mtime_nsec()), (1_000_000_000, 7), "the run's times");
         // The view's work directory stays share-locked, now under the run's name.
         let probe = std::fs::File::open(d.state.join("tx/a/work")).unwrap();
         assert_eq!(
