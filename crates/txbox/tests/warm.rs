@@ -285,6 +285,35 @@ fn gc_removes_what_gone_warm_servers_left_and_nothing_of_a_live_one() {
     assert!(premounted(&o), "{}", describe(&o));
 }
 
+/// A server that leaves when idle takes its premounted view and the directories under it with
+/// it: nothing of it is left in `STATE/warm` but its socket's lock and busy files.
+#[test]
+fn an_idle_server_leaves_no_premount_behind() {
+    for who in identities() {
+        let s = Scratch::for_who(who, "warm-premount-gone");
+        let idle = [("TXBOX_WARM_IDLE", "1")];
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !premounted(&run_timed(who, &s, "true", &idle)) {
+            assert!(Instant::now() < deadline, "{who:?}: never served premounted");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let next = |s: &Scratch| -> Vec<String> {
+            std::fs::read_dir(s.state.join("warm"))
+                .unwrap()
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .filter(|n| n.ends_with(".next"))
+                .collect()
+        };
+        assert_eq!(next(&s).len(), 1, "{who:?}");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while !servers_of(&s).is_empty() {
+            assert!(Instant::now() < deadline, "{who:?}: the server never left");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        assert_eq!(next(&s), Vec::<String>::new(), "{who:?}");
+    }
+}
+
 #[test]
 fn a_warm_run_gets_the_callers_environment_directory_umask_and_limits() {
     for who in identities() {
