@@ -863,6 +863,11 @@ fn admit(
     drop(client_layers);
     let run = spec.work.strip_prefix(&roots.state_path).ok().and_then(me.layer).is_some_and(|l| l.step.is_none());
     let per_run = MountPlan::for_warm(spec).per_run;
+    // A client that stopped waiting for the answer (this server stalled) builds its own view on
+    // these very directories: nothing may be exchanged or mounted on them any more.
+    if hung_up(conn) {
+        return Err(Refusal::ClientGone);
+    }
     // The view premounted for the next run, if it is this one's; else it is set aside.
     let handed = match views.next.take().map(|p| p.hand_over(spec, &roots.state, &roots.state_path, &upper, &work)) {
         None => None,
@@ -896,6 +901,14 @@ fn admit(
     mount_run(&mut Linux, &per_run, &plan.release, &pins).map_err(Refusal::Setup)?;
     drop(pins);
     Ok((req, command, fds, premounted))
+}
+
+/// Whether the client closed its end of the connection (it waits for the answer otherwise).
+fn hung_up(conn: &OwnedFd) -> bool {
+    let mut fds = [PollFd::new(conn, PollFlags::RDHUP)];
+    let now = rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 };
+    matches!(rustix::event::poll(&mut fds, Some(&now)), Ok(n) if n > 0)
+        && fds[0].revents().intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR)
 }
 
 /// Mount a run's view (`per_run`: the overlay on the pinned layers, then what hides inside
