@@ -21,9 +21,11 @@
 //! - Its directories are empty and clean when mounted, and no view lives on them (their work
 //!   directory is not locked: a premount set aside may still be kept), checked here; its work
 //!   directory is share-locked from then on, as every view's is (`server::serve_one`).
-//! - Only a run's view (one upper over the workspace) is premounted. Any other request (a
-//!   session's step, a root that differs) gets its own view, as without a premount, and the
-//!   premount is set aside: detached, and let go when the server is idle, as a finished run's.
+//! - Only a view of one upper over the workspace is premounted: a run's, or a session's first
+//!   step's (whose view, a step's, goes at once after it, and whose lock the next step waits
+//!   for). Any other request (a later step, over its earlier steps' uppers; a root that
+//!   differs) gets its own view, as without a premount, and the premount is set aside:
+//!   detached, and let go when the server is idle, as a finished run's.
 //!
 //! Owns `SOCKET.next` and the premounted view's life; may not decide whether a request is
 //! served (the server's) nor mount anything but the view of `per_run`'s overlay.
@@ -413,6 +415,26 @@ mod tests {
         drop(handed);
         // The run's own directories serve the next premount.
         assert!(d.mount(&mut Recorder::default()).is_ok());
+    }
+
+    /// A session's first step is a view of one upper over the workspace, as a run's: it is
+    /// handed the premount (its view goes at once after the step; the next step waits for the
+    /// lock on its work directory, which the handed lock is).
+    #[test]
+    fn a_sessions_first_step_is_handed_the_premount() {
+        let d = Dirs::new("step");
+        let step = d.state.join("tx/a/steps/1");
+        std::fs::create_dir_all(step.join(UPPER)).unwrap();
+        std::fs::create_dir_all(step.join(WORK)).unwrap();
+        std::fs::set_permissions(step.join(UPPER), std::fs::Permissions::from_mode(0o750)).unwrap();
+        let mut spec = d.run(&[]).0;
+        (spec.upper, spec.work) = (step.join(UPPER), step.join(WORK));
+        let p = d.mount(&mut Recorder::default()).unwrap();
+        let pre_upper = d.ino("warm/k.sock.next/upper");
+        let (upper, work) = (Dirs::open(&spec.upper), Dirs::open(&spec.work));
+        let handed = p.hand_over(&spec, &Dirs::open(&d.state), &d.state, &upper, &work);
+        assert!(handed.is_ok());
+        assert_eq!(d.ino("tx/a/steps/1/upper"), pre_upper);
     }
 
     /// A session's step (layers beneath its upper) or a run whose upper root differs from the
