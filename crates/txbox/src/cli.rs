@@ -720,7 +720,8 @@ fn configured_keep(ws: &WorkspaceArg) -> KeepRules {
 }
 
 /// `txbox gc`: undo data within the retention budget (`txbox_txn::retain`), retired
-/// directories, and the package caches within theirs (`txbox::caches::gc`).
+/// directories, the package caches within theirs (`txbox::caches::gc`), and what warm servers
+/// that are gone left (`txbox_sandbox::warm::stale`).
 fn cmd_gc(state_dir: Option<PathBuf>, json: bool, a: GcArgs) -> Result<i32> {
     let Some(state) = state_for(state_dir, &a.ws)? else {
         if json {
@@ -739,6 +740,7 @@ fn cmd_gc(state_dir: Option<PathBuf>, json: bool, a: GcArgs) -> Result<i32> {
     let retired = state.collect_retired()?;
     let c = txbox_txn::retain::collect(&state, &budget)?;
     let caches = txbox::caches::gc(&state.root, a.max_cache_size.unwrap_or(txbox::caches::DEFAULT_BUDGET));
+    let warm = txbox_sandbox::warm::stale::remove(&state.warm_dir());
     if json {
         println!(
             "{}",
@@ -746,7 +748,7 @@ fn cmd_gc(state_dir: Option<PathBuf>, json: bool, a: GcArgs) -> Result<i32> {
                 "purged": purged, "evicted": c.evicted, "measured": c.measured, "retired_deleted": retired,
                 "count": c.count, "bytes": c.bytes,
                 "budget": {"count": budget.count, "bytes": budget.bytes, "min_free": budget.min_free.to_string()},
-                "caches": caches,
+                "caches": caches, "warm_servers_removed": warm,
             })
         );
     } else {
@@ -770,6 +772,9 @@ fn cmd_gc(state_dir: Option<PathBuf>, json: bool, a: GcArgs) -> Result<i32> {
             txbox::size::show_size(caches.after),
             caches.removed.len()
         );
+        if warm > 0 {
+            eprintln!("txbox: removed what {warm} warm server(s) that are gone left behind");
+        }
     }
     for e in &caches.errors {
         eprintln!("txbox: gc: {e}");

@@ -346,44 +346,6 @@ mod tests {
         std::fs::remove_dir_all(&d)
     }
 
-    /// What judging costs a one-file commit in a git workspace (the built-in rules, `.git/config`
-    /// read for the hooks path and includes): `cargo test --release -p txbox --lib
-    /// judge::tests::cost -- --ignored --nocapture`.
-    #[test]
-    #[ignore]
-    fn cost_of_judging_a_one_file_commit() -> std::io::Result<()> {
-        let d = sides_test_dir("cost");
-        let (ws, up) = (d.join("ws"), d.join("up"));
-        std::fs::create_dir_all(ws.join(".git/hooks"))?;
-        std::fs::create_dir_all(ws.join("src"))?;
-        std::fs::create_dir_all(up.join("src"))?;
-        std::fs::write(
-            ws.join(".git/config"),
-            "[core]\n\trepositoryformatversion = 0\n\tbare = false\n[user]\n\tname = d\n",
-        )?;
-        std::fs::write(ws.join("src/main.rs"), "old")?;
-        std::fs::write(up.join("src/main.rs"), "new")?;
-        let cs = txbox_txn::classify(&up, &ws, &HashSet::new()).map_err(std::io::Error::other)?;
-        assert_eq!(cs.modified, [PathBuf::from("src/main.rs")]);
-        let policy = Policy::builtin();
-        let n = 20_000;
-        let plain = d.join("plain");
-        std::fs::create_dir_all(plain.join("src"))?;
-        std::fs::write(plain.join("src/main.rs"), "old")?;
-        for (what, cs, ws) in [
-            ("one file, git workspace", cs.clone(), &ws),
-            ("one file, no .git", cs.clone(), &plain),
-            ("nothing", ChangeSet::default(), &ws),
-        ] {
-            let t = std::time::Instant::now();
-            for _ in 0..n {
-                assert!(judge(&policy, &cs, &up, ws).is_empty());
-            }
-            eprintln!("judge, {what}: {:.2} µs", t.elapsed().as_secs_f64() * 1e6 / f64::from(n));
-        }
-        std::fs::remove_dir_all(&d)
-    }
-
     #[test]
     fn devices_are_never_opened_and_large_files_not_read() -> std::io::Result<()> {
         let d = sides_test_dir("special");

@@ -86,6 +86,15 @@ fn a_warm_run_commits_and_rolls_back_like_a_cold_one() {
     }
 }
 
+/// Write `rel` in the workspace, as `who`'s file.
+fn put(who: As, s: &Scratch, rel: &str, text: &str) {
+    let p = s.ws.join(rel);
+    std::fs::write(&p, text).unwrap();
+    if let As::User(uid) = who {
+        std::os::unix::fs::chown(&p, Some(uid), Some(uid)).unwrap();
+    }
+}
+
 fn premounted(o: &Output) -> bool {
     String::from_utf8_lossy(&o.stderr).contains("txbox sandbox: warm, premounted")
 }
@@ -152,10 +161,7 @@ fn a_premounted_view_follows_a_changed_workspace_root() {
 fn a_warm_server_killed_at_any_moment_of_a_run_loses_nothing() {
     for who in identities() {
         let s = Scratch::for_who(who, "warm-kill");
-        std::fs::write(s.ws.join("f"), "old\n").unwrap();
-        if let As::User(uid) = who {
-            s.chown(uid);
-        }
+        put(who, &s, "f", "old\n");
         for i in 0..10u64 {
             warm_up(who, &s);
             let before = std::fs::read_to_string(s.ws.join("f")).unwrap();
@@ -233,6 +239,104 @@ fn a_server_that_answers_too_late_leaves_the_runs_directories_alone() {
         assert_eq!(o.status.code(), Some(0), "{who:?}: {}", describe(&o));
         assert_eq!(std::fs::read_to_string(s.ws.join("f")).unwrap(), "new\n", "{who:?}: {}", describe(&o));
     }
+}
+
+/// A client killed at any moment of its run (connecting, sending its request, while the
+/// command runs) leaves the server fit: the request it never finished is refused before the
+/// premounted view is touched (`reset_scratch` keeps it), and the next runs are served
+/// premounted and see the workspace as it is. A killed run changes nothing.
+#[test]
+fn a_client_killed_at_any_moment_leaves_the_server_and_its_premount_fit() {
+    for who in identities() {
+        let s = Scratch::for_who(who, "warm-client-kill");
+        put(who, &s, "f", "old\n");
+        warm_up(who, &s);
+        for i in 0..10u64 {
+            let mut child = spawn_timed(who, &s, &format!("echo {i} > f; sleep 0.05; echo {i} > g"), &[]);
+            std::thread::sleep(Duration::from_micros(500 * i));
+            let _ = child.kill();
+            let o = child.wait_with_output().unwrap();
+            // Killed before its commit point: nothing of it lands; after it: all of it.
+            let (f, g) = (std::fs::read_to_string(s.ws.join("f")).unwrap(), std::fs::read_to_string(s.ws.join("g")));
+            match g {
+                Ok(g) => assert_eq!((f.as_str(), g.as_str()), (format!("{i}\n").as_str(), format!("{i}\n").as_str())),
+                Err(_) => assert_eq!(f, "old\n", "{who:?} {i}: {}", describe(&o)),
+            }
+            let _ = std::fs::remove_file(s.ws.join("g"));
+            put(who, &s, "f", "old\n");
+            // Read and write: a view that is not the run's (none, or a stale one) fails either.
+            let o = run_timed(who, &s, "cat f; ls; echo new > h", &[]);
+            assert_eq!(o.status.code(), Some(0), "{who:?} {i}: {}", describe(&o));
+            assert!(premounted(&o), "{who:?} {i}: {}", describe(&o));
+            assert_eq!(String::from_utf8_lossy(&o.stdout), "old\nf\n", "{who:?} {i}: {}", describe(&o));
+            std::fs::remove_file(s.ws.join("h")).unwrap();
+        }
+    }
+}
+
+/// Requests the server refuses before it gets to a view (a client that connects and leaves, a
+/// malformed request, one of another binary's size) leave the premounted view in place: the
+/// next run is served in it, and it is a writable view of the workspace as it is (were it
+/// detached with the refused request's, the run would find the bare read-only workspace).
+#[test]
+fn a_request_refused_before_its_view_leaves_the_premount_in_place() {
+    use std::io::Write;
+    let s = Scratch::new("warm-early-refusal");
+    std::fs::write(s.ws.join("f"), "old\n").unwrap();
+    warm_up(As::Me, &s);
+    let socket = only_socket(&s);
+    let requests: [&[u8]; 3] = [b"", b"\x05\x00\x00\x00junk!", b"\xff\xff\xff\x7f"];
+    for (i, bytes) in requests.iter().enumerate() {
+        let mut c = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+        c.write_all(bytes).unwrap();
+        c.shutdown(std::net::Shutdown::Write).unwrap();
+        let mut answer = String::new();
+        std::io::Read::read_to_string(&mut c, &mut answer).unwrap();
+        assert!(answer.is_empty() || answer.starts_with("refuse "), "{i}: {answer:?}");
+        let o = run_timed(As::Me, &s, &format!("cat f; echo {i} > f"), &[]);
+        assert_eq!(o.status.code(), Some(0), "{i}: {}", describe(&o));
+        assert!(premounted(&o), "{i}: {}", describe(&o));
+        assert_eq!(std::fs::read_to_string(s.ws.join("f")).unwrap(), format!("{i}\n"), "{}", describe(&o));
+    }
+}
+
+/// `txbox gc` removes what warm servers that are gone left beside their sockets (a killed
+/// server's socket, lock, busy file and premount directories; every build names its servers
+/// anew), and leaves a running server's, however old its files.
+#[test]
+fn gc_removes_what_gone_warm_servers_left_and_nothing_of_a_live_one() {
+    let s = Scratch::new("warm-stale");
+    warm_up(As::Me, &s);
+    let warm = s.state.join("warm");
+    std::fs::create_dir_all(warm.join("0123456789abcdef.sock.next/work/work")).unwrap();
+    std::fs::create_dir_all(warm.join("0123456789abcdef.sock.next/upper")).unwrap();
+    for f in ["0123456789abcdef.sock", "0123456789abcdef.sock.lock", "0123456789abcdef-2.sock.busy"] {
+        std::fs::write(warm.join(f), "").unwrap();
+    }
+    // An hour old, all of them (a socket cannot be opened to set its times: by path).
+    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    let old = rustix::fs::Timespec { tv_sec: now - 3600, tv_nsec: 0 };
+    let times = rustix::fs::Timestamps { last_access: old, last_modification: old };
+    for e in std::fs::read_dir(&warm).unwrap() {
+        let p = e.unwrap().path();
+        rustix::fs::utimensat(rustix::fs::CWD, &p, &times, rustix::fs::AtFlags::SYMLINK_NOFOLLOW).unwrap();
+    }
+    let before: Vec<_> = std::fs::read_dir(&warm).unwrap().map(|e| e.unwrap().file_name()).collect();
+    let o = Command::new(binary())
+        .args(["--json", "--state-dir"])
+        .arg(&s.state)
+        .arg("gc")
+        .current_dir(&s.ws)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["warm_servers_removed"], 2, "{}", describe(&o));
+    let after: Vec<_> = std::fs::read_dir(&warm).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert!(after.iter().all(|n| !n.to_string_lossy().starts_with("0123456789abcdef")), "{after:?}");
+    assert_eq!(after.len(), before.len() - 4, "the live server's files stay: {before:?} -> {after:?}");
+    let o = run_timed(As::Me, &s, "true", &[]);
+    assert!(premounted(&o), "{}", describe(&o));
 }
 
 #[test]

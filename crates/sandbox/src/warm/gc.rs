@@ -46,7 +46,7 @@ fn in_use(parent: &OwnedFd, name: &OsStr) -> bool {
     )
 }
 
-fn entries(dir: &OwnedFd) -> Option<Vec<OsString>> {
+pub(super) fn entries(dir: &OwnedFd) -> Option<Vec<OsString>> {
     let fd = rustix::fs::openat(dir, ".", OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).ok()?;
     let mut d = rustix::fs::Dir::read_from(&fd).ok()?;
     let mut out = Vec::new();
@@ -61,7 +61,7 @@ fn entries(dir: &OwnedFd) -> Option<Vec<OsString>> {
 }
 
 /// Remove `name` in `parent` and everything below it; false if stopped or something stayed.
-fn remove(parent: &OwnedFd, name: &OsStr, stop: &mut dyn FnMut() -> bool) -> bool {
+pub(super) fn remove(parent: &OwnedFd, name: &OsStr, stop: &mut dyn FnMut() -> bool) -> bool {
     if stop() {
         return false;
     }

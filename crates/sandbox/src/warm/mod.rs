@@ -14,7 +14,8 @@
 //!   `crate::kernel::Kernel` (as stage 2's); `refusal`: why it does not take a request;
 //! - [`client`]: claim a server for one command, or start one for next time;
 //! - [`gc`]: deleting retired transaction directories while the server is idle;
-//! - `premount`: the next run's view, mounted while the server waits.
+//! - `premount`: the next run's view, mounted while the server waits;
+//! - [`stale`]: what servers that are gone left beside their sockets (`txbox gc`).
 //!
 //! A server is keyed by [`SandboxSpec::sandbox_key`](crate::SandboxSpec::sandbox_key) and
 //! lives in the state directory (hidden from every sandbox); it exits when idle. Up to [`SLOTS`]
@@ -29,6 +30,7 @@ pub mod gc;
 mod premount;
 mod refusal;
 pub mod server;
+pub mod stale;
 pub mod wire;
 
 pub use client::{claim, fits, spawn, Conn, NotWarm};
