@@ -187,6 +187,60 @@ fn a_warm_server_killed_at_any_moment_of_a_run_loses_nothing() {
     }
 }
 
+/// Whether a shell (the command of a sandbox, not the txbox or setpriv that asked for it) has
+/// `marker` in its command line.
+fn command_running(marker: &str) -> bool {
+    std::fs::read_dir("/proc").unwrap().flatten().any(|e| {
+        let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else { return false };
+        let args: Vec<String> = cmdline.split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+        args[0].ends_with("sh") && args.iter().any(|a| a.contains(marker))
+    })
+}
+
+/// A client whose server does not answer in time (stopped, stalled) builds a sandbox of its
+/// own on the run's directories. The server, when it goes on, must not act on that request:
+/// exchanging the directories for its premount, or mounting its own view on them, took the
+/// command's writes from the run (the commit saw an empty upper, or a write failed with EPERM
+/// when the next premount cleaned the work directory under the run's overlay).
+#[test]
+fn a_server_that_answers_too_late_leaves_the_runs_directories_alone() {
+    for who in identities() {
+        let s = Scratch::new("warm-late");
+        std::fs::write(s.ws.join("f"), "old\n").unwrap();
+        std::fs::write(s.ws.join("flag"), "wait\n").unwrap();
+        if let As::User(uid) = who {
+            s.chown(uid);
+        }
+        warm_up(who, &s);
+        let servers = servers_of(&s);
+        let signal = |sig| {
+            for &pid in &servers {
+                // SAFETY: a plain kill(2) of a server this test's runs started.
+                unsafe { libc::kill(pid as i32, sig) };
+            }
+        };
+        signal(libc::SIGSTOP);
+        let marker = format!("late-{}", std::process::id());
+        let script = format!("until grep -q go flag; do sleep 0.05; done; echo new > f; : {marker}");
+        let child = spawn_timed(who, &s, &script, &[]);
+        // The client gives up on the stopped server and runs the command in its own sandbox.
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !command_running(&marker) {
+            assert!(Instant::now() < deadline, "{who:?}: the command never ran");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        signal(libc::SIGCONT);
+        // The server took the stale request before this one (it serves one at a time).
+        let o = run_timed(who, &s, "true", &[]);
+        assert!(served_warm(&o), "{who:?}: {}", describe(&o));
+        std::fs::write(s.ws.join("flag"), "go\n").unwrap();
+        let o = child.wait_with_output().unwrap();
+        assert!(!served_warm(&o), "{who:?}: {}", describe(&o));
+        assert_eq!(o.status.code(), Some(0), "{who:?}: {}", describe(&o));
+        assert_eq!(std::fs::read_to_string(s.ws.join("f")).unwrap(), "new\n", "{who:?}: {}", describe(&o));
+    }
+}
+
 /// A client killed at any moment of its run (connecting, sending its request, while the
 /// command runs) leaves the server fit: the request it never finished is refused before the
 /// premounted view is touched (`reset_scratch` keeps it), and the next runs are served

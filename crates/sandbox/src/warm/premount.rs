@@ -18,11 +18,14 @@
 //!   the server gives the upper root the workspace root's, and hands the view only to a run
 //!   whose own upper root (mirrored from the workspace root at `begin`) has the same. The
 //!   run's times are carried over (overlayfs reads those from the upper root when asked).
-//! - Its directories are empty and clean when mounted (checked here), and its work directory
-//!   is share-locked from then on, as every view's is (`server::serve_one`).
-//! - Only a run's view (one upper over the workspace) is premounted. Any other request (a
-//!   session's step, a root that differs) gets its own view, as without a premount, and the
-//!   premount is set aside: detached, and let go when the server is idle, as a finished run's.
+//! - Its directories are empty and clean when mounted, and no view lives on them (their work
+//!   directory is not locked: a premount set aside may still be kept), checked here; its work
+//!   directory is share-locked from then on, as every view's is (`server::serve_one`).
+//! - Only a view of one upper over the workspace is premounted: a run's, or a session's first
+//!   step's (whose view, a step's, goes at once after it, and whose lock the next step waits
+//!   for). Any other request (a later step, over its earlier steps' uppers; a root that
+//!   differs) gets its own view, as without a premount, and the premount is set aside:
+//!   detached, and let go when the server is idle, as a finished run's.
 //!
 //! Owns `SOCKET.next` and the premounted view's life; may not decide whether a request is
 //! served (the server's) nor mount anything but the view of `per_run`'s overlay.
@@ -93,6 +96,11 @@ pub(super) fn mount<K: Kernel>(
     let dir = open_or_make(state, rel, 0o700).map_err(at_path("open", rel))?;
     let upper = open_or_make(&dir, Path::new(UPPER), 0o755).map_err(at_path("open", &rel.join(UPPER)))?;
     let work = open_or_make(&dir, Path::new(WORK), 0o700).map_err(at_path("open", &rel.join(WORK)))?;
+    // A view still lives on these directories (a premount set aside, kept until the server is
+    // idle): another overlay on them would share its upper and work.
+    if rustix::fs::flock(&work, FlockOperation::NonBlockingLockExclusive) == Err(rustix::io::Errno::WOULDBLOCK) {
+        return Err(StepError::at_path("find unused", rel, rustix::io::Errno::BUSY));
+    }
     if !clean(&upper, &work) {
         return Err(StepError::at_path("find clean", rel, rustix::io::Errno::NOTEMPTY));
     }
@@ -416,6 +424,26 @@ mod tests {
         assert!(d.mount(&mut Recorder::default()).is_ok());
     }
 
+    /// A session's first step is a view of one upper over the workspace, as a run's: it is
+    /// handed the premount (its view goes at once after the step; the next step waits for the
+    /// lock on its work directory, which the handed lock is).
+    #[test]
+    fn a_sessions_first_step_is_handed_the_premount() {
+        let d = Dirs::new("step");
+        let step = d.state.join("tx/a/steps/1");
+        std::fs::create_dir_all(step.join(UPPER)).unwrap();
+        std::fs::create_dir_all(step.join(WORK)).unwrap();
+        std::fs::set_permissions(step.join(UPPER), std::fs::Permissions::from_mode(0o750)).unwrap();
+        let mut spec = d.run(&[]).0;
+        (spec.upper, spec.work) = (step.join(UPPER), step.join(WORK));
+        let p = d.mount(&mut Recorder::default()).unwrap();
+        let pre_upper = d.ino("warm/k.sock.next/upper");
+        let (upper, work) = (Dirs::open(&spec.upper), Dirs::open(&spec.work));
+        let handed = p.hand_over(&spec, &Dirs::open(&d.state), &d.state, &upper, &work);
+        assert!(handed.is_ok());
+        assert_eq!(d.ino("tx/a/steps/1/upper"), pre_upper);
+    }
+
     /// A session's step (layers beneath its upper) or a run whose upper root differs from the
     /// premount's gets a view of its own: nothing is renamed.
     #[test]
@@ -434,6 +462,20 @@ mod tests {
         let p = d.mount(&mut Recorder::default()).unwrap();
         assert!(matches!(p.hand_over(&spec, &state, &d.state, &upper, &work), Err(NotHanded::Unfit(_))));
         assert_eq!((d.ino("tx/a/upper"), d.ino("tx/a/work")), (run_upper, run_work));
+    }
+
+    /// A premount set aside lives on until the server is idle, its work directory locked: no
+    /// other view may be laid on its directories (two overlays would share upper and work).
+    #[test]
+    fn no_view_is_premounted_on_directories_a_view_still_lives_on() {
+        let d = Dirs::new("busy");
+        let set_aside = d.mount(&mut Recorder::default()).unwrap();
+        let mut k = Recorder::default();
+        let e = d.mount(&mut k).err().map(|e| e.errno);
+        assert_eq!(e, Some(rustix::io::Errno::BUSY));
+        assert!(k.ops.is_empty(), "{:?}", k.ops);
+        drop(set_aside);
+        assert!(d.mount(&mut Recorder::default()).is_ok());
     }
 
     /// Nothing is mounted on directories that are not clean: a file in the upper would show in

@@ -286,25 +286,31 @@ impl Roots {
         })
     }
 
-    /// Mount the next run's view for sandboxes like `base` (`premount`). Directories that are
-    /// not clean enough to lay a view on are retired (deleted when the server is idle) and made
-    /// anew the next time.
-    fn premount(&self, k: &mut Linux, base: &SandboxSpec) -> Option<Premount> {
+    /// Mount the next run's view for sandboxes like `base` (`premount`). Directories a view
+    /// cannot be laid on as they are (not clean, a view set aside still on them, not a
+    /// directory) are retired (deleted when the server is idle and no view holds them) and the
+    /// view is mounted on new ones: otherwise premounting would stop for good.
+    fn premount<K: Kernel>(&self, k: &mut K, base: &SandboxSpec) -> Option<Premount> {
+        use rustix::io::Errno;
         let rel = self.premount.as_deref()?;
-        match premount::mount(k, base, &self.state, &self.state_path, rel, &self.workspace) {
-            Ok(p) => Some(p),
-            Err(e) if e.errno == rustix::io::Errno::NOTEMPTY => {
-                static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-                let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                let name = rel.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
-                let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-                let to = self.retired.join(format!("{name}.{}.{n}", now.as_nanos()));
-                let _ =
-                    rustix::fs::renameat_with(&self.state, rel, &self.state, &to, rustix::fs::RenameFlags::NOREPLACE);
-                None
+        for _ in 0..2 {
+            match premount::mount(k, base, &self.state, &self.state_path, rel, &self.workspace) {
+                Ok(p) => return Some(p),
+                Err(e) if matches!(e.errno, Errno::NOTEMPTY | Errno::BUSY | Errno::LOOP | Errno::NOTDIR) => {
+                    static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+                    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    let name = rel.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default();
+                    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+                    let to = self.retired.join(format!("{name}.{}.{n}", now.as_nanos()));
+                    let noreplace = rustix::fs::RenameFlags::NOREPLACE;
+                    if rustix::fs::renameat_with(&self.state, rel, &self.state, &to, noreplace).is_err() {
+                        return None;
+                    }
+                }
+                Err(_) => return None,
             }
-            Err(_) => None,
         }
+        None
     }
 
     /// The server leaves: its premount goes, with its directories.
@@ -857,6 +863,11 @@ fn admit(
     drop(client_layers);
     let run = spec.work.strip_prefix(&roots.state_path).ok().and_then(me.layer).is_some_and(|l| l.step.is_none());
     let per_run = MountPlan::for_warm(spec).per_run;
+    // A client that stopped waiting for the answer (this server stalled) builds its own view on
+    // these very directories: nothing may be exchanged or mounted on them any more.
+    if hung_up(conn) {
+        return Err(Refusal::ClientGone);
+    }
     // The view premounted for the next run, if it is this one's; else it is set aside.
     let handed = match views.next.take().map(|p| p.hand_over(spec, &roots.state, &roots.state_path, &upper, &work)) {
         None => None,
@@ -890,6 +901,14 @@ fn admit(
     mount_run(&mut Linux, &per_run, &plan.release, &pins).map_err(Refusal::Setup)?;
     drop(pins);
     Ok((req, command, fds, premounted))
+}
+
+/// Whether the client closed its end of the connection (it waits for the answer otherwise).
+fn hung_up(conn: &OwnedFd) -> bool {
+    let mut fds = [PollFd::new(conn, PollFlags::RDHUP)];
+    let now = rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 };
+    matches!(rustix::event::poll(&mut fds, Some(&now)), Ok(n) if n > 0)
+        && fds[0].revents().intersects(PollFlags::RDHUP | PollFlags::HUP | PollFlags::ERR)
 }
 
 /// Mount a run's view (`per_run`: the overlay on the pinned layers, then what hides inside
@@ -1378,5 +1397,56 @@ mod tests {
         reset_scratch(&mut k, &plan, uts.as_fd()).unwrap();
         assert_eq!(k.ops[..plan.reset.len()], mounts(&plan.reset)[..]);
         assert!(!k.ops.iter().any(|o| o.contains("Detach { target: \"/work/repo\" }")), "{:#?}", k.ops);
+    }
+
+    /// The premount's directories are replaced by new ones whenever a view cannot be laid on
+    /// them as they are: while a premount set aside for a request still lives on them (two
+    /// overlays must never share upper and work), or when the name is not a directory.
+    /// Premounting goes on; what was there waits in the retired directory.
+    #[test]
+    fn premounting_goes_on_with_new_directories_when_the_old_cannot_serve() {
+        use std::os::unix::fs::MetadataExt;
+        let root = std::env::temp_dir().join(format!("txbox-server-premount-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let (state, ws) = (root.join("state"), root.join("ws"));
+        for d in [state.join("warm"), state.join("retired"), ws.clone()] {
+            std::fs::create_dir_all(&d).unwrap();
+        }
+        let open = |p: &Path| rustix::fs::open(p, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty());
+        let roots = Roots {
+            state_path: state.clone(),
+            state: open(&state).unwrap(),
+            workspace: open(&ws).unwrap(),
+            retired: "retired".into(),
+            premount: Some("warm/k.sock.next".into()),
+        };
+        let base = SandboxSpec::new(ws.clone(), ws.clone(), ws.clone(), vec![OsString::from("-")]);
+        let next = state.join("warm/k.sock.next");
+        let upper = || std::fs::metadata(next.join("upper")).unwrap().ino();
+        let retired = || std::fs::read_dir(state.join("retired")).unwrap().count();
+
+        let set_aside = roots.premount(&mut Recorder::default(), &base).unwrap();
+        let first = upper();
+        let again = roots.premount(&mut Recorder::default(), &base);
+        assert!(again.is_some(), "premounting stopped");
+        assert_ne!(upper(), first, "a second view on the directories of a live one");
+        assert_eq!(retired(), 1);
+        drop((set_aside, again));
+
+        for plant in [
+            |p: &Path| std::os::unix::fs::symlink("/", p).unwrap(),
+            |p: &Path| std::fs::write(p, "x").unwrap(),
+            |p: &Path| {
+                std::fs::create_dir(p).unwrap();
+                std::os::unix::fs::symlink("/", p.join("upper")).unwrap();
+            },
+        ] {
+            let _ = std::fs::remove_dir_all(&next);
+            plant(&next);
+            assert!(roots.premount(&mut Recorder::default(), &base).is_some(), "premounting stopped");
+            assert!(std::fs::symlink_metadata(next.join("upper")).unwrap().is_dir());
+        }
+        assert_eq!(retired(), 4);
+        std::fs::remove_dir_all(&root).unwrap();
     }
 }
