@@ -356,6 +356,9 @@ pub fn launch(
                         return supervise(Helper::Warm(conn), report, out_r, err_r, None, opts, watch, used);
                     }
                     Err(NotWarm::Busy) => {}
+                    Err(NotWarm::Abandoned(why)) => {
+                        return Err(SandboxError::Reported(format!("the warm server gave no answer: {why}")));
+                    }
                     Err(NotWarm::Absent) => {
                         if start_warm.is_none() {
                             start_warm = Some(socket);

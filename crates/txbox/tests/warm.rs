@@ -198,10 +198,13 @@ fn command_running(marker: &str) -> bool {
 }
 
 /// A client whose server does not answer in time (stopped, stalled) builds a sandbox of its
-/// own on the run's directories. The server, when it goes on, must not act on that request:
-/// exchanging the directories for its premount, or mounting its own view on them, took the
-/// command's writes from the run (the commit saw an empty upper, or a write failed with EPERM
-/// when the next premount cleaned the work directory under the run's overlay).
+/// own on the run's directories. The server must not act on that request any more: exchanging
+/// the directories for its premount, or mounting its own view on them, took the command's
+/// writes from the run (the commit saw an empty upper, or a write failed with EPERM when the
+/// next premount cleaned the work directory under the run's overlay). So the client stops the
+/// server and waits until no view holds the run's work directory before it builds its own
+/// (`warm::client::abandon`); a server that goes on all the same refuses a request whose client
+/// has hung up (`server::hung_up`).
 #[test]
 fn a_server_that_answers_too_late_leaves_the_runs_directories_alone() {
     for who in identities() {
@@ -229,15 +232,24 @@ fn a_server_that_answers_too_late_leaves_the_runs_directories_alone() {
             assert!(Instant::now() < deadline, "{who:?}: the command never ran");
             std::thread::sleep(Duration::from_millis(100));
         }
+        // The client stopped the server that gave no answer (a zombie is gone but for its entry).
+        let alive = |pid: &u32| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .is_ok_and(|st| st.rsplit_once(") ").is_some_and(|(_, rest)| !rest.starts_with('Z')))
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while servers.iter().any(alive) {
+            assert!(Instant::now() < deadline, "{who:?}: the stalled server {servers:?} lives on");
+            std::thread::sleep(Duration::from_millis(50));
+        }
         signal(libc::SIGCONT);
-        // The server took the stale request before this one (it serves one at a time).
-        let o = run_timed(who, &s, "true", &[]);
-        assert!(served_warm(&o), "{who:?}: {}", describe(&o));
         std::fs::write(s.ws.join("flag"), "go\n").unwrap();
         let o = child.wait_with_output().unwrap();
         assert!(!served_warm(&o), "{who:?}: {}", describe(&o));
         assert_eq!(o.status.code(), Some(0), "{who:?}: {}", describe(&o));
         assert_eq!(std::fs::read_to_string(s.ws.join("f")).unwrap(), "new\n", "{who:?}: {}", describe(&o));
+        // A new server serves the next runs.
+        warm_up(who, &s);
     }
 }
 

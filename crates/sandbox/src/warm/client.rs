@@ -36,6 +36,9 @@ pub enum NotWarm {
     Busy,
     /// The server answered but did not take the command (its reason).
     Refused(String),
+    /// The server took the request but gave no answer, and still holds the run's work
+    /// directory after it was stopped: no sandbox may be built on the run's directories.
+    Abandoned(String),
 }
 
 /// A claimed server: the connection on which it reports, and the busy lock held while it works.
@@ -111,13 +114,49 @@ pub fn claim(
     drop(dirs);
     let _ =
         rustix::net::sockopt::set_socket_timeout(&stream, rustix::net::sockopt::Timeout::Recv, Some(ANSWER_TIMEOUT));
-    let line = read_line(&stream).map_err(|e| refused("reading the answer", e))?;
+    let line = match read_line(&stream) {
+        Ok(line) => line,
+        Err(e) => return Err(abandon(stream, &spec.work, format!("reading the answer: {e}"))),
+    };
     let _ = rustix::net::sockopt::set_socket_timeout(&stream, rustix::net::sockopt::Timeout::Recv, None);
     match Answer::parse(&line) {
         Some(Answer::Ok { premounted }) => Ok(Conn { stream, premounted, _busy: busy }),
         Some(Answer::Refuse(why)) => Err(NotWarm::Refused(why)),
-        None => Err(NotWarm::Refused(format!("unexpected answer {line:?}"))),
+        None => Err(abandon(stream, &spec.work, format!("unexpected answer {line:?}"))),
     }
+}
+
+/// How long a client waits, after stopping a server that gave no answer, for the run's work
+/// directory to be let go.
+const LET_GO_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The server took the request but gave no answer: it stalled (the answer timed out), or it
+/// died. One that stalled may still act on the run's directories (exchange them for its
+/// premount, mount a view on them), and a sandbox the client builds on them now would share
+/// them with that view. So the server is stopped (it is this user's; `SO_PEERPIDFD` names it
+/// without a race: the process that listens, whose death takes its namespaces and views with
+/// it), and the run's work directory waited for until no view holds its share lock. Then the
+/// client may build its own sandbox (`Refused`); if the lock stays held, it may not
+/// (`Abandoned`).
+fn abandon(stream: OwnedFd, work: &Path, why: String) -> NotWarm {
+    if let Ok(pidfd) = super::peer_pidfd(stream.as_fd()) {
+        let _ = rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
+    }
+    drop(stream);
+    let free = || {
+        let Ok(fd) = rustix::fs::open(work, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()) else {
+            return true; // nothing there to share
+        };
+        rustix::fs::flock(&fd, FlockOperation::NonBlockingLockExclusive).is_ok()
+    };
+    let deadline = std::time::Instant::now() + LET_GO_TIMEOUT;
+    while !free() {
+        if std::time::Instant::now() >= deadline {
+            return NotWarm::Abandoned(format!("{why}; the server still holds {}", work.display()));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    NotWarm::Refused(why)
 }
 
 /// The busy lock of the server on `socket`, made on first use only where a server has listened:
