@@ -394,6 +394,15 @@ impl Mount {
     }
 }
 
+impl Mount {
+    /// `src` bound onto `at` (root only): one filesystem, two mounts.
+    fn bind(src: &Path, at: &Path) -> Option<Mount> {
+        std::fs::create_dir_all(at).unwrap();
+        let st = std::process::Command::new("mount").arg("--bind").arg(src).arg(at).status();
+        st.is_ok_and(|s| s.success()).then(|| Mount(at.to_path_buf()))
+    }
+}
+
 impl Drop for Mount {
     fn drop(&mut self) {
         let _ = std::process::Command::new("umount").arg("-l").arg(&self.0).status();
@@ -459,6 +468,58 @@ fn a_workspace_on_another_filesystem_gets_a_state_directory_there() {
             assert_eq!(j["stdout"], "refused\n", "{j}");
             assert!(!ws.join(".txbox/z").exists());
         }
+        drop(mnt);
+    }
+}
+
+/// A workspace that is a bind mount of a directory on the same filesystem as the base
+/// directory: a rename never crosses a mount, so a state directory in the base directory
+/// would take every commit past its commit point and then fail to apply it (`EXDEV`), leaving
+/// the workspace to a recovery that cannot finish. The state directory goes inside the
+/// workspace's own mount instead; one named on another mount is refused before anything runs.
+#[test]
+fn a_bind_mounted_workspace_gets_a_state_directory_it_can_commit_into() {
+    if !is_root() {
+        eprintln!("SKIP bind-mounted workspace: mounting needs root");
+        return;
+    }
+    for who in identities() {
+        let s = Scratch::new("bindws");
+        let (home, src) = (s.root.join("home"), s.root.join("src"));
+        std::fs::create_dir_all(&home).unwrap();
+        std::fs::create_dir_all(&src).unwrap();
+        std::fs::write(src.join("f"), "old\n").unwrap();
+        if let As::User(uid) = who {
+            for p in [&home, &src, &src.join("f")] {
+                std::os::unix::fs::chown(p, Some(uid), Some(uid)).unwrap();
+            }
+        }
+        let Some(mnt) = Mount::bind(&src, &s.root.join("ws")) else {
+            panic!("cannot bind-mount as root");
+        };
+        let ws = mnt.0.clone();
+        let wss = ws.to_str().unwrap();
+        let run = |args: &[&str]| {
+            let mut c = txbox_command(who);
+            c.env("HOME", &home).env_remove("XDG_STATE_HOME").env_remove("TXBOX_STATE_DIR");
+            c.args(args).current_dir(&s.root).output().unwrap()
+        };
+        for text in ["new", "newer"] {
+            let out = run(&["run", "-C", wss, "-c", &format!("echo {text} > f")]);
+            assert_eq!(code(&out), Some(0), "{who:?}: {}", describe(&out));
+            assert_eq!(std::fs::read_to_string(src.join("f")).unwrap(), format!("{text}\n"), "{who:?}");
+        }
+        assert!(ws.join(".txbox/txbox-state").is_file(), "{who:?}: the state directory is not in the mount");
+        // A state directory named on another mount of the same filesystem is refused at once.
+        let elsewhere = s.root.join("state-elsewhere");
+        std::fs::create_dir_all(&elsewhere).unwrap();
+        if let As::User(uid) = who {
+            std::os::unix::fs::chown(&elsewhere, Some(uid), Some(uid)).unwrap();
+        }
+        let out = run(&["--state-dir", elsewhere.to_str().unwrap(), "run", "-C", wss, "-c", "echo lost > f"]);
+        assert_ne!(code(&out), Some(0), "{who:?}: {}", describe(&out));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("mount"), "{who:?}: {}", describe(&out));
+        assert_eq!(std::fs::read_to_string(src.join("f")).unwrap(), "newer\n", "{who:?}");
         drop(mnt);
     }
 }

@@ -4,7 +4,7 @@
 //! BASE = ${XDG_STATE_HOME:-$HOME/.local/state}/txbox      0700, the user's own
 //!   key                  the per-user secret (crate::seal), 0600
 //!   elsewhere            state directories in use on other filesystems (sealed lines)
-//! STATE = BASE when it is on the workspace's filesystem (else see `candidates`)
+//! STATE = BASE when it is in the workspace's `Place`: filesystem and mount (else see `candidates`)
 //!   txbox-state          the marker: this directory was made by txbox (sealed)
 //!   tx/<id>/             a transaction: meta, owner.lock, upper, work, trash,  (a run)
 //!                                       applied (its commit record, once applied)
@@ -33,7 +33,7 @@
 use std::ffi::OsStr;
 use std::os::fd::OwnedFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Component, Path, PathBuf};
 
 use rustix::fs::{Mode, OFlags};
@@ -124,7 +124,7 @@ pub const IN_WORKSPACE: &str = ".txbox";
 /// Session layers next to a workspace whose state directory lies inside it (overlayfs refuses
 /// a lower layer nested in another): `<parent>/.<name>.txbox-layers/<id>`.
 pub const LAYERS_SUFFIX: &str = ".txbox-layers";
-/// A per-user state directory at the root of the workspace's filesystem: `.txbox-state-<uid>`.
+/// A per-user state directory at the root of the workspace's mount: `.txbox-state-<uid>`.
 pub const AT_MOUNT_PREFIX: &str = ".txbox-state-";
 
 /// What a transaction is.
@@ -361,12 +361,46 @@ pub fn private_dir(path: &Path, create: bool) -> Result<OwnedFd, KeyError> {
     Ok(fd)
 }
 
-/// The root of the filesystem `dir` is on (the highest ancestor on the same device).
+/// Where a directory is, for renames: its filesystem and its mount. Commits are renames, and a
+/// rename never crosses a mount, not even between two mounts of one filesystem (a bind mount:
+/// `EXDEV`), so where the kernel says (`STATX_MNT_ID`, Linux 5.8) the mount counts too.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Place {
+    dev: u64,
+    mount: Option<u64>,
+}
+
+impl Place {
+    /// Where `path` is (following symlinks, as the paths txbox renames through do).
+    pub fn of(path: &Path) -> std::io::Result<Place> {
+        Self::statx(rustix::fs::CWD, path, rustix::fs::AtFlags::empty())
+    }
+
+    /// Where the open directory `fd` is.
+    pub fn of_fd(fd: std::os::fd::BorrowedFd<'_>) -> std::io::Result<Place> {
+        Self::statx(fd, Path::new(""), rustix::fs::AtFlags::EMPTY_PATH)
+    }
+
+    fn statx(dir: std::os::fd::BorrowedFd<'_>, path: &Path, flags: rustix::fs::AtFlags) -> std::io::Result<Place> {
+        use rustix::fs::StatxFlags;
+        let st = rustix::fs::statx(dir, path, flags, StatxFlags::BASIC_STATS | StatxFlags::MNT_ID)?;
+        let dev = rustix::fs::makedev(st.stx_dev_major, st.stx_dev_minor);
+        let mount = (st.stx_mask & StatxFlags::MNT_ID.bits() != 0).then_some(st.stx_mnt_id);
+        Ok(Place { dev, mount })
+    }
+
+    /// Whether a rename can move an object from one to the other.
+    pub fn same(&self, other: &Place) -> bool {
+        self.dev == other.dev && self.mount.zip(other.mount).is_none_or(|(a, b)| a == b)
+    }
+}
+
+/// The root of the mount `dir` is on (the highest ancestor in the same [`Place`]).
 pub fn mount_root(dir: &Path) -> Option<PathBuf> {
-    let dev = std::fs::metadata(dir).ok()?.dev();
+    let place = Place::of(dir).ok()?;
     let mut root = dir.to_path_buf();
     while let Some(parent) = root.parent() {
-        if std::fs::metadata(parent).ok()?.dev() != dev {
+        if !Place::of(parent).ok()?.same(&place) {
             break;
         }
         root = parent.to_path_buf();
@@ -375,17 +409,17 @@ pub fn mount_root(dir: &Path) -> Option<PathBuf> {
 }
 
 /// Where a workspace's state directory may live, best first, when none is named: the base
-/// directory if it is on the workspace's filesystem (commits are renames, so layers must be
-/// on the same filesystem as the workspace); else a per-user directory at the root of the
-/// workspace's filesystem (unless that root is the workspace itself); else, as a last resort,
+/// directory if it is in the workspace's [`Place`] (commits are renames, so layers must be on
+/// the same filesystem and mount as the workspace); else a per-user directory at the root of
+/// the workspace's mount (unless that root is the workspace itself); else, as a last resort,
 /// `.txbox` inside the workspace.
 pub fn candidates(base: &Path, workspace: &Path) -> Vec<PathBuf> {
-    let dev = |p: &Path| std::fs::metadata(p).ok().map(|m| m.dev());
     let mut out = Vec::new();
-    let ws_dev = dev(workspace);
-    if ws_dev.is_some() && dev(base) == ws_dev {
-        out.push(base.to_path_buf());
-        return out;
+    if let (Ok(ws), Ok(b)) = (Place::of(workspace), Place::of(base)) {
+        if ws.same(&b) {
+            out.push(base.to_path_buf());
+            return out;
+        }
     }
     if let Some(root) = mount_root(workspace).filter(|r| r != workspace && !r.starts_with(workspace)) {
         out.push(root.join(format!("{AT_MOUNT_PREFIX}{}", rustix::process::geteuid().as_raw())));

@@ -45,8 +45,9 @@ pub enum StateError {
     #[error("unknown transaction id `{0}` (see `txbox list`)")]
     UnknownTx(String),
     #[error(
-        "the state directory {state} is on another filesystem than the workspace {workspace}; \
-         commits are renames, so put the state directory on the workspace's filesystem (--state-dir)"
+        "the state directory {state} is on another filesystem or mount than the workspace \
+         {workspace}; commits are renames, which never cross a mount (not even a bind mount of one \
+         filesystem), so put the state directory on the workspace's mount (--state-dir)"
     )]
     CrossDevice { state: PathBuf, workspace: PathBuf },
     #[error(
@@ -438,9 +439,9 @@ impl StateDir {
     }
 
     pub fn check_same_fs(&self, workspace: &Path) -> Result<(), StateError> {
-        let s = rustix::fs::fstat(self.fd()).map_err(at(&self.root, "stat"))?;
-        let w = std::fs::metadata(workspace).map_err(at(workspace, "stat workspace"))?;
-        if s.st_dev != w.dev() {
+        let s = layout::Place::of_fd(self.fd().as_fd()).map_err(at(&self.root, "stat"))?;
+        let w = layout::Place::of(workspace).map_err(at(workspace, "stat workspace"))?;
+        if !s.same(&w) {
             return Err(StateError::CrossDevice { state: self.root.clone(), workspace: workspace.to_path_buf() });
         }
         Ok(())
