@@ -36,7 +36,7 @@ use std::path::{Path, PathBuf};
 use rustix::fs::{AtFlags, FlockOperation, Mode, OFlags, RenameFlags, ResolveFlags};
 
 use crate::kernel::Kernel;
-use crate::spec::{MountOp, MountPlan, SandboxSpec};
+use crate::spec::{MountOp, SandboxSpec, WarmPlan};
 use crate::stage2::{at, at_path, Pins, StepError};
 
 const UPPER: &str = "upper";
@@ -82,12 +82,12 @@ pub(super) fn location(socket: &Path, state: &Path) -> Option<PathBuf> {
     Some(rel.with_file_name(name))
 }
 
-/// Mount the next run's view for sandboxes like `base` on `SOCKET.next` (`rel`, beneath the
-/// server's clone `state` of the state directory at `state_path`), over `workspace` (the
-/// server's clone of it).
+/// Mount the next run's view for the server whose plan is `plan` on `SOCKET.next` (`rel`,
+/// beneath the server's clone `state` of the state directory at `state_path`), over
+/// `workspace` (the server's clone of it).
 pub(super) fn mount<K: Kernel>(
     k: &mut K,
-    base: &SandboxSpec,
+    plan: &WarmPlan,
     state: &OwnedFd,
     state_path: &Path,
     rel: &Path,
@@ -106,17 +106,27 @@ pub(super) fn mount<K: Kernel>(
     }
     rustix::fs::flock(&work, FlockOperation::LockShared).map_err(at("lock the premount's work"))?;
     mirror_root(&upper, workspace)?;
-    // The run's own overlay, on these directories: the same operation the run's plan holds.
-    let mut spec = base.clone();
-    spec.layers = Vec::new();
-    spec.upper = state_path.join(rel).join(UPPER);
-    spec.work = state_path.join(rel).join(WORK);
-    let op = overlay_of(&spec).ok_or(StepError::new("premount: no overlay in the plan", rustix::io::Errno::INVAL))?;
+    // The run's own overlay, the operation the server's plan holds, on these directories.
+    let (upper_path, work_path) = (state_path.join(rel).join(UPPER), state_path.join(rel).join(WORK));
+    let Some(MountOp::Overlay { target, lowers, .. }) =
+        plan.per_run.iter().find(|op| matches!(op, MountOp::Overlay { .. }))
+    else {
+        return Err(StepError::new("premount: no overlay in the plan", rustix::io::Errno::INVAL));
+    };
+    let op = MountOp::Overlay {
+        target: target.clone(),
+        lowers: lowers.clone(),
+        upper: upper_path.clone(),
+        work: work_path.clone(),
+    };
     let mut pins = Pins::default();
     let dup = |fd: &OwnedFd| rustix::io::fcntl_dupfd_cloexec(fd, 3).map_err(at("dup"));
-    pins.insert(spec.workspace.clone(), dup(workspace)?);
-    pins.insert(spec.upper.clone(), dup(&upper)?);
-    pins.insert(spec.work.clone(), dup(&work)?);
+    // The server's plan has no layers of a transaction: its one lower is the workspace.
+    for lower in lowers {
+        pins.insert(lower.clone(), dup(workspace)?);
+    }
+    pins.insert(upper_path, dup(&upper)?);
+    pins.insert(work_path, dup(&work)?);
     k.mount(&op, &pins)?;
     let (u, w) = (rustix::fs::fstat(&upper).map_err(at("stat"))?, rustix::fs::fstat(&work).map_err(at("stat"))?);
     Ok(Premount {
@@ -126,13 +136,8 @@ pub(super) fn mount<K: Kernel>(
         upper_id: (u.st_dev, u.st_ino),
         work_id: (w.st_dev, w.st_ino),
         root: (u.st_mode & 0o7777, u.st_uid, u.st_gid),
-        target: spec.workspace,
+        target: target.clone(),
     })
-}
-
-/// The overlay of a run of `spec` (its plan's `per_run` holds one).
-pub(super) fn overlay_of(spec: &SandboxSpec) -> Option<MountOp> {
-    MountPlan::for_warm(spec).per_run.into_iter().find(|op| matches!(op, MountOp::Overlay { .. }))
 }
 
 impl Premount {
@@ -263,18 +268,7 @@ fn open_or_make(dir: &OwnedFd, rel: &Path, mode: u32) -> Result<OwnedFd, rustix:
 /// nothing about the view), and a work directory that is empty or holds only overlayfs's own
 /// empty `work`: a view mounted on them shows the workspace as it is.
 fn clean(upper: &OwnedFd, work: &OwnedFd) -> bool {
-    let names = |fd: &OwnedFd| -> Option<Vec<std::ffi::OsString>> {
-        let fd = rustix::fs::openat(fd, ".", dir_flags(), Mode::empty()).ok()?;
-        let mut dir = rustix::fs::Dir::read_from(&fd).ok()?;
-        let mut out = Vec::new();
-        while let Some(entry) = dir.read() {
-            let name = entry.ok()?.file_name().to_bytes().to_vec();
-            if name != b"." && name != b".." {
-                out.push(std::ffi::OsString::from(String::from_utf8_lossy(&name).into_owned()));
-            }
-        }
-        Some(out)
-    };
+    let names = super::gc::entries;
     let empty_upper = names(upper).is_some_and(|n| n.is_empty()) && only_uuid(upper);
     let clean_work = match names(work) {
         Some(n) if n.is_empty() => true,
@@ -325,6 +319,7 @@ mod tests {
 
     use super::*;
     use crate::kernel::recorder::Recorder;
+    use crate::spec::MountPlan;
 
     #[test]
     fn the_premount_lives_beside_the_socket() {
@@ -370,7 +365,8 @@ mod tests {
         fn mount(&self, k: &mut Recorder) -> Result<Premount, StepError> {
             let base = SandboxSpec::new(self.ws.clone(), self.ws.clone(), self.ws.clone(), vec![OsString::from("-")]);
             let state = Self::open(&self.state);
-            mount(k, &base, &state, &self.state, Path::new("warm/k.sock.next"), &Self::open(&self.ws))
+            let plan = MountPlan::for_warm(&base);
+            mount(k, &plan, &state, &self.state, Path::new("warm/k.sock.next"), &Self::open(&self.ws))
         }
 
         fn ino(&self, rel: &str) -> u64 {
@@ -396,7 +392,10 @@ mod tests {
         let mut ours = d.run(&[]).0;
         ours.upper = next.join(UPPER);
         ours.work = next.join(WORK);
-        assert_eq!(k.ops, [format!("mount {:?}", overlay_of(&ours).unwrap())]);
+        // The very operation a run on these directories would mount itself.
+        let run_overlay =
+            MountPlan::for_warm(&ours).per_run.into_iter().find(|op| matches!(op, MountOp::Overlay { .. }));
+        assert_eq!(k.ops, [format!("mount {:?}", run_overlay.unwrap())]);
         assert_eq!(std::fs::metadata(next.join(UPPER)).unwrap().mode() & 0o7777, 0o750, "the root is mirrored");
 
         let (pre_upper, pre_work) = (d.ino("warm/k.sock.next/upper"), d.ino("warm/k.sock.next/work"));

@@ -290,11 +290,11 @@ impl Roots {
     /// cannot be laid on as they are (not clean, a view set aside still on them, not a
     /// directory) are retired (deleted when the server is idle and no view holds them) and the
     /// view is mounted on new ones: otherwise premounting would stop for good.
-    fn premount<K: Kernel>(&self, k: &mut K, base: &SandboxSpec) -> Option<Premount> {
+    fn premount<K: Kernel>(&self, k: &mut K, plan: &WarmPlan) -> Option<Premount> {
         use rustix::io::Errno;
         let rel = self.premount.as_deref()?;
         for _ in 0..2 {
-            match premount::mount(k, base, &self.state, &self.state_path, rel, &self.workspace) {
+            match premount::mount(k, plan, &self.state, &self.state_path, rel, &self.workspace) {
                 Ok(p) => return Some(p),
                 Err(e) if matches!(e.errno, Errno::NOTEMPTY | Errno::BUSY | Errno::LOOP | Errno::NOTDIR) => {
                     static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
@@ -522,7 +522,7 @@ fn init(
     let mut garbage = true;
     let mut kept: Vec<Kept> = Vec::new();
     // The next run's view, ready before it asks (`premount`).
-    let mut next = roots.premount(k, spec);
+    let mut next = roots.premount(k, plan);
     loop {
         let mut fds = [PollFd::new(listener, PollFlags::IN)];
         let wait = if kept.is_empty() { TICK } else { LET_GO_WHEN_IDLE };
@@ -588,7 +588,7 @@ fn init(
         last_used = Instant::now();
         garbage = true;
         if next.is_none() {
-            next = roots.premount(k, spec);
+            next = roots.premount(k, plan);
         }
     }
 }
@@ -1421,13 +1421,14 @@ mod tests {
             premount: Some("warm/k.sock.next".into()),
         };
         let base = SandboxSpec::new(ws.clone(), ws.clone(), ws.clone(), vec![OsString::from("-")]);
+        let plan = MountPlan::for_warm(&base);
         let next = state.join("warm/k.sock.next");
         let upper = || std::fs::metadata(next.join("upper")).unwrap().ino();
         let retired = || std::fs::read_dir(state.join("retired")).unwrap().count();
 
-        let set_aside = roots.premount(&mut Recorder::default(), &base).unwrap();
+        let set_aside = roots.premount(&mut Recorder::default(), &plan).unwrap();
         let first = upper();
-        let again = roots.premount(&mut Recorder::default(), &base);
+        let again = roots.premount(&mut Recorder::default(), &plan);
         assert!(again.is_some(), "premounting stopped");
         assert_ne!(upper(), first, "a second view on the directories of a live one");
         assert_eq!(retired(), 1);
@@ -1443,7 +1444,7 @@ mod tests {
         ] {
             let _ = std::fs::remove_dir_all(&next);
             plant(&next);
-            assert!(roots.premount(&mut Recorder::default(), &base).is_some(), "premounting stopped");
+            assert!(roots.premount(&mut Recorder::default(), &plan).is_some(), "premounting stopped");
             assert!(std::fs::symlink_metadata(next.join("upper")).unwrap().is_dir());
         }
         assert_eq!(retired(), 4);
