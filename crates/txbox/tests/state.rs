@@ -499,11 +499,7 @@ fn a_bind_mounted_workspace_gets_a_state_directory_it_can_commit_into() {
         };
         let ws = mnt.0.clone();
         let wss = ws.to_str().unwrap();
-        let run = |args: &[&str]| {
-            let mut c = txbox_command(who);
-            c.env("HOME", &home).env_remove("XDG_STATE_HOME").env_remove("TXBOX_STATE_DIR");
-            c.args(args).current_dir(&s.root).output().unwrap()
-        };
+        let run = |args: &[&str]| txbox_in(who, &home, &s.root, &os(args));
         for text in ["new", "newer"] {
             let out = run(&["run", "-C", wss, "-c", &format!("echo {text} > f")]);
             assert_eq!(code(&out), Some(0), "{who:?}: {}", describe(&out));
