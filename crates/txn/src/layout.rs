@@ -20,7 +20,8 @@
 //!   journal/<id>.commit  commit records (sealed); journal/<id>.undo: undo records (crate::undo)
 //!   locks/<hash>.lock    per-workspace commit lock; locks/<hash>.commits its commit log
 //!   locks/gc.lock        held by the collector of `gone`; locks/kept.lock: the retention index's
-//!   warm/                warm sandbox servers' sockets (crate sandbox, through `StateDir::warm_dir`)
+//!   warm/                warm sandbox servers' sockets, locks and premounted views' directories
+//!                        (`<socket>.next`; crate sandbox, through `StateDir::warm_dir`)
 //!   audit.log            the hash-chained audit log
 //!   audit.head           its head record: the last entry's number, hash and offset (sealed)
 //!   reserve              space held back for commits on a full filesystem
