@@ -462,7 +462,7 @@ fn init<K: Kernel>(
         CString::new(spec.cwd.as_os_str().as_bytes()).map_err(|_| StepError::new("working directory", Errno::INVAL))?;
     let child = match k.fork("fork command")? {
         Fork::Child => {
-            if let Err(e) = k.take_terminal(terminal).and_then(|()| confine(k, spec, None)) {
+            if let Err(e) = k.take_terminal(terminal).and_then(|()| confine(k, spec, None, None)) {
                 k.report(&Report::Error(setup_failed(&e)).line());
                 return Ok(k.exit(125));
             }
@@ -503,6 +503,7 @@ pub(crate) fn confine<K: Kernel>(
     k: &mut K,
     spec: &SandboxSpec,
     seccomp: Option<&seccompiler::BpfProgram>,
+    ruleset: Option<&crate::landlock::Prepared>,
 ) -> Result<(), StepError> {
     let limits = [(Resource::Cpu, spec.cpu_seconds), (Resource::Fsize, spec.max_file_size), (Resource::Core, Some(0))];
     for (res, v) in limits {
@@ -534,8 +535,12 @@ pub(crate) fn confine<K: Kernel>(
     // seccomp need to be installed without CAP_SYS_ADMIN, and what keeps them from being shed.
     k.no_new_privs()?;
     // Landlock: writes only beneath the workspace view, /tmp, /dev and configured extras —
-    // a second wall behind the read-only mounts, best effort by kernel ABI.
-    k.landlock(spec)?;
+    // a second wall behind the read-only mounts, best effort by kernel ABI. A warm server may
+    // have made the ruleset while it waited, for the very mounts this command sees.
+    match ruleset {
+        Some(r) => k.landlock_prepared(r)?,
+        None => k.landlock(spec)?,
+    }
     // seccomp last: it refuses mount and friends, which everything above needed.
     k.seccomp(seccomp)
 }
