@@ -462,7 +462,7 @@ fn init<K: Kernel>(
         CString::new(spec.cwd.as_os_str().as_bytes()).map_err(|_| StepError::new("working directory", Errno::INVAL))?;
     let child = match k.fork("fork command")? {
         Fork::Child => {
-            if let Err(e) = k.take_terminal(terminal).and_then(|()| confine(k, spec, None, None)) {
+            if let Err(e) = k.take_terminal(terminal).and_then(|()| confine(k, spec, Inherited::Nothing, None, None)) {
                 k.report(&Report::Error(setup_failed(&e)).line());
                 return Ok(k.exit(125));
             }
@@ -496,12 +496,46 @@ pub(crate) fn guard_sockets(handoff: Handoff) -> Result<(), StepError> {
 pub(crate) const DROPPED_CAPS: [u32; 26] =
     [9, 12, 14, 15, 16, 17, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 30, 32, 33, 34, 35, 36, 37, 38, 39, 40];
 
+/// What a command's process inherits and keeps through exec, made once where it can be (a warm
+/// server's init, for every command it starts), else in the command's process (`confine`):
+/// its OOM score and, for root without a user namespace, the bounding set. Neither changes what
+/// the process that makes it may do (its own capabilities stay until it execs, and a warm
+/// server's init never does).
+pub(crate) fn confine_inherited<K: Kernel>(k: &mut K, spec: &SandboxSpec) -> Result<(), StepError> {
+    // When the host runs out of memory, the command is the first thing the kernel kills, not
+    // the host's processes (txbox's default memory protection; a hard cap is `--memory`).
+    // Best effort: a run is never refused for it. The command cannot lower it again: as root
+    // it loses CAP_SYS_RESOURCE at exec (and the minimum is set with it now), and Landlock
+    // refuses writes under /proc.
+    k.oom_score_adj();
+    // Root without a user namespace keeps only the everyday capabilities (file ownership,
+    // setuid to drop privileges, binding low ports): nothing that reaches the kernel, devices,
+    // time, modules or other processes. The bounding set is what root gets back after exec.
+    if !spec.userns {
+        for cap in DROPPED_CAPS {
+            k.drop_capability(cap)?;
+        }
+    }
+    Ok(())
+}
+
+/// What the command's process got from whoever started it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Inherited {
+    /// Nothing: it makes its whole confinement itself.
+    Nothing,
+    /// [`confine_inherited`], made once by a warm server's init.
+    Confinement,
+}
+
 /// In the command's process, last steps before exec: resource limits, then the kernel
 /// confinement that must come after every mount. `seccomp` is the filter if already built
-/// (a warm server builds it once), else it is built here.
+/// (a warm server builds it once), else it is built here; `ruleset`, Landlock's if made ahead
+/// for this command's mounts.
 pub(crate) fn confine<K: Kernel>(
     k: &mut K,
     spec: &SandboxSpec,
+    inherited: Inherited,
     seccomp: Option<&seccompiler::BpfProgram>,
     ruleset: Option<&crate::landlock::Prepared>,
 ) -> Result<(), StepError> {
@@ -517,19 +551,8 @@ pub(crate) fn confine<K: Kernel>(
             k.set_rlimit(Resource::Nproc, n)?;
         }
     }
-    // When the host runs out of memory, the command is the first thing the kernel kills, not
-    // the host's processes (txbox's default memory protection; a hard cap is `--memory`).
-    // Best effort: a run is never refused for it. The command cannot lower it again: as root
-    // it loses CAP_SYS_RESOURCE at exec (and the minimum is set with it now), and Landlock
-    // refuses writes under /proc.
-    k.oom_score_adj();
-    // Root without a user namespace keeps only the everyday capabilities (file ownership,
-    // setuid to drop privileges, binding low ports): nothing that reaches the kernel, devices,
-    // time, modules or other processes. The bounding set is what root gets back after exec.
-    if !spec.userns {
-        for cap in DROPPED_CAPS {
-            k.drop_capability(cap)?;
-        }
+    if inherited == Inherited::Nothing {
+        confine_inherited(k, spec)?;
     }
     // No exec from here on may gain privileges (setuid, file capabilities): what Landlock and
     // seccomp need to be installed without CAP_SYS_ADMIN, and what keeps them from being shed.

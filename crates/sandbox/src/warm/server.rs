@@ -509,7 +509,7 @@ fn init(
     idle: Duration,
     handoff: Option<Handoff>,
 ) -> Result<(), StepError> {
-    seal_init(k, plan, handoff)?;
+    seal_init(k, spec, plan, handoff)?;
     // The hostname namespace every command's is copied from; the first command's namespaces.
     let uts = rustix::fs::open("/proc/self/ns/uts", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
         .map_err(at("open /proc/self/ns/uts"))?;
@@ -626,15 +626,23 @@ struct Views<'a> {
 }
 
 /// pid 1's own setup, before it serves anyone: it dies with the server, mounts its /proc (and
-/// makes the kernel's knobs in it read-only), installs the socket filter every command
-/// inherits, and becomes not dumpable: no process of a command may read this one's memory or
-/// open its fds (`/proc/1/fd`), which include the listening socket and, during a run, the
-/// layers. Only then: the supervisor takes the listener from it with the rights of a debugger.
-fn seal_init<K: Kernel>(k: &mut K, plan: &WarmPlan, handoff: Option<K::Handoff>) -> Result<(), StepError> {
+/// makes the kernel's knobs in it read-only), takes the OOM score and bounding set every
+/// command inherits (`stage2::confine_inherited`: made once here, not in each command's
+/// process), installs the socket filter every command inherits, and becomes not dumpable: no
+/// process of a command may read this one's memory or open its fds (`/proc/1/fd`), which
+/// include the listening socket and, during a run, the layers. Only then: the supervisor takes
+/// the listener from it with the rights of a debugger.
+fn seal_init<K: Kernel>(
+    k: &mut K,
+    spec: &SandboxSpec,
+    plan: &WarmPlan,
+    handoff: Option<K::Handoff>,
+) -> Result<(), StepError> {
     k.die_with_parent();
     for op in &plan.base.init {
         k.mount(op, &Pins::default())?;
     }
+    stage2::confine_inherited(k, spec)?;
     if let Some(handoff) = handoff {
         k.guard_sockets(handoff)?;
     }
@@ -1175,7 +1183,8 @@ fn prepare_child<K: Kernel>(
             k.caller_rlimit(r, soft, hard);
         }
     }
-    stage2::confine(k, &req.spec, Some(seccomp), ruleset)
+    // The OOM score and the bounding set are init's, inherited (`seal_init`).
+    stage2::confine(k, &req.spec, stage2::Inherited::Confinement, Some(seccomp), ruleset)
 }
 
 #[cfg(test)]
@@ -1277,7 +1286,7 @@ mod tests {
         let args = server_args();
         let r = build(&mut k, &args, Path::new("retired")).and_then(|b| {
             let plan = b.plan;
-            fork_init(&mut k, b.supervisor, |k, handoff| i32::from(seal_init(k, &plan, handoff).is_err()))
+            fork_init(&mut k, b.supervisor, |k, handoff| i32::from(seal_init(k, &args.spec, &plan, handoff).is_err()))
         });
         (Trace(k.ops), r)
     }
@@ -1316,6 +1325,9 @@ mod tests {
         let plan = MountPlan::for_warm(&server_args().spec);
         let mut expected = vec!["die_with_parent".to_string()];
         expected.extend(plan.base.init.iter().map(|op| format!("mount {op:?}")));
+        // What every command inherits, made once: the OOM score (and the bounding set of root
+        // without a user namespace: below).
+        expected.push("oom_score_adj".into());
         // The socket filter before init turns undumpable: the supervisor takes the listener
         // from it with the rights of a debugger.
         expected.extend(["guard_sockets", "not_dumpable", "exit 0"].map(String::from));
@@ -1323,6 +1335,16 @@ mod tests {
         // Without the supervisor (Landlock keeps unix sockets in), no filter to install.
         let (t, _) = server_path(Recorder::default());
         assert!(!t.has("guard_sockets") && t.has("not_dumpable"), "{:#?}", t.0);
+        // Root without a user namespace: init drops the bounding set once, for every command,
+        // before anything of a command can reach it.
+        let mut spec = server_args().spec;
+        spec.userns = false;
+        let mut k = Recorder::default();
+        seal_init(&mut k, &spec, &MountPlan::for_warm(&spec), None).unwrap();
+        let t = Trace(k.ops);
+        assert_eq!(t.0.iter().filter(|o| o.starts_with("drop_capability")).count(), stage2::DROPPED_CAPS.len());
+        t.before("oom_score_adj", "drop_capability");
+        t.before("drop_capability", "not_dumpable");
     }
 
     #[test]
@@ -1378,9 +1400,10 @@ mod tests {
         // The run's limits are set after the caller's, so they win.
         t.before("caller_rlimit Cpu Some(100) None", "setrlimit Cpu 10");
         assert!(t.has("caller_rlimit Nofile Some(1024) Some(4096)"), "{:#?}", t.0);
-        // Then the confinement of any sandbox, seccomp last.
-        t.before("setrlimit", "drop_capability");
-        t.before("drop_capability", "no_new_privs");
+        // Then the confinement of any sandbox, seccomp last; the OOM score and the bounding set
+        // are init's (`seal_init`), inherited.
+        assert!(!t.has("drop_capability") && !t.has("oom_score_adj"), "{:#?}", t.0);
+        t.before("setrlimit", "no_new_privs");
         t.before("no_new_privs", "landlock");
         assert_eq!(t.0[t.0.len() - 2..], ["landlock", "seccomp"]);
         // With a ruleset made while the server waited: enforced in the same place, not made.
