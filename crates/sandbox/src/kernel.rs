@@ -80,6 +80,9 @@ pub(crate) trait Kernel {
     fn not_dumpable(&mut self);
     /// In the command's process: a session of its own, the terminal controlling.
     fn take_terminal(&mut self, terminal: Option<&Self::Terminal>) -> Result<(), StepError>;
+    /// In a warm server's command process: a process group of its own, in init's session
+    /// (which has no terminal: the server left its spawner's session).
+    fn own_process_group(&mut self) -> Result<(), StepError>;
     /// In init, once the command has the terminal: init's copy closes.
     fn close_terminal(&mut self, terminal: &Self::Terminal);
     fn set_rlimit(&mut self, resource: Resource, value: u64) -> Result<(), StepError>;
@@ -234,6 +237,10 @@ impl Kernel for Linux {
     fn not_dumpable(&mut self) {
         // SAFETY: prctl with integer arguments only.
         unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
+    }
+
+    fn own_process_group(&mut self) -> Result<(), StepError> {
+        rustix::process::setpgid(None, None).map_err(at("setpgid"))
     }
 
     fn take_terminal(&mut self, terminal: Option<&OwnedFd>) -> Result<(), StepError> {
@@ -478,6 +485,9 @@ pub(crate) mod recorder {
         }
         fn not_dumpable(&mut self) {
             self.ok("not_dumpable");
+        }
+        fn own_process_group(&mut self) -> Result<(), StepError> {
+            self.note("own_process_group")
         }
         fn take_terminal(&mut self, t: Option<&()>) -> Result<(), StepError> {
             self.note(format!("take_terminal {}", t.is_some()))

@@ -154,6 +154,42 @@ fn a_premounted_view_follows_a_changed_workspace_root() {
     }
 }
 
+/// A warm command runs in a process group of its own, in a session without a terminal: what it
+/// signals as its group (`kill 0`, as a shell's job control or a build tool's cleanup does)
+/// reaches its own processes and never the server outside the sandbox; it has no terminal to
+/// open. The server goes on serving, premounted.
+#[test]
+fn a_command_signalling_its_process_group_reaches_nothing_outside() {
+    for who in identities() {
+        let s = Scratch::for_who(who, "warm-pgrp");
+        warm_up(who, &s);
+        let servers = servers_of(&s);
+        assert!(!servers.is_empty());
+        let probe = "import os, signal
+print('pgrp', os.getpgrp())
+try:
+    os.open('/dev/tty', os.O_RDWR)
+    print('TTY-OPENED')
+except OSError as e:
+    print('no-tty', e.errno)
+os.killpg(0, signal.SIGTERM)";
+        let o = run_timed(who, &s, &format!("python3 -c \"{probe}\"; echo NOT-REACHED"), &[]);
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(premounted(&o), "{who:?}: {}", describe(&o));
+        assert!(!out.contains("TTY-OPENED") && out.contains("no-tty"), "{who:?}: {}", describe(&o));
+        // Its group is the shell's, a process of the sandbox; init's (the server's, outside)
+        // would show as 0, a process this pid namespace cannot name.
+        let pgrp = out.lines().find_map(|l| l.strip_prefix("pgrp ")).and_then(|p| p.parse::<u32>().ok());
+        assert!(pgrp.is_some_and(|p| p > 1), "{who:?}: {}", describe(&o));
+        // The shell and python are of the group the signal went to; it ended them.
+        assert!(!out.contains("NOT-REACHED"), "{who:?}: {}", describe(&o));
+        assert_eq!(servers_of(&s), servers, "{who:?}: a server was signalled");
+        let o = run_timed(who, &s, "echo after > f", &[]);
+        assert_eq!(o.status.code(), Some(0), "{who:?}: {}", describe(&o));
+        assert!(premounted(&o), "{who:?}: {}", describe(&o));
+    }
+}
+
 /// A warm server killed at any moment of a run (premounting, exchanging directories, while the
 /// command runs, reporting) loses nothing: the run's outcome is true of the workspace (status
 /// 0 and the new content, or a failure and the old), and the next runs are served premounted.

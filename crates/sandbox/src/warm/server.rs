@@ -68,7 +68,11 @@ pub fn main(args: &[OsString], layout: StateLayout) -> ! {
         p if p > 0 => stage2::exit(0),
         _ => stage2::exit(1),
     }
-    let _ = rustix::process::setsid();
+    // A session without a terminal, for good: its leader (this process) never opens one, and
+    // every command of this server runs in it, each in a process group of its own.
+    if rustix::process::setsid().is_err() {
+        stage2::exit(1);
+    }
     let _ = rustix::process::chdir("/");
     // Its name in `ps`/`top` (the command line says the rest).
     let _ = rustix::thread::set_name(c"txbox-warm");
@@ -510,6 +514,10 @@ fn init(
     handoff: Option<Handoff>,
 ) -> Result<(), StepError> {
     seal_init(k, spec, plan, handoff)?;
+    // Commands share init's session (each in a group of its own): it must have no terminal.
+    if let Some(tty) = controlling_terminal() {
+        return Err(StepError::new(format!("init has a controlling terminal ({tty:#x})"), rustix::io::Errno::NOTSUP));
+    }
     // The hostname namespace every command's is copied from; the first command's namespaces.
     let uts = rustix::fs::open("/proc/self/ns/uts", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
         .map_err(at("open /proc/self/ns/uts"))?;
@@ -614,6 +622,20 @@ fn ruleset_for(spec: &SandboxSpec, next: Option<&Premount>) -> Option<crate::lan
         return None;
     }
     crate::landlock::prepare(&plan).ok()
+}
+
+/// The controlling terminal of this process (`tty_nr` of `/proc/self/stat`), if it has one.
+fn controlling_terminal() -> Option<u64> {
+    tty_nr(&std::fs::read_to_string("/proc/self/stat").ok()?)
+}
+
+/// `tty_nr` (the 7th field) of a `/proc/PID/stat` line, when not 0. The command name (2nd
+/// field) is in parentheses and may hold spaces and parentheses itself: fields are counted from
+/// the last `)`.
+fn tty_nr(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // state, ppid, pgrp, session, tty_nr
+    rest.split_whitespace().nth(4)?.parse::<i64>().ok().filter(|t| *t != 0).map(|t| t as u64)
 }
 
 /// The views of transactions the server holds between requests: the premounted one for the
@@ -1163,8 +1185,10 @@ impl Drop for ChildStack {
     }
 }
 
-/// In the command's process, before exec: the client's stdio, a session of its own (its IPC
-/// and UTS namespaces init made for it: `fresh_namespaces`), the client's umask and limits,
+/// In the command's process, before exec: the client's stdio, a process group of its own in
+/// init's session, which has no terminal (`main`, checked by `init`: a new session per command
+/// cost 6-50 µs, the kernel making a scheduling group for it), its IPC and UTS namespaces init
+/// made for it (`fresh_namespaces`), the client's umask and limits,
 /// then the confinement of any sandbox (whose limits, set after the client's, win). The order
 /// is the documentation; `tests` pin it.
 fn prepare_child<K: Kernel>(
@@ -1175,7 +1199,7 @@ fn prepare_child<K: Kernel>(
     ruleset: Option<&crate::landlock::Prepared>,
 ) -> Result<(), StepError> {
     k.install_stdio(stdio)?;
-    k.take_terminal(None)?;
+    k.own_process_group()?;
     k.umask(req.umask & 0o777);
     for &(res, soft, hard) in &req.rlimits {
         // Best effort: a limit the server cannot raise back stays at the server's.
@@ -1395,7 +1419,8 @@ mod tests {
         assert_eq!(t.0[0], "install_stdio [10, 11, 12]");
         // Its IPC and UTS namespaces are made by init beforehand (`fresh_namespaces`).
         assert!(!t.has("unshare"), "{:#?}", t.0);
-        t.before("take_terminal false", "umask");
+        t.before("own_process_group", "umask");
+        assert!(!t.has("take_terminal"), "no session of its own: {:#?}", t.0);
         t.before("umask 22", "setrlimit");
         // The run's limits are set after the caller's, so they win.
         t.before("caller_rlimit Cpu Some(100) None", "setrlimit Cpu 10");
@@ -1414,6 +1439,16 @@ mod tests {
         t.before("no_new_privs", "landlock prepared");
         assert_eq!(t.0[t.0.len() - 2..], ["landlock prepared", "seccomp"]);
         assert!(!t.0.iter().any(|o| o == "landlock"), "{:#?}", t.0);
+    }
+
+    #[test]
+    fn the_controlling_terminal_is_read_past_any_command_name() {
+        assert_eq!(tty_nr("1 (txbox-warm) S 0 1 1 0 -1 4194560 0"), None);
+        assert_eq!(tty_nr("7 (sh) S 1 7 7 34816 7 4194560"), Some(34816));
+        // A name with spaces and parentheses cannot shift the fields.
+        assert_eq!(tty_nr("7 (a) S 1 2 3 0 (b)) S 1 7 7 34817 7 0"), Some(34817));
+        assert_eq!(tty_nr("garbage"), None);
+        assert_eq!(controlling_terminal(), controlling_terminal(), "reads this process's own");
     }
 
     /// A ruleset is made ahead only for rules that do not look into the premounted view.
@@ -1440,7 +1475,7 @@ mod tests {
 
     #[test]
     fn a_command_whose_setup_fails_is_never_left_half_confined() {
-        let mut k = Recorder { fail: Some("take_terminal"), ..Recorder::default() };
+        let mut k = Recorder { fail: Some("own_process_group"), ..Recorder::default() };
         assert!(prepare_child(&mut k, &request(), &[10, 11, 12], &Vec::new(), None).is_err());
         assert!(!k.ops.iter().any(|o| o.starts_with("umask") || o.starts_with("seccomp")), "{:#?}", k.ops);
         let mut k = Recorder { fail: Some("landlock"), ..Recorder::default() };
