@@ -190,14 +190,16 @@ pub fn hidden(host: &Host, workspace: &Path, writable: &[PathBuf], look: &dyn Lo
             continue;
         }
         let Some(r) = resolve(look, p) else { continue };
-        let hides = (r.path == *p || trusted(&r)) && !keep(&r.path);
+        // (Compared as bytes: `Path`'s equality does not see `/srv/rt/` as another name.)
+        let same = r.path.as_os_str() == p.as_os_str();
+        let hides = (same || trusted(&r)) && !keep(&r.path);
         // Into a directory only if it is hidden itself (not `/`, where a link leads to `/usr`).
         if mine && hides && r.kind == Kind::Dir {
             for link in look.links_in(&r.path) {
                 real.extend(resolve(look, &link).filter(|l| trusted(l)).map(|l| l.path));
             }
         }
-        if hides && r.path != *p {
+        if hides && !same {
             real.push(r.path);
         }
     }
@@ -205,7 +207,10 @@ pub fn hidden(host: &Host, workspace: &Path, writable: &[PathBuf], look: &dyn Lo
     v.extend(real);
     // Other state directories are named as found (real directories only: `Host::gather`).
     v.extend(host.states.iter().cloned());
-    v.retain(|p| p.is_absolute() && !keep(p));
+    // A name with `.`, `..` or a doubled or trailing `/` (a runtime directory as the caller
+    // wrote it) is hidden by its real path only: `..` would defeat the byte comparisons of
+    // `keep` (`/w/ws/..` is above the workspace), and the mount would follow it.
+    v.retain(|p| plain(p) && !keep(p));
     // Sorted as a tree is walked ('/' before any other byte), so that whatever lies beneath a
     // path comes right after it (and runs pay n log n byte comparisons, not component parsing).
     let tree = |b: &u8| if *b == b'/' { 0 } else { *b };
@@ -218,6 +223,15 @@ pub fn hidden(host: &Host, workspace: &Path, writable: &[PathBuf], look: &dyn Lo
         }
     }
     out
+}
+
+/// Whether `p` is absolute and spelled as its components join: no `.`, `..`, `//`, trailing `/`.
+fn plain(p: &Path) -> bool {
+    let b = p.as_os_str().as_bytes();
+    p.is_absolute()
+        && (b == b"/" || !b.ends_with(b"/"))
+        && !b.windows(2).any(|w| w == b"//")
+        && p.components().all(|c| matches!(c, std::path::Component::RootDir | std::path::Component::Normal(_)))
 }
 
 /// Whether `p` is `dir` or lies beneath it, by bytes (the paths here are absolute and plain:
@@ -366,7 +380,7 @@ mod tests {
     }
 
     fn has(v: &[PathBuf], p: &str) -> bool {
-        v.iter().any(|x| x == Path::new(p))
+        v.iter().any(|x| x.as_os_str() == p)
     }
 
     #[test]
@@ -531,6 +545,19 @@ mod tests {
         let fs = Fake::new(&["/home/ann/dotfiles/ssh"], &[], &[("/home/ann/.ssh", "/home/ann/dotfiles/ssh")]);
         let v = hidden(&host(), Path::new("/home/ann/dotfiles"), &[], &fs);
         assert!(has(&v, "/home/ann/dotfiles/ssh"), "{v:#?}");
+    }
+
+    #[test]
+    fn a_name_that_is_not_plain_is_hidden_by_its_real_path_only() {
+        let fs = Fake::new(&["/w/ws", "/srv/rt", "/run/user/1000"], &[], &[]);
+        for (named, real) in [("/w/ws/..", None), ("/srv/rt/", Some("/srv/rt")), ("/srv//rt/.", Some("/srv/rt"))] {
+            let mut h = host();
+            h.runtime_dir = Some(named.into());
+            let v = hidden(&h, Path::new("/w/ws"), &[], &fs);
+            assert!(!has(&v, named) && !has(&v, "/w") && !has(&v, "/w/ws"), "{named}: {v:#?}");
+            assert!(real.is_none_or(|r| has(&v, r)), "{named}: {v:#?}");
+        }
+        assert!(plain(Path::new("/")) && plain(Path::new("/a/b")) && !plain(Path::new("a")));
     }
 
     #[test]

@@ -645,6 +645,12 @@ fn secrets_behind_symlinks_are_hidden_where_they_really_are() {
             assert!(out.contains("ordinary"), "{who:?} {mode:?}: the workspace is visible: {}", describe(&o));
             assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
         }
+        // A runtime directory named with `..`, above the workspace: the same.
+        let above = format!("{}/..", s.ws.display());
+        for mode in MODES {
+            let o = run_in(who, &s, mode, &[("XDG_RUNTIME_DIR", &above)], &["--", "cat", "plain.txt"]);
+            assert_eq!(String::from_utf8_lossy(&o.stdout), "ordinary\n", "{who:?} {mode:?}: {}", describe(&o));
+        }
         drop(agent);
     }
 }
