@@ -89,6 +89,8 @@ pub(crate) trait Kernel {
     fn drop_capability(&mut self, cap: u32) -> Result<(), StepError>;
     fn no_new_privs(&mut self) -> Result<(), StepError>;
     fn landlock(&mut self, spec: &SandboxSpec) -> Result<(), StepError>;
+    /// Enforce a ruleset made beforehand (a warm server's, for the view it premounted).
+    fn landlock_prepared(&mut self, ruleset: &crate::landlock::Prepared) -> Result<(), StepError>;
     /// The command's seccomp filter (built here when `program` is `None`).
     fn seccomp(&mut self, program: Option<&seccompiler::BpfProgram>) -> Result<(), StepError>;
     /// Default signals, empty mask, enter `cwd`, every descriptor above 2 close-on-exec.
@@ -297,13 +299,13 @@ impl Kernel for Linux {
     }
 
     fn landlock(&mut self, spec: &SandboxSpec) -> Result<(), StepError> {
-        // Package caches are written like the extra writable paths.
-        let mut writable = spec.writable.clone();
-        writable.extend(spec.caches.iter().map(|(_, t)| t.clone()));
-        let plan = crate::landlock::LandlockPlan::new(&spec.workspace, &writable);
-        crate::landlock::apply(&plan)
+        crate::landlock::apply(&crate::landlock::LandlockPlan::for_spec(spec))
             .map(|_| ())
             .map_err(|e| StepError::new(format!("landlock: {e}"), rustix::io::Errno::PERM))
+    }
+
+    fn landlock_prepared(&mut self, ruleset: &crate::landlock::Prepared) -> Result<(), StepError> {
+        ruleset.enforce().map_err(at("landlock: enforce the prepared ruleset"))
     }
 
     fn seccomp(&mut self, program: Option<&seccompiler::BpfProgram>) -> Result<(), StepError> {
@@ -500,6 +502,9 @@ pub(crate) mod recorder {
         }
         fn landlock(&mut self, _: &SandboxSpec) -> Result<(), StepError> {
             self.note("landlock")
+        }
+        fn landlock_prepared(&mut self, _: &crate::landlock::Prepared) -> Result<(), StepError> {
+            self.note("landlock prepared")
         }
         fn seccomp(&mut self, _: Option<&seccompiler::BpfProgram>) -> Result<(), StepError> {
             self.note("seccomp")

@@ -305,10 +305,41 @@ fn a_request_refused_before_its_view_leaves_the_premount_in_place() {
         let mut answer = String::new();
         std::io::Read::read_to_string(&mut c, &mut answer).unwrap();
         assert!(answer.is_empty() || answer.starts_with("refuse "), "{i}: {answer:?}");
-        let o = run_timed(As::Me, &s, &format!("cat f; echo {i} > f"), &[]);
+        // The refusal gave the sandbox a new /tmp: the ruleset made ahead for the premounted
+        // view is made anew with it, or the command could not write there.
+        let o = run_timed(As::Me, &s, &format!("cat f; echo {i} > f && echo t > /tmp/t && cat /tmp/t"), &[]);
         assert_eq!(o.status.code(), Some(0), "{i}: {}", describe(&o));
         assert!(premounted(&o), "{i}: {}", describe(&o));
         assert_eq!(std::fs::read_to_string(s.ws.join("f")).unwrap(), format!("{i}\n"), "{}", describe(&o));
+    }
+}
+
+/// A command handed the premounted view runs under the Landlock ruleset its server made while
+/// it waited (`warm::server::ruleset_for`): it writes its workspace, `/tmp` and `/dev/shm`, run
+/// after run, and not what only Landlock keeps it from, such as its own `/proc` files (the
+/// mounts and permissions allow that write).
+#[test]
+fn a_premounted_command_is_confined_by_the_ruleset_made_ahead() {
+    // The policy refuses a write to /proc it can see; this one it cannot, so the sandbox must.
+    let script = "echo w > f && echo t > /tmp/t && echo s > /dev/shm/s && cat /tmp/t /dev/shm/s && python3 -c '
+try:
+    open(\"/proc/self/comm\", \"w\").write(\"x\")
+    print(\"COMM-WRITTEN\")
+except OSError as e:
+    print(\"COMM-REFUSED\" if e.errno == 13 else e)'";
+    for who in identities() {
+        let s = Scratch::for_who(who, "warm-landlock");
+        warm_up(who, &s);
+        for i in 0..3 {
+            let o = run_timed(who, &s, script, &[]);
+            let out = String::from_utf8_lossy(&o.stdout);
+            assert_eq!(o.status.code(), Some(0), "{who:?} {i}: {}", describe(&o));
+            assert!(premounted(&o), "{who:?} {i}: {}", describe(&o));
+            assert_eq!(out, "t\ns\nCOMM-REFUSED\n", "{who:?} {i}: {}", describe(&o));
+        }
+        // The same command in a sandbox of its own is confined the same way.
+        let o = run_timed(who, &s, script, &[("TXBOX_WARM", "0")]);
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "t\ns\nCOMM-REFUSED\n", "{who:?}: {}", describe(&o));
     }
 }
 
