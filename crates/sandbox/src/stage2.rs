@@ -372,26 +372,7 @@ pub(crate) fn mount(op: &MountOp, pins: &Pins) -> Result<(), StepError> {
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
             Err(e) => Err(StepError::io("symlink", target, &e)),
         },
-        MountOp::Hide { target } => {
-            // Where a symlink points: the mount lands there, and must be of its kind.
-            let Ok(md) = std::fs::metadata(target) else { return Ok(()) };
-            if md.is_dir() {
-                mnt(
-                    "tmpfs",
-                    target.as_path(),
-                    "tmpfs",
-                    MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
-                    Some(c"mode=000,size=4k"),
-                )
-                .map_err(at_path("hide", target))
-            } else {
-                // A file: an empty file over it, read-only. (Not /dev/null: a device node on a
-                // read-only mount still accepts writes, which would look like success.)
-                let empty = std::path::Path::new(EMPTY_FILE);
-                mnt(empty, target.as_path(), "", MountFlags::BIND, None).map_err(at_path("hide", target))?;
-                mount_setattr(target, false, MOUNT_ATTR_RDONLY, 0)
-            }
-        }
+        MountOp::Hide { target } => hide(target),
         MountOp::Sysfs { target } => mnt(
             "sysfs",
             target.as_path(),
@@ -408,7 +389,12 @@ pub(crate) fn mount(op: &MountOp, pins: &Pins) -> Result<(), StepError> {
                 .map_err(at_path("bind", target))?;
             mount_setattr(target, true, MOUNT_ATTR_RDONLY, 0)
         }
-        MountOp::EmptyFile { target } => std::fs::write(target, b"").map_err(|e| StepError::io("create", target, &e)),
+        MountOp::EmptyFile { target } => {
+            std::fs::write(target, b"").map_err(|e| StepError::io("create", target, &e))?;
+            // A read-only mount of its own: every bind of it (`hide`) is read-only from the start.
+            mnt(target.as_path(), target.as_path(), "", MountFlags::BIND, None).map_err(at_path("bind", target))?;
+            mount_setattr(target, false, MOUNT_ATTR_RDONLY, 0)
+        }
         MountOp::Detach { target } => match rustix::mount::unmount(target.as_path(), UnmountFlags::DETACH) {
             Ok(()) | Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOENT) => Ok(()),
             Err(e) => Err(StepError::at_path("detach", target, e)),
@@ -417,6 +403,44 @@ pub(crate) fn mount(op: &MountOp, pins: &Pins) -> Result<(), StepError> {
             mnt("proc", target.as_path(), "proc", MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC, None)
                 .map_err(at_path("mount proc on", target))
         }
+    }
+}
+
+/// Cover `target` (`MountOp::Hide`) exactly where it is named, never where a symlink on the way
+/// points: the plan names each secret's real place as well (`crate::secrets`), and a link
+/// followed now could lead anywhere (the workspace's, a writable path's). A path that is missing,
+/// out of reach, or named through a symlink is left as it is.
+fn hide(target: &std::path::Path) -> Result<(), StepError> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags, CWD};
+    use std::os::fd::AsRawFd;
+    let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let opened = match rustix::fs::openat2(CWD, target, flags, Mode::empty(), ResolveFlags::NO_SYMLINKS) {
+        // Before Linux 5.6: the last component is still not followed.
+        Err(Errno::NOSYS) => rustix::fs::openat(CWD, target, flags, Mode::empty()),
+        r => r,
+    };
+    let fd = match opened {
+        Ok(fd) => fd,
+        Err(Errno::NOENT | Errno::LOOP | Errno::NOTDIR | Errno::ACCESS) => return Ok(()),
+        Err(e) => return Err(StepError::at_path("open to hide", target, e)),
+    };
+    let st = rustix::fs::fstat(&fd).map_err(at_path("stat to hide", target))?;
+    // The mount lands on what the descriptor holds, whatever the name means by now.
+    let at = std::path::PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+    match rustix::fs::FileType::from_raw_mode(st.st_mode) {
+        rustix::fs::FileType::Symlink => Ok(()),
+        rustix::fs::FileType::Directory => rustix::mount::mount(
+            "tmpfs",
+            at.as_path(),
+            "tmpfs",
+            MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+            Some(c"mode=000,size=4k"),
+        )
+        .map_err(at_path("hide", target)),
+        // A file: the empty file over it, read-only as its own mount is. (Not /dev/null: a
+        // device node on a read-only mount still accepts writes, which would look like success.)
+        _ => rustix::mount::mount(std::path::Path::new(EMPTY_FILE), at.as_path(), "", MountFlags::BIND, None)
+            .map_err(at_path("hide", target)),
     }
 }
 
@@ -462,7 +486,7 @@ fn init<K: Kernel>(
         CString::new(spec.cwd.as_os_str().as_bytes()).map_err(|_| StepError::new("working directory", Errno::INVAL))?;
     let child = match k.fork("fork command")? {
         Fork::Child => {
-            if let Err(e) = k.take_terminal(terminal).and_then(|()| confine(k, spec, None)) {
+            if let Err(e) = k.take_terminal(terminal).and_then(|()| confine(k, spec, Inherited::Nothing, None, None)) {
                 k.report(&Report::Error(setup_failed(&e)).line());
                 return Ok(k.exit(125));
             }
@@ -496,26 +520,12 @@ pub(crate) fn guard_sockets(handoff: Handoff) -> Result<(), StepError> {
 pub(crate) const DROPPED_CAPS: [u32; 26] =
     [9, 12, 14, 15, 16, 17, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 30, 32, 33, 34, 35, 36, 37, 38, 39, 40];
 
-/// In the command's process, last steps before exec: resource limits, then the kernel
-/// confinement that must come after every mount. `seccomp` is the filter if already built
-/// (a warm server builds it once), else it is built here.
-pub(crate) fn confine<K: Kernel>(
-    k: &mut K,
-    spec: &SandboxSpec,
-    seccomp: Option<&seccompiler::BpfProgram>,
-) -> Result<(), StepError> {
-    let limits = [(Resource::Cpu, spec.cpu_seconds), (Resource::Fsize, spec.max_file_size), (Resource::Core, Some(0))];
-    for (res, v) in limits {
-        if let Some(v) = v {
-            k.set_rlimit(res, v)?;
-        }
-    }
-    // A default process limit is only ever lowered here: one the caller already set lower stays.
-    if let Some(n) = spec.max_procs {
-        if k.rlimit_max(Resource::Nproc).is_none_or(|m| m > n) {
-            k.set_rlimit(Resource::Nproc, n)?;
-        }
-    }
+/// What a command's process inherits and keeps through exec, made once where it can be (a warm
+/// server's init, for every command it starts), else in the command's process (`confine`):
+/// its OOM score and, for root without a user namespace, the bounding set. Neither changes what
+/// the process that makes it may do (its own capabilities stay until it execs, and a warm
+/// server's init never does).
+pub(crate) fn confine_inherited<K: Kernel>(k: &mut K, spec: &SandboxSpec) -> Result<(), StepError> {
     // When the host runs out of memory, the command is the first thing the kernel kills, not
     // the host's processes (txbox's default memory protection; a hard cap is `--memory`).
     // Best effort: a run is never refused for it. The command cannot lower it again: as root
@@ -530,12 +540,54 @@ pub(crate) fn confine<K: Kernel>(
             k.drop_capability(cap)?;
         }
     }
+    Ok(())
+}
+
+/// What the command's process got from whoever started it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Inherited {
+    /// Nothing: it makes its whole confinement itself.
+    Nothing,
+    /// [`confine_inherited`], made once by a warm server's init.
+    Confinement,
+}
+
+/// In the command's process, last steps before exec: resource limits, then the kernel
+/// confinement that must come after every mount. `seccomp` is the filter if already built
+/// (a warm server builds it once), else it is built here; `ruleset`, Landlock's if made ahead
+/// for this command's mounts.
+pub(crate) fn confine<K: Kernel>(
+    k: &mut K,
+    spec: &SandboxSpec,
+    inherited: Inherited,
+    seccomp: Option<&seccompiler::BpfProgram>,
+    ruleset: Option<&crate::landlock::Prepared>,
+) -> Result<(), StepError> {
+    let limits = [(Resource::Cpu, spec.cpu_seconds), (Resource::Fsize, spec.max_file_size), (Resource::Core, Some(0))];
+    for (res, v) in limits {
+        if let Some(v) = v {
+            k.set_rlimit(res, v)?;
+        }
+    }
+    // A default process limit is only ever lowered here: one the caller already set lower stays.
+    if let Some(n) = spec.max_procs {
+        if k.rlimit_max(Resource::Nproc).is_none_or(|m| m > n) {
+            k.set_rlimit(Resource::Nproc, n)?;
+        }
+    }
+    if inherited == Inherited::Nothing {
+        confine_inherited(k, spec)?;
+    }
     // No exec from here on may gain privileges (setuid, file capabilities): what Landlock and
     // seccomp need to be installed without CAP_SYS_ADMIN, and what keeps them from being shed.
     k.no_new_privs()?;
     // Landlock: writes only beneath the workspace view, /tmp, /dev and configured extras —
-    // a second wall behind the read-only mounts, best effort by kernel ABI.
-    k.landlock(spec)?;
+    // a second wall behind the read-only mounts, best effort by kernel ABI. A warm server may
+    // have made the ruleset while it waited, for the very mounts this command sees.
+    match ruleset {
+        Some(r) => k.landlock_prepared(r)?,
+        None => k.landlock(spec)?,
+    }
     // seccomp last: it refuses mount and friends, which everything above needed.
     k.seccomp(seccomp)
 }

@@ -381,17 +381,21 @@ impl Shared {
 
 /// Threads that join in the batches of this process: `THREADS - 1` of them, started at the
 /// first batch of more than one flush, for the process's life. None if not one could be
-/// started: the calling thread then flushes alone.
+/// started, and None in a child forked after they were: the calling thread then flushes alone.
+/// (Threads do not survive `fork`; a lock one of them held at that moment would stay locked in
+/// the child for good, so the child must not touch their queue.)
 fn helpers() -> Option<&'static Helpers> {
-    static HELPERS: Helpers =
-        Helpers { queue: Mutex::new(std::collections::VecDeque::new()), ready: std::sync::Condvar::new() };
-    static STARTED: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let started = STARTED.get_or_init(|| {
+    // The process that started them, and how many it started.
+    static STARTED: std::sync::OnceLock<(u32, usize)> = std::sync::OnceLock::new();
+    let (pid, started) = *STARTED.get_or_init(|| {
         let spawn = || std::thread::Builder::new().name("txbox-fsync".into()).spawn(|| HELPERS.serve());
-        (1..THREADS).filter(|_| spawn().is_ok()).count()
+        (std::process::id(), (1..THREADS).filter(|_| spawn().is_ok()).count())
     });
-    (*started > 0).then_some(&HELPERS)
+    (started > 0 && pid == std::process::id()).then_some(&HELPERS)
 }
+
+static HELPERS: Helpers =
+    Helpers { queue: Mutex::new(std::collections::VecDeque::new()), ready: std::sync::Condvar::new() };
 
 /// Batches offered to the helpers. An entry whose flushes were all taken by the time a helper
 /// looks costs it nothing, so the queue drains however busy they were.
@@ -586,6 +590,43 @@ mod tests {
         // Beneath its root: a symlink is never followed.
         std::os::unix::fs::symlink("/", root.join("up"))?;
         assert!(Fsync.flush(&[Flush::dir(&root, Path::new("up"))]).is_err());
+        std::fs::remove_dir_all(&root)
+    }
+
+    /// A process forked after the helpers started flushes alone: their threads are not in it,
+    /// and their queue's lock, held by one of them at the fork, would never be let go there.
+    #[test]
+    fn a_forked_child_flushes_without_the_parents_helpers() -> io::Result<()> {
+        let root = std::env::temp_dir().join(format!("txbox-durable-fork-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root)?;
+        std::fs::write(root.join("a"), "x")?;
+        std::fs::write(root.join("b"), "y")?;
+        let batch = vec![Flush::file(&root, Path::new("a")), Flush::file(&root, Path::new("b"))];
+        // The helpers are started, and their queue is locked at the fork, as a helper taking a
+        // batch would hold it.
+        Fsync.flush(&batch).map_err(|e| e.source)?;
+        assert!(helpers().is_some(), "no helper started: the test shows nothing");
+        let held = HELPERS.queue.lock().map_err(|_| io::Error::other("poisoned"))?;
+        // SAFETY: the child flushes the batch (fsync, allocation: glibc's allocator is reset for
+        // a forked child) and leaves with _exit; an alarm ends it if it hangs on the lock.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            // SAFETY: async-signal-safe calls in the forked child, which never returns.
+            unsafe {
+                libc::alarm(10);
+                libc::_exit(if Fsync.flush(&batch).is_ok() { 0 } else { 1 });
+            }
+        }
+        drop(held);
+        assert!(pid > 0, "fork: {}", io::Error::last_os_error());
+        let mut status = 0;
+        // SAFETY: waiting for the child just forked, into a local.
+        assert_eq!(unsafe { libc::waitpid(pid, &mut status, 0) }, pid);
+        assert!(
+            libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
+            "the child's flush hung or failed: status {status:#x}"
+        );
         std::fs::remove_dir_all(&root)
     }
 
