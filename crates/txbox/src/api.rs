@@ -436,6 +436,10 @@ fn kind_of(v: &Value) -> &'static str {
     }
 }
 
+/// The stack of a server's threads that run requests (the policy judges a command on the
+/// calling thread; the main thread of the CLI has 8 MiB).
+pub const JUDGE_STACK: usize = 16 << 20;
+
 /// How much of each output stream a server returns by default (head and tail kept); the
 /// command is not killed for more (`max_output` is the limit that kills).
 pub const RETURNED_OUTPUT: usize = 64 << 10;

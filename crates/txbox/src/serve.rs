@@ -28,7 +28,7 @@ use rmcp::transport::StreamableHttpService;
 use serde_json::{json, Value};
 use txbox::api::{
     self, Api, ApiError, BeginBody, Ceiling, ErrorKind, ListArgs, LogArgs, Principal, RollbackBody, RunBody, StepBody,
-    UndoBody,
+    UndoBody, JUDGE_STACK,
 };
 use txbox::result::{Outcome, RunResult};
 
@@ -360,6 +360,9 @@ pub fn main(listen: &str, served: Served, token_file: Option<&Path>, limits: Con
     let api = served.api()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        // Requests are judged on these threads: room for the deepest command the policy parses
+        // (txbox_policy's nesting bound; 2 MiB, the default, is not enough in a debug build).
+        .thread_stack_size(JUDGE_STACK)
         .enable_all() // rmcp uses timers (request timeouts)
         .build()
         .context("starting the async runtime")?;

@@ -1198,3 +1198,56 @@ fn transaction_subcommands_take_dash_c() {
         assert_eq!(out.status.code(), Some(0), "{sub}: {}", describe(&out));
     }
 }
+
+/// Commands built to exhaust the judge: nesting deep enough to overflow a thread's stack (one
+/// construct of each kind the parser recurses on), and brace expansions of 2^40 words. Each is
+/// answered (judged, then run or not: `exit 0` first, so bash never gets to them), and the
+/// server keeps serving, over HTTP and MCP on stdio.
+fn hostile_commands() -> Vec<String> {
+    let nest =
+        |open: &str, mid: &str, close: &str, n: usize| format!("exit 0; {}{mid}{}", open.repeat(n), close.repeat(n));
+    vec![
+        nest("(", "true", ")", 50_000),
+        nest("echo $(", "true", ")", 20_000),
+        nest("{ ", "true; ", "}; ", 20_000),
+        nest("if true; then ", "true; ", "fi; ", 20_000),
+        nest("while true; do ", "true; ", "done; ", 20_000),
+        nest("case x in x) ", "true;; ", "esac;; ", 20_000),
+        nest("f() { ", "true; ", "}; ", 20_000),
+        nest("cat <(cat ", "x", ")", 20_000),
+        nest("echo ${a:-", "x", "}", 20_000),
+        nest("echo \"$(echo ", "x", ")\"", 20_000),
+        format!("exit 0; [[ {}-n x ]]", "! ".repeat(50_000)),
+        format!("exit 0; [[ {}-n x ]]", "-n x && ".repeat(50_000)),
+        format!("exit 0; bash -c '{}'", nest("(", "true", ")", 200)),
+        format!("exit 0; echo {}", "{a,b}".repeat(40)),
+        format!("exit 0; rm -rf /tmp/{}", "{a,b,c,d,e,f,g,h,i,j,k,l,m,n,o,p}".repeat(12)),
+    ]
+}
+
+#[test]
+fn hostile_commands_do_not_kill_or_exhaust_the_server() {
+    let s = Scratch::new("http-deep");
+    let srv = serve(&s, &[&s.ws]);
+    for cmd in hostile_commands() {
+        let (st, v) = http(srv.port, "POST", "/v1/run", auth(), Some(&json!({"command": cmd, "timeout": 60})));
+        assert_eq!(st, 200, "{}…: {v}", &cmd[..40]);
+        assert!(v["outcome"].is_string(), "{}…: {v}", &cmd[..40]);
+        let (st, _) = http(srv.port, "GET", "/v1/health", None, None);
+        assert_eq!(st, 200, "the server died on {}…", &cmd[..40]);
+    }
+    let mut m = Mcp::start(&s);
+    let init = m.request(
+        "initialize",
+        json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}}),
+    );
+    assert!(init["result"]["capabilities"]["tools"].is_object(), "{init}");
+    m.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    for cmd in hostile_commands() {
+        let (err, _, r) = m.call("run", json!({"command": cmd, "timeout": 60}));
+        assert!(!err && r["outcome"].is_string(), "{}…: {r}", &cmd[..40]);
+    }
+    let (err, _, r) = m.call("run", json!({"command": "echo ok"}));
+    assert!(!err && r["outcome"] == "committed", "{r}");
+    m.finish();
+}
