@@ -1251,3 +1251,36 @@ fn hostile_commands_do_not_kill_or_exhaust_the_server() {
     assert!(!err && r["outcome"] == "committed", "{r}");
     m.finish();
 }
+
+/// Every error the server answers is one JSON object in the one error shape, its status kept:
+/// the ones axum and rmcp make by themselves (a wrong method, a path that does not decode,
+/// `/mcp` without the media types it wants or with a body that is not JSON-RPC) included.
+#[test]
+fn every_error_is_one_json_object() {
+    let s = Scratch::new("http-json-errors");
+    let srv = serve(&s, &[&s.ws]);
+    let long_id = "f".repeat(10_000);
+    let mcp_ok = [("Accept", "application/json, text/event-stream"), ("Content-Type", "application/json")];
+    type Case<'a> = (&'a str, String, Option<Value>, &'a [(&'a str, &'a str)], u16, &'a str);
+    let cases: Vec<Case> = vec![
+        ("GET", "/v1/run".into(), None, &[], 405, "usage"),
+        ("DELETE", "/v1/tx".into(), None, &[], 405, "usage"),
+        ("PUT", "/v1/tx/0123456789abcdef/commit".into(), None, &[], 405, "usage"),
+        ("GET", "/v1/tx/%ff%fe/diff".into(), None, &[], 400, "usage"),
+        ("GET", format!("/v1/tx/{long_id}/diff"), None, &[], 404, "not_found"),
+        ("POST", "/v1/health".into(), None, &[], 405, "usage"),
+        ("POST", "/mcp".into(), Some(json!({"jsonrpc": "2.0", "id": 1, "method": "ping"})), &[], 406, "usage"),
+        ("POST", "/mcp".into(), Some(json!([1, 2])), &mcp_ok, 415, "usage"),
+        ("POST", "/mcp".into(), Some(json!("ping")), &mcp_ok, 415, "usage"),
+        ("GET", "/mcp".into(), None, &[], 405, "usage"),
+    ];
+    for (method, path, body, headers, status, kind) in &cases {
+        let (st, v) = http_with(srv.port, method, path, auth(), body.as_ref(), headers);
+        let short = &path[..path.len().min(40)];
+        assert_eq!(st, *status, "{method} {short}: {v}");
+        assert_eq!(v["error"]["kind"], *kind, "{method} {short}: {v}");
+        assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{method} {short}: {v}");
+    }
+    let (st, _) = http(srv.port, "GET", "/v1/health", None, None);
+    assert_eq!(st, 200);
+}
