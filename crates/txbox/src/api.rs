@@ -486,6 +486,23 @@ pub fn shown_entries(mut entries: Vec<audit::Entry>) -> Vec<audit::Entry> {
     entries
 }
 
+/// Served workspaces must be disjoint: an agent's commit in one holding another could replace
+/// the inner one (or a directory above it) with a link to anywhere, and the next request for
+/// it, or a transaction already open in it, would run and commit there.
+fn refuse_nested(ws: &[PathBuf]) -> Result<(), ApiError> {
+    for outer in ws {
+        if let Some(inner) = ws.iter().find(|w| *w != outer && w.starts_with(outer)) {
+            return Err(ApiError::usage(format!(
+                "workspace {} is inside workspace {}: an agent could replace it with a link to another \
+                 directory by a commit in the outer one; serve only one of them",
+                inner.display(),
+                outer.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// What `serve` and `mcp` may touch: the workspaces named at start, their state, the policy,
 /// and the operator's ceiling.
 #[derive(Debug, Clone)]
@@ -517,6 +534,7 @@ impl Api {
                 ws.push(p);
             }
         }
+        refuse_nested(&ws)?;
         let policy = match &policy_file {
             Some(f) => Policy::load(f).map_err(|e| ApiError::usage(e.to_string()))?,
             None => Policy::builtin(),

@@ -1284,3 +1284,42 @@ fn every_error_is_one_json_object() {
     let (st, _) = http(srv.port, "GET", "/v1/health", None, None);
     assert_eq!(st, 200);
 }
+
+/// Served workspaces are disjoint: with one inside another, an agent's commit in the outer one
+/// could replace the inner one with a link to any directory, and a transaction open in it would
+/// then run and commit there. `serve` and `mcp` refuse to start so; siblings (a name that only
+/// begins like another's included) are fine.
+#[test]
+fn nested_workspaces_are_refused_at_start() {
+    let s = Scratch::new("nested-ws");
+    let inner = s.ws.join("sub");
+    let sibling = s.root.join(format!("{}-b", s.ws.file_name().unwrap().to_string_lossy()));
+    std::fs::create_dir_all(&inner).unwrap();
+    std::fs::create_dir_all(&sibling).unwrap();
+    let token_file = s.root.join("token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    for front in ["serve", "mcp"] {
+        for pair in [[&s.ws, &inner], [&inner, &s.ws]] {
+            let mut cmd = Command::new(binary());
+            cmd.arg(front);
+            if front == "serve" {
+                cmd.args(["--listen", "127.0.0.1:0", "--token-file"]).arg(&token_file);
+            }
+            cmd.arg("-C").arg(pair[0]).arg("-C").arg(pair[1]);
+            let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+            // A server that started would serve until killed: give it a while to refuse.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            assert_eq!(out.status.code(), Some(2), "{front} {pair:?}: {}", describe(&out));
+            assert!(String::from_utf8_lossy(&out.stderr).contains("is inside workspace"), "{}", describe(&out));
+        }
+    }
+    let srv = serve(&s, &[&s.ws, &sibling]);
+    let (st, v) = http(srv.port, "POST", "/v1/run", auth(), Some(&json!({"command": "touch b", "workspace": sibling})));
+    assert_eq!((st, v["outcome"].as_str()), (200, Some("committed")), "{v}");
+    assert!(sibling.join("b").exists());
+}
