@@ -80,6 +80,9 @@ pub(crate) trait Kernel {
     fn not_dumpable(&mut self);
     /// In the command's process: a session of its own, the terminal controlling.
     fn take_terminal(&mut self, terminal: Option<&Self::Terminal>) -> Result<(), StepError>;
+    /// In a warm server's command process: a process group of its own, in init's session
+    /// (which has no terminal: the server left its spawner's session).
+    fn own_process_group(&mut self) -> Result<(), StepError>;
     /// In init, once the command has the terminal: init's copy closes.
     fn close_terminal(&mut self, terminal: &Self::Terminal);
     fn set_rlimit(&mut self, resource: Resource, value: u64) -> Result<(), StepError>;
@@ -89,6 +92,8 @@ pub(crate) trait Kernel {
     fn drop_capability(&mut self, cap: u32) -> Result<(), StepError>;
     fn no_new_privs(&mut self) -> Result<(), StepError>;
     fn landlock(&mut self, spec: &SandboxSpec) -> Result<(), StepError>;
+    /// Enforce a ruleset made beforehand (a warm server's, for the view it premounted).
+    fn landlock_prepared(&mut self, ruleset: &crate::landlock::Prepared) -> Result<(), StepError>;
     /// The command's seccomp filter (built here when `program` is `None`).
     fn seccomp(&mut self, program: Option<&seccompiler::BpfProgram>) -> Result<(), StepError>;
     /// Default signals, empty mask, enter `cwd`, every descriptor above 2 close-on-exec.
@@ -234,6 +239,10 @@ impl Kernel for Linux {
         unsafe { libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0) };
     }
 
+    fn own_process_group(&mut self) -> Result<(), StepError> {
+        rustix::process::setpgid(None, None).map_err(at("setpgid"))
+    }
+
     fn take_terminal(&mut self, terminal: Option<&OwnedFd>) -> Result<(), StepError> {
         crate::terminal::take(terminal.map(AsRawFd::as_raw_fd))
     }
@@ -297,13 +306,13 @@ impl Kernel for Linux {
     }
 
     fn landlock(&mut self, spec: &SandboxSpec) -> Result<(), StepError> {
-        // Package caches are written like the extra writable paths.
-        let mut writable = spec.writable.clone();
-        writable.extend(spec.caches.iter().map(|(_, t)| t.clone()));
-        let plan = crate::landlock::LandlockPlan::new(&spec.workspace, &writable);
-        crate::landlock::apply(&plan)
+        crate::landlock::apply(&crate::landlock::LandlockPlan::for_spec(spec))
             .map(|_| ())
             .map_err(|e| StepError::new(format!("landlock: {e}"), rustix::io::Errno::PERM))
+    }
+
+    fn landlock_prepared(&mut self, ruleset: &crate::landlock::Prepared) -> Result<(), StepError> {
+        ruleset.enforce().map_err(at("landlock: enforce the prepared ruleset"))
     }
 
     fn seccomp(&mut self, program: Option<&seccompiler::BpfProgram>) -> Result<(), StepError> {
@@ -477,6 +486,9 @@ pub(crate) mod recorder {
         fn not_dumpable(&mut self) {
             self.ok("not_dumpable");
         }
+        fn own_process_group(&mut self) -> Result<(), StepError> {
+            self.note("own_process_group")
+        }
         fn take_terminal(&mut self, t: Option<&()>) -> Result<(), StepError> {
             self.note(format!("take_terminal {}", t.is_some()))
         }
@@ -500,6 +512,9 @@ pub(crate) mod recorder {
         }
         fn landlock(&mut self, _: &SandboxSpec) -> Result<(), StepError> {
             self.note("landlock")
+        }
+        fn landlock_prepared(&mut self, _: &crate::landlock::Prepared) -> Result<(), StepError> {
+            self.note("landlock prepared")
         }
         fn seccomp(&mut self, _: Option<&seccompiler::BpfProgram>) -> Result<(), StepError> {
             self.note("seccomp")

@@ -55,6 +55,21 @@ impl LandlockPlan {
         writable.extend(extra_writable.iter().cloned());
         LandlockPlan { read_only: vec![PathBuf::from("/")], writable }
     }
+
+    /// The plan of `spec`'s command: its extra writable paths and its package caches' targets
+    /// are written like the workspace.
+    pub fn for_spec(spec: &crate::SandboxSpec) -> Self {
+        let mut writable = spec.writable.clone();
+        writable.extend(spec.caches.iter().map(|(_, t)| t.clone()));
+        LandlockPlan::new(&spec.workspace, &writable)
+    }
+
+    /// Whether the ruleset can be made while `workspace`'s view is premounted and not yet
+    /// handed over: no rule's path lies inside the view (opening one would look into it, and
+    /// overlayfs keeps what a lookup found, before the run the view is for has its layers).
+    pub fn ahead_of_view(&self, workspace: &Path) -> bool {
+        self.read_only.iter().chain(&self.writable).all(|p| p == workspace || !p.starts_with(workspace))
+    }
 }
 
 /// How much of the requested confinement the kernel enforces.
@@ -119,6 +134,46 @@ pub enum LandlockError {
 /// restricts only the calling thread, so the caller must be single-threaded (it is: a freshly
 /// forked process). Paths that do not exist are skipped and listed in the status.
 pub fn apply(plan: &LandlockPlan) -> Result<LandlockStatus, LandlockError> {
+    let (ruleset, skipped) = rules(plan)?;
+    let status = ruleset.restrict_self().map_err(LandlockError::RestrictSelf)?;
+    Ok(LandlockStatus { enforcement: enforcement(&status), abi: effective_abi(&status), skipped })
+}
+
+/// The ruleset of `plan`, made ahead of the process it will confine: a warm server's init makes
+/// it while it waits, and the command's process only enforces it ([`Prepared::enforce`]).
+///
+/// The rules hold the objects the paths named when this was called (Landlock binds a rule to
+/// the mount and directory, not to the path): it is good only for a process that sees the very
+/// same mounts at those paths.
+pub fn prepare(plan: &LandlockPlan) -> Result<Prepared, LandlockError> {
+    let (ruleset, _) = rules(plan)?;
+    Ok(Prepared { fd: ruleset.into() })
+}
+
+/// A ruleset made by [`prepare`]. `None`: the kernel has no Landlock (best effort, as [`apply`]).
+#[derive(Debug)]
+pub struct Prepared {
+    fd: Option<std::os::fd::OwnedFd>,
+}
+
+impl Prepared {
+    /// Confine the calling thread with the ruleset; `PR_SET_NO_NEW_PRIVS` must be set already.
+    /// One syscall, nothing allocated: for a process sharing its parent's memory (the warm
+    /// server's `CLONE_VM` child).
+    pub fn enforce(&self) -> Result<(), rustix::io::Errno> {
+        use std::os::fd::AsRawFd;
+        let Some(fd) = &self.fd else { return Ok(()) };
+        // SAFETY: landlock_restrict_self(fd, 0) reads no memory; fd is the ruleset's, open.
+        let rc = unsafe { libc::syscall(libc::SYS_landlock_restrict_self, fd.as_raw_fd(), 0u32) };
+        if rc != 0 {
+            return Err(rustix::io::Errno::from_raw_os_error(crate::stage2::errno()));
+        }
+        Ok(())
+    }
+}
+
+/// The ruleset of `plan`, its rules added, and the plan's paths that did not exist.
+fn rules(plan: &LandlockPlan) -> Result<(::landlock::RulesetCreated, Vec<PathBuf>), LandlockError> {
     let all = AccessFs::from_all(TARGET_ABI);
     let read = AccessFs::from_read(TARGET_ABI);
     // Granted nowhere: a socket is reachable by path only if created in this domain.
@@ -149,9 +204,7 @@ pub fn apply(plan: &LandlockPlan) -> Result<LandlockStatus, LandlockError> {
                 .map_err(|source| LandlockError::AddRule { path: path.clone(), source })?;
         }
     }
-
-    let status = ruleset.restrict_self().map_err(LandlockError::RestrictSelf)?;
-    Ok(LandlockStatus { enforcement: enforcement(&status), abi: effective_abi(&status), skipped })
+    Ok((ruleset, skipped))
 }
 
 /// An `O_PATH` descriptor: enough to name a hierarchy for Landlock, needs no read permission.

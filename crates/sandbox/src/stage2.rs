@@ -462,7 +462,7 @@ fn init<K: Kernel>(
         CString::new(spec.cwd.as_os_str().as_bytes()).map_err(|_| StepError::new("working directory", Errno::INVAL))?;
     let child = match k.fork("fork command")? {
         Fork::Child => {
-            if let Err(e) = k.take_terminal(terminal).and_then(|()| confine(k, spec, None)) {
+            if let Err(e) = k.take_terminal(terminal).and_then(|()| confine(k, spec, Inherited::Nothing, None, None)) {
                 k.report(&Report::Error(setup_failed(&e)).line());
                 return Ok(k.exit(125));
             }
@@ -496,26 +496,12 @@ pub(crate) fn guard_sockets(handoff: Handoff) -> Result<(), StepError> {
 pub(crate) const DROPPED_CAPS: [u32; 26] =
     [9, 12, 14, 15, 16, 17, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 30, 32, 33, 34, 35, 36, 37, 38, 39, 40];
 
-/// In the command's process, last steps before exec: resource limits, then the kernel
-/// confinement that must come after every mount. `seccomp` is the filter if already built
-/// (a warm server builds it once), else it is built here.
-pub(crate) fn confine<K: Kernel>(
-    k: &mut K,
-    spec: &SandboxSpec,
-    seccomp: Option<&seccompiler::BpfProgram>,
-) -> Result<(), StepError> {
-    let limits = [(Resource::Cpu, spec.cpu_seconds), (Resource::Fsize, spec.max_file_size), (Resource::Core, Some(0))];
-    for (res, v) in limits {
-        if let Some(v) = v {
-            k.set_rlimit(res, v)?;
-        }
-    }
-    // A default process limit is only ever lowered here: one the caller already set lower stays.
-    if let Some(n) = spec.max_procs {
-        if k.rlimit_max(Resource::Nproc).is_none_or(|m| m > n) {
-            k.set_rlimit(Resource::Nproc, n)?;
-        }
-    }
+/// What a command's process inherits and keeps through exec, made once where it can be (a warm
+/// server's init, for every command it starts), else in the command's process (`confine`):
+/// its OOM score and, for root without a user namespace, the bounding set. Neither changes what
+/// the process that makes it may do (its own capabilities stay until it execs, and a warm
+/// server's init never does).
+pub(crate) fn confine_inherited<K: Kernel>(k: &mut K, spec: &SandboxSpec) -> Result<(), StepError> {
     // When the host runs out of memory, the command is the first thing the kernel kills, not
     // the host's processes (txbox's default memory protection; a hard cap is `--memory`).
     // Best effort: a run is never refused for it. The command cannot lower it again: as root
@@ -530,12 +516,54 @@ pub(crate) fn confine<K: Kernel>(
             k.drop_capability(cap)?;
         }
     }
+    Ok(())
+}
+
+/// What the command's process got from whoever started it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Inherited {
+    /// Nothing: it makes its whole confinement itself.
+    Nothing,
+    /// [`confine_inherited`], made once by a warm server's init.
+    Confinement,
+}
+
+/// In the command's process, last steps before exec: resource limits, then the kernel
+/// confinement that must come after every mount. `seccomp` is the filter if already built
+/// (a warm server builds it once), else it is built here; `ruleset`, Landlock's if made ahead
+/// for this command's mounts.
+pub(crate) fn confine<K: Kernel>(
+    k: &mut K,
+    spec: &SandboxSpec,
+    inherited: Inherited,
+    seccomp: Option<&seccompiler::BpfProgram>,
+    ruleset: Option<&crate::landlock::Prepared>,
+) -> Result<(), StepError> {
+    let limits = [(Resource::Cpu, spec.cpu_seconds), (Resource::Fsize, spec.max_file_size), (Resource::Core, Some(0))];
+    for (res, v) in limits {
+        if let Some(v) = v {
+            k.set_rlimit(res, v)?;
+        }
+    }
+    // A default process limit is only ever lowered here: one the caller already set lower stays.
+    if let Some(n) = spec.max_procs {
+        if k.rlimit_max(Resource::Nproc).is_none_or(|m| m > n) {
+            k.set_rlimit(Resource::Nproc, n)?;
+        }
+    }
+    if inherited == Inherited::Nothing {
+        confine_inherited(k, spec)?;
+    }
     // No exec from here on may gain privileges (setuid, file capabilities): what Landlock and
     // seccomp need to be installed without CAP_SYS_ADMIN, and what keeps them from being shed.
     k.no_new_privs()?;
     // Landlock: writes only beneath the workspace view, /tmp, /dev and configured extras —
-    // a second wall behind the read-only mounts, best effort by kernel ABI.
-    k.landlock(spec)?;
+    // a second wall behind the read-only mounts, best effort by kernel ABI. A warm server may
+    // have made the ruleset while it waited, for the very mounts this command sees.
+    match ruleset {
+        Some(r) => k.landlock_prepared(r)?,
+        None => k.landlock(spec)?,
+    }
     // seccomp last: it refuses mount and friends, which everything above needed.
     k.seccomp(seccomp)
 }

@@ -635,3 +635,34 @@ print("processes", " ".join(names))
         }
     }
 }
+
+/// Root without a user namespace keeps only the everyday capabilities, warm or cold: its
+/// bounding set (what it gets back at exec) and so its effective set lack every capability
+/// that reaches the kernel, devices, time, modules or other processes. A warm server's init
+/// drops them once for every command it starts; a cold sandbox's command drops them itself.
+/// An unprivileged caller's command has none at all.
+#[test]
+fn commands_keep_only_the_everyday_capabilities() {
+    // Everything up to CAP_CHECKPOINT_RESTORE (40) but these (stage2::DROPPED_CAPS).
+    let dropped =
+        [9u32, 12, 14, 15, 16, 17, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 30, 32, 33, 34, 35, 36, 37, 38, 39, 40];
+    let everyday = (0..=40u32).filter(|c| !dropped.contains(c)).fold(0u64, |m, c| m | 1 << c);
+    for who in identities() {
+        let root = who == As::Me && rustix::process::geteuid().is_root();
+        let s = scratch(who, "caps");
+        for mode in MODES {
+            let o = run_in(who, &s, mode, &[], &["--", "sh", "-c", "grep -E '^Cap(Bnd|Eff):' /proc/self/status"]);
+            assert_eq!(o.status.code(), Some(0), "{who:?} {mode:?}: {}", describe(&o));
+            let out = String::from_utf8_lossy(&o.stdout);
+            let field = |name: &str| {
+                let hex = out.lines().find_map(|l| l.strip_prefix(&format!("{name}:"))).map(str::trim);
+                hex.and_then(|h| u64::from_str_radix(h, 16).ok())
+            };
+            if root {
+                assert_eq!((field("CapBnd"), field("CapEff")), (Some(everyday), Some(everyday)), "{mode:?}: {out}");
+            } else {
+                assert_eq!(field("CapEff"), Some(0), "{who:?} {mode:?}: {out}");
+            }
+        }
+    }
+}

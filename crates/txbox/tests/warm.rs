@@ -154,6 +154,42 @@ fn a_premounted_view_follows_a_changed_workspace_root() {
     }
 }
 
+/// A warm command runs in a process group of its own, in a session without a terminal: what it
+/// signals as its group (`kill 0`, as a shell's job control or a build tool's cleanup does)
+/// reaches its own processes and never the server outside the sandbox; it has no terminal to
+/// open. The server goes on serving, premounted.
+#[test]
+fn a_command_signalling_its_process_group_reaches_nothing_outside() {
+    for who in identities() {
+        let s = Scratch::for_who(who, "warm-pgrp");
+        warm_up(who, &s);
+        let servers = servers_of(&s);
+        assert!(!servers.is_empty());
+        let probe = "import os, signal
+print('pgrp', os.getpgrp())
+try:
+    os.open('/dev/tty', os.O_RDWR)
+    print('TTY-OPENED')
+except OSError as e:
+    print('no-tty', e.errno)
+os.killpg(0, signal.SIGTERM)";
+        let o = run_timed(who, &s, &format!("python3 -c \"{probe}\"; echo NOT-REACHED"), &[]);
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert!(premounted(&o), "{who:?}: {}", describe(&o));
+        assert!(!out.contains("TTY-OPENED") && out.contains("no-tty"), "{who:?}: {}", describe(&o));
+        // Its group is the shell's, a process of the sandbox; init's (the server's, outside)
+        // would show as 0, a process this pid namespace cannot name.
+        let pgrp = out.lines().find_map(|l| l.strip_prefix("pgrp ")).and_then(|p| p.parse::<u32>().ok());
+        assert!(pgrp.is_some_and(|p| p > 1), "{who:?}: {}", describe(&o));
+        // The shell and python are of the group the signal went to; it ended them.
+        assert!(!out.contains("NOT-REACHED"), "{who:?}: {}", describe(&o));
+        assert_eq!(servers_of(&s), servers, "{who:?}: a server was signalled");
+        let o = run_timed(who, &s, "echo after > f", &[]);
+        assert_eq!(o.status.code(), Some(0), "{who:?}: {}", describe(&o));
+        assert!(premounted(&o), "{who:?}: {}", describe(&o));
+    }
+}
+
 /// A warm server killed at any moment of a run (premounting, exchanging directories, while the
 /// command runs, reporting) loses nothing: the run's outcome is true of the workspace (status
 /// 0 and the new content, or a failure and the old), and the next runs are served premounted.
@@ -305,10 +341,41 @@ fn a_request_refused_before_its_view_leaves_the_premount_in_place() {
         let mut answer = String::new();
         std::io::Read::read_to_string(&mut c, &mut answer).unwrap();
         assert!(answer.is_empty() || answer.starts_with("refuse "), "{i}: {answer:?}");
-        let o = run_timed(As::Me, &s, &format!("cat f; echo {i} > f"), &[]);
+        // The refusal gave the sandbox a new /tmp: the ruleset made ahead for the premounted
+        // view is made anew with it, or the command could not write there.
+        let o = run_timed(As::Me, &s, &format!("cat f; echo {i} > f && echo t > /tmp/t && cat /tmp/t"), &[]);
         assert_eq!(o.status.code(), Some(0), "{i}: {}", describe(&o));
         assert!(premounted(&o), "{i}: {}", describe(&o));
         assert_eq!(std::fs::read_to_string(s.ws.join("f")).unwrap(), format!("{i}\n"), "{}", describe(&o));
+    }
+}
+
+/// A command handed the premounted view runs under the Landlock ruleset its server made while
+/// it waited (`warm::server::ruleset_for`): it writes its workspace, `/tmp` and `/dev/shm`, run
+/// after run, and not what only Landlock keeps it from, such as its own `/proc` files (the
+/// mounts and permissions allow that write).
+#[test]
+fn a_premounted_command_is_confined_by_the_ruleset_made_ahead() {
+    // The policy refuses a write to /proc it can see; this one it cannot, so the sandbox must.
+    let script = "echo w > f && echo t > /tmp/t && echo s > /dev/shm/s && cat /tmp/t /dev/shm/s && python3 -c '
+try:
+    open(\"/proc/self/comm\", \"w\").write(\"x\")
+    print(\"COMM-WRITTEN\")
+except OSError as e:
+    print(\"COMM-REFUSED\" if e.errno == 13 else e)'";
+    for who in identities() {
+        let s = Scratch::for_who(who, "warm-landlock");
+        warm_up(who, &s);
+        for i in 0..3 {
+            let o = run_timed(who, &s, script, &[]);
+            let out = String::from_utf8_lossy(&o.stdout);
+            assert_eq!(o.status.code(), Some(0), "{who:?} {i}: {}", describe(&o));
+            assert!(premounted(&o), "{who:?} {i}: {}", describe(&o));
+            assert_eq!(out, "t\ns\nCOMM-REFUSED\n", "{who:?} {i}: {}", describe(&o));
+        }
+        // The same command in a sandbox of its own is confined the same way.
+        let o = run_timed(who, &s, script, &[("TXBOX_WARM", "0")]);
+        assert_eq!(String::from_utf8_lossy(&o.stdout), "t\ns\nCOMM-REFUSED\n", "{who:?}: {}", describe(&o));
     }
 }
 

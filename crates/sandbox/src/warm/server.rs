@@ -68,7 +68,11 @@ pub fn main(args: &[OsString], layout: StateLayout) -> ! {
         p if p > 0 => stage2::exit(0),
         _ => stage2::exit(1),
     }
-    let _ = rustix::process::setsid();
+    // A session without a terminal, for good: its leader (this process) never opens one, and
+    // every command of this server runs in it, each in a process group of its own.
+    if rustix::process::setsid().is_err() {
+        stage2::exit(1);
+    }
     let _ = rustix::process::chdir("/");
     // Its name in `ps`/`top` (the command line says the rest).
     let _ = rustix::thread::set_name(c"txbox-warm");
@@ -509,7 +513,11 @@ fn init(
     idle: Duration,
     handoff: Option<Handoff>,
 ) -> Result<(), StepError> {
-    seal_init(k, plan, handoff)?;
+    seal_init(k, spec, plan, handoff)?;
+    // Commands share init's session (each in a group of its own): it must have no terminal.
+    if let Some(tty) = controlling_terminal() {
+        return Err(StepError::new(format!("init has a controlling terminal ({tty:#x})"), rustix::io::Errno::NOTSUP));
+    }
     // The hostname namespace every command's is copied from; the first command's namespaces.
     let uts = rustix::fs::open("/proc/self/ns/uts", OFlags::RDONLY | OFlags::CLOEXEC, Mode::empty())
         .map_err(at("open /proc/self/ns/uts"))?;
@@ -521,8 +529,10 @@ fn init(
     let mut last_used = Instant::now();
     let mut garbage = true;
     let mut kept: Vec<Kept> = Vec::new();
-    // The next run's view, ready before it asks (`premount`).
+    // The next run's view, ready before it asks (`premount`), and the Landlock ruleset of a
+    // command that runs in it.
     let mut next = roots.premount(k, plan);
+    let mut ruleset = ruleset_for(spec, next.as_ref());
     loop {
         let mut fds = [PollFd::new(listener, PollFlags::IN)];
         let wait = if kept.is_empty() { TICK } else { LET_GO_WHEN_IDLE };
@@ -558,7 +568,12 @@ fn init(
             continue;
         }
         let mut in_use = None;
-        let go_on = serve_one(&ready, &conn, &mut in_use, &mut Views { next: &mut next, kept: &mut kept });
+        let go_on = serve_one(
+            &ready,
+            &conn,
+            &mut in_use,
+            &mut Views { next: &mut next, kept: &mut kept, ruleset: ruleset.take() },
+        );
         drop(conn);
         // Make the sandbox as new for the next transaction; one that cannot be reset is done.
         // A run's view, detached, lives on in `kept` until the server is idle, and so does the
@@ -590,7 +605,37 @@ fn init(
         if next.is_none() {
             next = roots.premount(k, plan);
         }
+        // Made anew after every request: /tmp is a new filesystem (and the view may be).
+        ruleset = ruleset_for(spec, next.as_ref());
     }
+}
+
+/// The Landlock ruleset of a command that will run in the premounted view `next`, made while
+/// the server waits: its rules bind to the view and to this `/tmp`, so it serves only a request
+/// handed that view, before the next reset. None without a premount, when a rule's path lies
+/// inside the view (`LandlockPlan::ahead_of_view`), or when it cannot be made: the command's
+/// process then makes its own, as a cold one does.
+fn ruleset_for(spec: &SandboxSpec, next: Option<&Premount>) -> Option<crate::landlock::Prepared> {
+    next?;
+    let plan = crate::landlock::LandlockPlan::for_spec(spec);
+    if !plan.ahead_of_view(&spec.workspace) {
+        return None;
+    }
+    crate::landlock::prepare(&plan).ok()
+}
+
+/// The controlling terminal of this process (`tty_nr` of `/proc/self/stat`), if it has one.
+fn controlling_terminal() -> Option<u64> {
+    tty_nr(&std::fs::read_to_string("/proc/self/stat").ok()?)
+}
+
+/// `tty_nr` (the 7th field) of a `/proc/PID/stat` line, when not 0. The command name (2nd
+/// field) is in parentheses and may hold spaces and parentheses itself: fields are counted from
+/// the last `)`.
+fn tty_nr(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    // state, ppid, pgrp, session, tty_nr
+    rest.split_whitespace().nth(4)?.parse::<i64>().ok().filter(|t| *t != 0).map(|t| t as u64)
 }
 
 /// The views of transactions the server holds between requests: the premounted one for the
@@ -598,18 +643,28 @@ fn init(
 struct Views<'a> {
     next: &'a mut Option<Premount>,
     kept: &'a mut Vec<Kept>,
+    /// The ruleset made for `next` (`ruleset_for`): for a command handed that view only.
+    ruleset: Option<crate::landlock::Prepared>,
 }
 
 /// pid 1's own setup, before it serves anyone: it dies with the server, mounts its /proc (and
-/// makes the kernel's knobs in it read-only), installs the socket filter every command
-/// inherits, and becomes not dumpable: no process of a command may read this one's memory or
-/// open its fds (`/proc/1/fd`), which include the listening socket and, during a run, the
-/// layers. Only then: the supervisor takes the listener from it with the rights of a debugger.
-fn seal_init<K: Kernel>(k: &mut K, plan: &WarmPlan, handoff: Option<K::Handoff>) -> Result<(), StepError> {
+/// makes the kernel's knobs in it read-only), takes the OOM score and bounding set every
+/// command inherits (`stage2::confine_inherited`: made once here, not in each command's
+/// process), installs the socket filter every command inherits, and becomes not dumpable: no
+/// process of a command may read this one's memory or open its fds (`/proc/1/fd`), which
+/// include the listening socket and, during a run, the layers. Only then: the supervisor takes
+/// the listener from it with the rights of a debugger.
+fn seal_init<K: Kernel>(
+    k: &mut K,
+    spec: &SandboxSpec,
+    plan: &WarmPlan,
+    handoff: Option<K::Handoff>,
+) -> Result<(), StepError> {
     k.die_with_parent();
     for op in &plan.base.init {
         k.mount(op, &Pins::default())?;
     }
+    stage2::confine_inherited(k, spec)?;
     if let Some(handoff) = handoff {
         k.guard_sockets(handoff)?;
     }
@@ -813,7 +868,9 @@ fn serve_one(ready: &Ready<'_>, conn: &OwnedFd, in_use: &mut Option<InUse>, view
     // When the command's fate is reported, no process of it is left (all killed and reaped),
     // so nothing writes to the upper layer any more and the client may classify it. The view
     // is detached afterwards, off the client's path: unmounting waits for an RCU grace period.
-    let status = run_command(&req, &command, stdio, ready.seccomp, conn, ready.stack, premounted);
+    // The ruleset was made for the premounted view: any other view needs its own.
+    let ruleset = if premounted { views.ruleset.take() } else { None };
+    let status = run_command(&req, &command, stdio, ready.seccomp, ruleset.as_ref(), conn, ready.stack, premounted);
     if let Some(line) = crate::net::warm_since_last() {
         say(conn, &line);
     }
@@ -971,11 +1028,13 @@ impl Command {
 
 /// Start the command with the client's stdio, wait for it (or for the client to give up),
 /// then kill and reap every other process of the namespace. Returns the report line.
+#[allow(clippy::too_many_arguments)]
 fn run_command(
     req: &Request,
     command: &Command,
     stdio: Vec<OwnedFd>,
     seccomp: &seccompiler::BpfProgram,
+    ruleset: Option<&crate::landlock::Prepared>,
     conn: &OwnedFd,
     stack: &ChildStack,
     premounted: bool,
@@ -983,7 +1042,7 @@ fn run_command(
     let raw: Vec<i32> = stdio.iter().map(|f| f.as_raw_fd()).collect();
     let conn_fd = conn.as_raw_fd();
     say(conn, &Answer::Ok { premounted }.line());
-    let child = spawn(&Child { req, stdio: &raw, seccomp, conn_fd, command }, stack)?;
+    let child = spawn(&Child { req, stdio: &raw, seccomp, ruleset, conn_fd, command }, stack)?;
     // The command has its own copies; ours would keep the client's pipes open.
     drop(stdio);
     let pidfd = rustix::process::pidfd_open(
@@ -1034,6 +1093,7 @@ struct Child<'a> {
     req: &'a Request,
     stdio: &'a [i32],
     seccomp: &'a seccompiler::BpfProgram,
+    ruleset: Option<&'a crate::landlock::Prepared>,
     conn_fd: i32,
     command: &'a Command,
 }
@@ -1050,7 +1110,7 @@ fn spawn(child: &Child<'_>, stack: &ChildStack) -> Result<i32, StepError> {
         // and does not touch it while suspended by CLONE_VFORK, until this process execs or
         // exits.
         let c = unsafe { &*(arg as *const Child<'_>) };
-        if let Err(e) = prepare_child(&mut Linux, c.req, c.stdio, c.seccomp) {
+        if let Err(e) = prepare_child(&mut Linux, c.req, c.stdio, c.seccomp, c.ruleset) {
             // SAFETY: conn_fd is open in this process (close-on-exec only).
             let conn = unsafe { BorrowedFd::borrow_raw(c.conn_fd) };
             let _ = rustix::io::write(conn, Report::Error(stage2::setup_failed(&e)).line().as_bytes());
@@ -1125,8 +1185,10 @@ impl Drop for ChildStack {
     }
 }
 
-/// In the command's process, before exec: the client's stdio, a session of its own (its IPC
-/// and UTS namespaces init made for it: `fresh_namespaces`), the client's umask and limits,
+/// In the command's process, before exec: the client's stdio, a process group of its own in
+/// init's session, which has no terminal (`main`, checked by `init`: a new session per command
+/// cost 6-50 µs, the kernel making a scheduling group for it), its IPC and UTS namespaces init
+/// made for it (`fresh_namespaces`), the client's umask and limits,
 /// then the confinement of any sandbox (whose limits, set after the client's, win). The order
 /// is the documentation; `tests` pin it.
 fn prepare_child<K: Kernel>(
@@ -1134,9 +1196,10 @@ fn prepare_child<K: Kernel>(
     req: &Request,
     stdio: &[i32],
     seccomp: &seccompiler::BpfProgram,
+    ruleset: Option<&crate::landlock::Prepared>,
 ) -> Result<(), StepError> {
     k.install_stdio(stdio)?;
-    k.take_terminal(None)?;
+    k.own_process_group()?;
     k.umask(req.umask & 0o777);
     for &(res, soft, hard) in &req.rlimits {
         // Best effort: a limit the server cannot raise back stays at the server's.
@@ -1144,7 +1207,8 @@ fn prepare_child<K: Kernel>(
             k.caller_rlimit(r, soft, hard);
         }
     }
-    stage2::confine(k, &req.spec, Some(seccomp))
+    // The OOM score and the bounding set are init's, inherited (`seal_init`).
+    stage2::confine(k, &req.spec, stage2::Inherited::Confinement, Some(seccomp), ruleset)
 }
 
 #[cfg(test)]
@@ -1246,7 +1310,7 @@ mod tests {
         let args = server_args();
         let r = build(&mut k, &args, Path::new("retired")).and_then(|b| {
             let plan = b.plan;
-            fork_init(&mut k, b.supervisor, |k, handoff| i32::from(seal_init(k, &plan, handoff).is_err()))
+            fork_init(&mut k, b.supervisor, |k, handoff| i32::from(seal_init(k, &args.spec, &plan, handoff).is_err()))
         });
         (Trace(k.ops), r)
     }
@@ -1285,6 +1349,9 @@ mod tests {
         let plan = MountPlan::for_warm(&server_args().spec);
         let mut expected = vec!["die_with_parent".to_string()];
         expected.extend(plan.base.init.iter().map(|op| format!("mount {op:?}")));
+        // What every command inherits, made once: the OOM score (and the bounding set of root
+        // without a user namespace: below).
+        expected.push("oom_score_adj".into());
         // The socket filter before init turns undumpable: the supervisor takes the listener
         // from it with the rights of a debugger.
         expected.extend(["guard_sockets", "not_dumpable", "exit 0"].map(String::from));
@@ -1292,6 +1359,16 @@ mod tests {
         // Without the supervisor (Landlock keeps unix sockets in), no filter to install.
         let (t, _) = server_path(Recorder::default());
         assert!(!t.has("guard_sockets") && t.has("not_dumpable"), "{:#?}", t.0);
+        // Root without a user namespace: init drops the bounding set once, for every command,
+        // before anything of a command can reach it.
+        let mut spec = server_args().spec;
+        spec.userns = false;
+        let mut k = Recorder::default();
+        seal_init(&mut k, &spec, &MountPlan::for_warm(&spec), None).unwrap();
+        let t = Trace(k.ops);
+        assert_eq!(t.0.iter().filter(|o| o.starts_with("drop_capability")).count(), stage2::DROPPED_CAPS.len());
+        t.before("oom_score_adj", "drop_capability");
+        t.before("drop_capability", "not_dumpable");
     }
 
     #[test]
@@ -1337,30 +1414,72 @@ mod tests {
     #[test]
     fn a_command_is_confined_as_a_cold_one_after_the_callers_limits() {
         let mut k = Recorder::default();
-        prepare_child(&mut k, &request(), &[10, 11, 12], &Vec::new()).unwrap();
+        prepare_child(&mut k, &request(), &[10, 11, 12], &Vec::new(), None).unwrap();
         let t = Trace(k.ops);
         assert_eq!(t.0[0], "install_stdio [10, 11, 12]");
         // Its IPC and UTS namespaces are made by init beforehand (`fresh_namespaces`).
         assert!(!t.has("unshare"), "{:#?}", t.0);
-        t.before("take_terminal false", "umask");
+        t.before("own_process_group", "umask");
+        assert!(!t.has("take_terminal"), "no session of its own: {:#?}", t.0);
         t.before("umask 22", "setrlimit");
         // The run's limits are set after the caller's, so they win.
         t.before("caller_rlimit Cpu Some(100) None", "setrlimit Cpu 10");
         assert!(t.has("caller_rlimit Nofile Some(1024) Some(4096)"), "{:#?}", t.0);
-        // Then the confinement of any sandbox, seccomp last.
-        t.before("setrlimit", "drop_capability");
-        t.before("drop_capability", "no_new_privs");
+        // Then the confinement of any sandbox, seccomp last; the OOM score and the bounding set
+        // are init's (`seal_init`), inherited.
+        assert!(!t.has("drop_capability") && !t.has("oom_score_adj"), "{:#?}", t.0);
+        t.before("setrlimit", "no_new_privs");
         t.before("no_new_privs", "landlock");
         assert_eq!(t.0[t.0.len() - 2..], ["landlock", "seccomp"]);
+        // With a ruleset made while the server waited: enforced in the same place, not made.
+        let prepared = crate::landlock::prepare(&crate::landlock::LandlockPlan::default()).unwrap();
+        let mut k = Recorder::default();
+        prepare_child(&mut k, &request(), &[10, 11, 12], &Vec::new(), Some(&prepared)).unwrap();
+        let t = Trace(k.ops);
+        t.before("no_new_privs", "landlock prepared");
+        assert_eq!(t.0[t.0.len() - 2..], ["landlock prepared", "seccomp"]);
+        assert!(!t.0.iter().any(|o| o == "landlock"), "{:#?}", t.0);
+    }
+
+    #[test]
+    fn the_controlling_terminal_is_read_past_any_command_name() {
+        assert_eq!(tty_nr("1 (txbox-warm) S 0 1 1 0 -1 4194560 0"), None);
+        assert_eq!(tty_nr("7 (sh) S 1 7 7 34816 7 4194560"), Some(34816));
+        // A name with spaces and parentheses cannot shift the fields.
+        assert_eq!(tty_nr("7 (a) S 1 2 3 0 (b)) S 1 7 7 34817 7 0"), Some(34817));
+        assert_eq!(tty_nr("garbage"), None);
+        assert_eq!(controlling_terminal(), controlling_terminal(), "reads this process's own");
+    }
+
+    /// A ruleset is made ahead only for rules that do not look into the premounted view.
+    #[test]
+    fn a_ruleset_is_made_ahead_only_outside_the_view() {
+        let mut spec = request().spec;
+        let plan = |spec: &SandboxSpec| crate::landlock::LandlockPlan::for_spec(spec);
+        assert!(plan(&spec).ahead_of_view(&spec.workspace), "{:?}", plan(&spec));
+        // A cache or writable path outside, or above, the workspace: fine.
+        spec.caches = vec![("/state/caches/pip".into(), "/home/u/.cache/pip".into())];
+        spec.writable = vec!["/work".into()];
+        assert!(plan(&spec).ahead_of_view(&spec.workspace));
+        // Inside the workspace: opening it would look into the view before its run has it.
+        for (writable, cache) in [(Some("/work/repo/build"), None), (None, Some("/work/repo/.cache/pip"))] {
+            let mut s = spec.clone();
+            s.writable.extend(writable.map(PathBuf::from));
+            s.caches.extend(cache.map(|t| (PathBuf::from("/state/caches/x"), PathBuf::from(t))));
+            assert!(!plan(&s).ahead_of_view(&s.workspace), "{:?}", plan(&s));
+        }
+        // A sibling whose name starts like the workspace's is not inside it.
+        spec.writable = vec!["/work/repo2".into()];
+        assert!(plan(&spec).ahead_of_view(&spec.workspace));
     }
 
     #[test]
     fn a_command_whose_setup_fails_is_never_left_half_confined() {
-        let mut k = Recorder { fail: Some("take_terminal"), ..Recorder::default() };
-        assert!(prepare_child(&mut k, &request(), &[10, 11, 12], &Vec::new()).is_err());
+        let mut k = Recorder { fail: Some("own_process_group"), ..Recorder::default() };
+        assert!(prepare_child(&mut k, &request(), &[10, 11, 12], &Vec::new(), None).is_err());
         assert!(!k.ops.iter().any(|o| o.starts_with("umask") || o.starts_with("seccomp")), "{:#?}", k.ops);
         let mut k = Recorder { fail: Some("landlock"), ..Recorder::default() };
-        assert!(prepare_child(&mut k, &request(), &[10, 11, 12], &Vec::new()).is_err());
+        assert!(prepare_child(&mut k, &request(), &[10, 11, 12], &Vec::new(), None).is_err());
         assert!(!k.ops.iter().any(|o| o.starts_with("seccomp")), "{:#?}", k.ops);
     }
 
