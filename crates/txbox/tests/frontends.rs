@@ -1323,3 +1323,44 @@ fn nested_workspaces_are_refused_at_start() {
     assert_eq!((st, v["outcome"].as_str()), (200, Some("committed")), "{v}");
     assert!(sibling.join("b").exists());
 }
+
+/// The `diff` tool reads the workspace and the transaction's layer in the server's process,
+/// which sees more than the sandbox: a committed link to a directory outside (or to a file
+/// there), replaced in the transaction by a directory (or a file) of the same name, must not
+/// make the diff show what is outside. A file too large to diff is named with its sizes.
+#[test]
+fn mcp_diff_shows_nothing_reached_through_a_link() {
+    let s = Scratch::new("mcp-diff-link");
+    let outside = s.root.join("outside");
+    std::fs::create_dir_all(outside.join("deep")).unwrap();
+    std::fs::write(outside.join("secret.txt"), "TOP-SECRET-1\n").unwrap();
+    std::fs::write(outside.join("deep/secret.txt"), "TOP-SECRET-2\n").unwrap();
+    let mut m = Mcp::start(&s);
+    let init = m.request(
+        "initialize",
+        json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}}),
+    );
+    assert!(init["result"]["capabilities"]["tools"].is_object(), "{init}");
+    m.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    let o = outside.display();
+    let (err, _, r) = m.call(
+        "run",
+        json!({"command": format!("ln -s {o} lnk && mkdir d && ln -s {o} d/lnk && ln -s {o}/secret.txt flnk")}),
+    );
+    assert!(!err && r["outcome"] == "committed", "{r}");
+    let (err, _, r) = m.call("begin", json!({}));
+    assert!(!err, "{r}");
+    let tx = r["tx"].as_str().unwrap().to_string();
+    let step = "rm lnk d/lnk flnk && mkdir -p lnk d/lnk/deep && echo mine > lnk/secret.txt \
+        && echo mine > d/lnk/deep/secret.txt && echo mine > flnk && head -c 9437184 /dev/zero > big.txt";
+    let (err, _, r) = m.call("exec", json!({"tx": tx, "command": step}));
+    assert!(!err && r["outcome"] == "pending", "{r}");
+    let v = m.request("tools/call", json!({"name": "diff", "arguments": {"tx": tx}}));
+    let unified = v["result"]["content"][2]["text"].as_str().unwrap_or_else(|| panic!("{v}"));
+    assert!(!unified.contains("TOP-SECRET"), "the diff shows a file outside the workspace:\n{unified}");
+    assert!(unified.contains("+mine"), "{unified}");
+    assert!(unified.contains("Large file big.txt changed (0 -> 9437184 bytes"), "{unified}");
+    let (err, _, r) = m.call("rollback", json!({"tx": tx}));
+    assert!(!err, "{r}");
+    m.finish();
+}
