@@ -110,6 +110,8 @@ pub fn engine_kind(e: &EngineError) -> ErrorKind {
     match e {
         EngineError::State(StateError::UnknownTx(_)) => ErrorKind::NotFound,
         EngineError::Usage(_) | EngineError::Workspace { .. } => ErrorKind::Usage,
+        // The caller's input, checked where it is stored.
+        EngineError::State(StateError::BadName(_)) => ErrorKind::Usage,
         _ => ErrorKind::Internal,
     }
 }
