@@ -1273,6 +1273,9 @@ fn every_error_is_one_json_object() {
         ("POST", "/mcp".into(), Some(json!([1, 2])), &mcp_ok, 415, "usage"),
         ("POST", "/mcp".into(), Some(json!("ping")), &mcp_ok, 415, "usage"),
         ("GET", "/mcp".into(), None, &[], 405, "usage"),
+        // A transaction's name is the caller's input: a bad one is a usage error, not txbox's.
+        ("POST", "/v1/tx".into(), Some(json!({"name": "a\u{1b}[2Jb"})), &[], 400, "usage"),
+        ("POST", "/v1/tx".into(), Some(json!({"name": "n".repeat(10_000)})), &[], 400, "usage"),
     ];
     for (method, path, body, headers, status, kind) in &cases {
         let (st, v) = http_with(srv.port, method, path, auth(), body.as_ref(), headers);
@@ -1363,4 +1366,21 @@ fn mcp_diff_shows_nothing_reached_through_a_link() {
     let (err, _, r) = m.call("rollback", json!({"tx": tx}));
     assert!(!err, "{r}");
     m.finish();
+}
+
+/// What an agent wrote reaches the operator's terminal only as printable text: a command line
+/// holding escape sequences (a window title, the clipboard, erasing the screen) shows in
+/// `txbox log` with them escaped, and never as the bytes a terminal would act on.
+#[test]
+fn an_agents_escape_sequences_do_not_reach_the_operators_terminal() {
+    let s = Scratch::new("http-escapes");
+    let srv = serve_with(&s, &[&s.ws], Some(&s.state));
+    let cmd = "echo \u{1b}]52;c;ZWNobyBwd25lZA==\u{7}\u{1b}[2J\u{9b}31m\u{202e} > f.txt";
+    let (st, v) = http(srv.port, "POST", "/v1/run", auth(), Some(&json!({"command": cmd})));
+    assert_eq!((st, v["outcome"].as_str()), (200, Some("committed")), "{v}");
+    let out = txbox(As::Me, &s, &["log", "-C", s.ws.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let text = String::from_utf8(out.stdout.clone()).unwrap();
+    assert!(text.contains("echo \\x1b]52;c;ZWNobyBwd25lZA==\\x07\\x1b[2J\\x9b31m\\u{202e} > f.txt"), "{text}");
+    assert!(!text.chars().any(|c| c.is_control() && c != '\n'), "{text:?}");
 }
