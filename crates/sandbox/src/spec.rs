@@ -310,7 +310,8 @@ pub enum MountOp {
         points_to: PathBuf,
     },
     /// Make a path invisible: an empty read-only tmpfs over a directory, an empty read-only
-    /// file over a file.
+    /// file over a file. Exactly the path named: nothing when a symlink is on the way
+    /// (`crate::secrets` names each secret's real path too).
     Hide {
         target: PathBuf,
     },
@@ -331,14 +332,14 @@ pub enum MountOp {
     Detach {
         target: PathBuf,
     },
-    /// The empty file that `Hide` binds over files ([`EMPTY_FILE`], in the sandbox's `/dev`).
+    /// The empty file that `Hide` binds over files ([`EMPTY_FILE`], in the sandbox's `/dev`), a
+    /// read-only mount of its own so that every bind of it is read-only.
     EmptyFile {
         target: PathBuf,
     },
 }
 
-/// The empty file bound over hidden files; lives in the sandbox's own /dev, read-only once
-/// /dev is complete.
+/// The empty file bound over hidden files; lives in the sandbox's own /dev, a read-only mount.
 pub const EMPTY_FILE: &str = "/dev/.txbox-empty";
 
 /// The mount plan: ops run right after `unshare`, then ops run by the pid namespace's init.

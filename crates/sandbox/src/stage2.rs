@@ -372,26 +372,7 @@ pub(crate) fn mount(op: &MountOp, pins: &Pins) -> Result<(), StepError> {
             Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
             Err(e) => Err(StepError::io("symlink", target, &e)),
         },
-        MountOp::Hide { target } => {
-            // Where a symlink points: the mount lands there, and must be of its kind.
-            let Ok(md) = std::fs::metadata(target) else { return Ok(()) };
-            if md.is_dir() {
-                mnt(
-                    "tmpfs",
-                    target.as_path(),
-                    "tmpfs",
-                    MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
-                    Some(c"mode=000,size=4k"),
-                )
-                .map_err(at_path("hide", target))
-            } else {
-                // A file: an empty file over it, read-only. (Not /dev/null: a device node on a
-                // read-only mount still accepts writes, which would look like success.)
-                let empty = std::path::Path::new(EMPTY_FILE);
-                mnt(empty, target.as_path(), "", MountFlags::BIND, None).map_err(at_path("hide", target))?;
-                mount_setattr(target, false, MOUNT_ATTR_RDONLY, 0)
-            }
-        }
+        MountOp::Hide { target } => hide(target),
         MountOp::Sysfs { target } => mnt(
             "sysfs",
             target.as_path(),
@@ -408,7 +389,12 @@ pub(crate) fn mount(op: &MountOp, pins: &Pins) -> Result<(), StepError> {
                 .map_err(at_path("bind", target))?;
             mount_setattr(target, true, MOUNT_ATTR_RDONLY, 0)
         }
-        MountOp::EmptyFile { target } => std::fs::write(target, b"").map_err(|e| StepError::io("create", target, &e)),
+        MountOp::EmptyFile { target } => {
+            std::fs::write(target, b"").map_err(|e| StepError::io("create", target, &e))?;
+            // A read-only mount of its own: every bind of it (`hide`) is read-only from the start.
+            mnt(target.as_path(), target.as_path(), "", MountFlags::BIND, None).map_err(at_path("bind", target))?;
+            mount_setattr(target, false, MOUNT_ATTR_RDONLY, 0)
+        }
         MountOp::Detach { target } => match rustix::mount::unmount(target.as_path(), UnmountFlags::DETACH) {
             Ok(()) | Err(rustix::io::Errno::INVAL | rustix::io::Errno::NOENT) => Ok(()),
             Err(e) => Err(StepError::at_path("detach", target, e)),
@@ -417,6 +403,44 @@ pub(crate) fn mount(op: &MountOp, pins: &Pins) -> Result<(), StepError> {
             mnt("proc", target.as_path(), "proc", MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC, None)
                 .map_err(at_path("mount proc on", target))
         }
+    }
+}
+
+/// Cover `target` (`MountOp::Hide`) exactly where it is named, never where a symlink on the way
+/// points: the plan names each secret's real place as well (`crate::secrets`), and a link
+/// followed now could lead anywhere (the workspace's, a writable path's). A path that is missing,
+/// out of reach, or named through a symlink is left as it is.
+fn hide(target: &std::path::Path) -> Result<(), StepError> {
+    use rustix::fs::{Mode, OFlags, ResolveFlags, CWD};
+    use std::os::fd::AsRawFd;
+    let flags = OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let opened = match rustix::fs::openat2(CWD, target, flags, Mode::empty(), ResolveFlags::NO_SYMLINKS) {
+        // Before Linux 5.6: the last component is still not followed.
+        Err(Errno::NOSYS) => rustix::fs::openat(CWD, target, flags, Mode::empty()),
+        r => r,
+    };
+    let fd = match opened {
+        Ok(fd) => fd,
+        Err(Errno::NOENT | Errno::LOOP | Errno::NOTDIR | Errno::ACCESS) => return Ok(()),
+        Err(e) => return Err(StepError::at_path("open to hide", target, e)),
+    };
+    let st = rustix::fs::fstat(&fd).map_err(at_path("stat to hide", target))?;
+    // The mount lands on what the descriptor holds, whatever the name means by now.
+    let at = std::path::PathBuf::from(format!("/proc/self/fd/{}", fd.as_raw_fd()));
+    match rustix::fs::FileType::from_raw_mode(st.st_mode) {
+        rustix::fs::FileType::Symlink => Ok(()),
+        rustix::fs::FileType::Directory => rustix::mount::mount(
+            "tmpfs",
+            at.as_path(),
+            "tmpfs",
+            MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV | MountFlags::NOEXEC,
+            Some(c"mode=000,size=4k"),
+        )
+        .map_err(at_path("hide", target)),
+        // A file: the empty file over it, read-only as its own mount is. (Not /dev/null: a
+        // device node on a read-only mount still accepts writes, which would look like success.)
+        _ => rustix::mount::mount(std::path::Path::new(EMPTY_FILE), at.as_path(), "", MountFlags::BIND, None)
+            .map_err(at_path("hide", target)),
     }
 }
 

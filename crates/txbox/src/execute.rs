@@ -58,7 +58,9 @@ impl std::ops::Deref for Executed {
 
 /// Other users' state directories at the root of the workspace's filesystem
 /// (`.txbox-state-<uid>`). Only root can read another user's (they are 0700), so only root's
-/// runs look (this user's own is hidden with the state directory).
+/// runs look (this user's own is hidden with the state directory). Directories only: a symlink
+/// of that name, in a directory anyone may write to (a filesystem's root in `/tmp`), would make
+/// every root run hide what it points to.
 fn other_states(workspace: &Path) -> Vec<PathBuf> {
     if !rustix::process::geteuid().is_root() {
         return Vec::new();
@@ -67,6 +69,7 @@ fn other_states(workspace: &Path) -> Vec<PathBuf> {
     let Ok(dir) = std::fs::read_dir(&root) else { return Vec::new() };
     dir.flatten()
         .filter(|e| e.file_name().as_encoded_bytes().starts_with(txbox_txn::layout::AT_MOUNT_PREFIX.as_bytes()))
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
         .map(|e| e.path())
         .collect()
 }
@@ -109,7 +112,8 @@ pub(crate) fn execute(
     // Everything else by rule: other homes, host keys, credentials, sockets' places, other
     // state directories (txbox_sandbox::secrets).
     let host = txbox_sandbox::secrets::Host::gather(other_states(&env.workspace));
-    spec.hide.extend(txbox_sandbox::secrets::hidden(&host, &env.workspace, &spec.writable));
+    let look = txbox_sandbox::secrets::HostFs;
+    spec.hide.extend(txbox_sandbox::secrets::hidden(&host, &env.workspace, &spec.writable, &look));
     // Then the caches, never in a hidden path: `secrets::hidden` keeps every path above a
     // writable one visible, so a cache there would show it; refused instead, a cache does not
     // change what is hidden.

@@ -63,15 +63,15 @@ fn scratch(who: As, name: &str) -> Scratch {
 
 /// Until a run is served warm (the first starts the server).
 fn warm_up(who: As, s: &Scratch) {
-    warm_up_with(who, s, &[]);
+    warm_up_with(who, s, &[], &[]);
 }
 
-/// Until a run with these flags (which choose the sandbox) is served warm.
-fn warm_up_with(who: As, s: &Scratch, flags: &[&str]) {
+/// Until a run with these flags and this environment (which choose the sandbox) is served warm.
+fn warm_up_with(who: As, s: &Scratch, flags: &[&str], env: &[(&str, &str)]) {
     let deadline = Instant::now() + Duration::from_secs(20);
     let args: Vec<&str> = flags.iter().copied().chain(["--", "true"]).collect();
     loop {
-        let o = run(who, s, Mode::Warm, &[], &args);
+        let o = run(who, s, Mode::Warm, env, &args);
         assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
         if ran(&o) == Mode::Warm {
             return;
@@ -85,7 +85,7 @@ fn warm_up_with(who: As, s: &Scratch, flags: &[&str]) {
 fn run_in(who: As, s: &Scratch, mode: Mode, env: &[(&str, &str)], args: &[&str]) -> Output {
     if mode == Mode::Warm {
         let flags = args.iter().position(|a| *a == "--").map_or(&[][..], |i| &args[..i]);
-        warm_up_with(who, s, flags);
+        warm_up_with(who, s, flags, env);
     }
     let o = run(who, s, mode, env, args);
     assert_eq!(ran(&o), mode, "{who:?}: {}", describe(&o));
@@ -538,6 +538,120 @@ fn secrets_outside_the_short_list_are_hidden() {
             assert!(out.contains("ordinary"), "{who:?} {mode:?}: the caller's own home is visible: {}", describe(&o));
             assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
         }
+    }
+}
+
+/// A secret named through a symlink is hidden where it really is, not only where it was named
+/// (dotfile managers link `~/.ssh` and single credential files elsewhere; a runtime directory
+/// may be a link, one in `/tmp` is gone from the sandbox's own `/tmp`); a link that leads to `/`
+/// or above the workspace hides nothing and breaks nothing; a link re-pointed after a warm
+/// server started is hidden where it points now.
+#[test]
+fn secrets_behind_symlinks_are_hidden_where_they_really_are() {
+    for who in identities() {
+        let s = scratch(who, "linked-secrets");
+        let (home, dot) = (s.root.join("home"), s.root.join("dot"));
+        for d in ["ssh", "ssh2", "config/gh", "rt"] {
+            std::fs::create_dir_all(dot.join(d)).unwrap();
+        }
+        std::fs::write(dot.join("ssh/id_ed25519"), "LINKED KEY\n").unwrap();
+        std::fs::write(dot.join("ssh2/id_ed25519"), "LINKED KEY TWO\n").unwrap();
+        std::fs::write(dot.join("aws-credentials"), "LINKED TOKEN\n").unwrap();
+        std::fs::write(dot.join("config/gh/hosts.yml"), "LINKED TOKEN\n").unwrap();
+        std::fs::write(dot.join("rt/notes"), "LINKED RUNTIME\n").unwrap();
+        std::fs::create_dir_all(home.join(".aws")).unwrap();
+        let link = |to: &Path, at: &Path| std::os::unix::fs::symlink(to, at).unwrap();
+        link(&dot.join("ssh"), &home.join(".ssh"));
+        link(&dot.join("aws-credentials"), &home.join(".aws/credentials"));
+        link(&dot.join("config"), &home.join(".config"));
+        // The runtime directory behind a link in /tmp, with an agent listening in it.
+        let xdg = PathBuf::from(format!("/tmp/txbox-it-xdg-{}-{who:?}", std::process::id()));
+        let _ = std::fs::remove_file(&xdg);
+        link(&dot.join("rt"), &xdg);
+        let _cleanup = Cleanup(xdg.clone());
+        let agent = std::os::unix::net::UnixListener::bind(dot.join("rt/agent.sock")).unwrap();
+        std::fs::write(s.ws.join("plain.txt"), "ordinary\n").unwrap();
+        if let As::User(uid) = who {
+            s.chown(uid);
+            std::os::unix::fs::lchown(&xdg, Some(uid), Some(uid)).unwrap();
+        }
+        let paths = |ssh: &str| {
+            [
+                home.join(".ssh/id_ed25519"),
+                dot.join(ssh).join("id_ed25519"),
+                home.join(".aws/credentials"),
+                dot.join("aws-credentials"),
+                home.join(".config/gh/hosts.yml"),
+                dot.join("config/gh/hosts.yml"),
+                xdg.join("notes"),
+                dot.join("rt/notes"),
+            ]
+            .map(|p| p.display().to_string())
+        };
+        let sockets = [xdg.join("agent.sock"), dot.join("rt/agent.sock")].map(|p| p.display().to_string());
+        let probe = |ssh: &str| {
+            format!(
+                "import socket\nfor p in {files:?}:\n    try:\n        print('READ' if 'LINKED' in open(p).read() else 'empty', p)\n    \
+                 except OSError as e:\n        print('hidden', p, e.errno)\nfor p in {sockets:?}:\n    \
+                 c = socket.socket(socket.AF_UNIX)\n    try:\n        c.connect(p)\n        print('CONNECTED', p)\n    \
+                 except OSError as e:\n        print('refused', p, e.errno)\nprint(open('plain.txt').read().strip())\n",
+                files = paths(ssh)
+            )
+        };
+        let xdg_env = xdg.display().to_string();
+        let env = [("XDG_RUNTIME_DIR", xdg_env.as_str())];
+        // Natively, every one of them is there (the system's python: a user's shim may be
+        // out of the test user's reach).
+        let mut native = match who {
+            As::Me => Command::new("/usr/bin/python3"),
+            As::User(uid) => {
+                let mut c = Command::new("setpriv");
+                c.args([format!("--reuid={uid}"), format!("--regid={uid}"), "--clear-groups".into(), "--".into()]);
+                c.arg("/usr/bin/python3");
+                c
+            }
+        };
+        let o = native.arg("-c").arg(probe("ssh")).current_dir(&s.ws).env("HOME", &home).output().unwrap();
+        let out = String::from_utf8_lossy(&o.stdout);
+        assert_eq!(out.matches("READ").count(), 8, "{who:?} natively: {}", describe(&o));
+        assert_eq!(out.matches("CONNECTED").count(), 2, "{who:?} natively: {}", describe(&o));
+        for mode in MODES {
+            let o = run_in(who, &s, mode, &env, &["--", "python3", "-c", &probe("ssh")]);
+            let out = String::from_utf8_lossy(&o.stdout);
+            assert!(!out.contains("READ") && !out.contains("CONNECTED"), "{who:?} {mode:?}: {}", describe(&o));
+            assert!(out.contains("ordinary"), "{who:?} {mode:?}: the workspace is visible: {}", describe(&o));
+            assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+        }
+        // Re-pointed while a warm server serves the old sandbox: where it points now is hidden.
+        std::fs::remove_file(home.join(".ssh")).unwrap();
+        link(&dot.join("ssh2"), &home.join(".ssh"));
+        if let As::User(uid) = who {
+            std::os::unix::fs::lchown(home.join(".ssh"), Some(uid), Some(uid)).unwrap();
+        }
+        for mode in [Mode::Warm, Mode::Cold] {
+            let o = run(who, &s, mode, &env, &["--", "python3", "-c", &probe("ssh2")]);
+            let out = String::from_utf8_lossy(&o.stdout);
+            assert!(!out.contains("READ") && !out.contains("CONNECTED"), "{who:?} {mode:?}: {}", describe(&o));
+            assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+        }
+        // Links to what must stay visible, the root and a directory above the workspace: they
+        // hide nothing there, and the rest stays hidden.
+        link(Path::new("/"), &home.join(".gnupg"));
+        link(&s.root, &home.join(".kube"));
+        for mode in MODES {
+            let o = run_in(who, &s, mode, &env, &["--", "python3", "-c", &probe("ssh2")]);
+            let out = String::from_utf8_lossy(&o.stdout);
+            assert!(!out.contains("READ") && !out.contains("CONNECTED"), "{who:?} {mode:?}: {}", describe(&o));
+            assert!(out.contains("ordinary"), "{who:?} {mode:?}: the workspace is visible: {}", describe(&o));
+            assert_eq!(o.status.code(), Some(0), "{}", describe(&o));
+        }
+        // A runtime directory named with `..`, above the workspace: the same.
+        let above = format!("{}/..", s.ws.display());
+        for mode in MODES {
+            let o = run_in(who, &s, mode, &[("XDG_RUNTIME_DIR", &above)], &["--", "cat", "plain.txt"]);
+            assert_eq!(String::from_utf8_lossy(&o.stdout), "ordinary\n", "{who:?} {mode:?}: {}", describe(&o));
+        }
+        drop(agent);
     }
 }
 

@@ -823,8 +823,13 @@ fn a_server_goes_when_its_state_directory_goes() {
     let s = Scratch::new("warm-gone");
     warm_up(As::Me, &s);
     assert!(!servers_of(&s).is_empty(), "no server runs for {}", s.state.display());
-    std::fs::remove_dir_all(&s.state).unwrap();
+    // The server may still be making the next run's view in it (`STATE/warm/*.next`), as
+    // `rm -rf` racing it would find: remove until nothing is left.
     let deadline = Instant::now() + Duration::from_secs(10);
+    while let Err(e) = std::fs::remove_dir_all(&s.state) {
+        assert!(Instant::now() < deadline, "the state directory stays: {e}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     while !servers_of(&s).is_empty() {
         assert!(Instant::now() < deadline, "the server outlived its state directory: {:?}", servers_of(&s));
         std::thread::sleep(Duration::from_millis(100));
