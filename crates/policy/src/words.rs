@@ -223,11 +223,28 @@ fn split_fields(out: Out, ifs: &str) -> Vec<EWord> {
     words
 }
 
-/// Simple one-level brace expansion of the first unquoted `{a,b}` group (recursively).
+/// The most words one word's brace expansion yields: `{a,b}` repeated n times is 2^n words,
+/// and a hostile command must not make the judge run out of memory or time. A word whose
+/// expansion would yield more is expanded as far as the room allows, the rest left unknown
+/// (dynamic from the first group not expanded), which the rules treat as anything.
+const MAX_BRACE_WORDS: usize = 256;
+/// The longest word expanded (each of its words is a copy of most of it).
+const MAX_BRACE_TEXT: usize = 4096;
+
+/// Brace expansion of unquoted `{a,b}` groups, at most [`MAX_BRACE_WORDS`] words.
 fn brace_expand(out: Out) -> Vec<EWord> {
-    let single = |o: Out| vec![EWord { text: o.text, dyn_at: o.dyn_at, sources: Vec::new() }];
+    let mut res = Vec::new();
+    brace_expand_into(out, MAX_BRACE_WORDS, &mut res);
+    res
+}
+
+/// Simple one-level brace expansion of the first unquoted `{a,b}` group (recursively), into
+/// at most `room` words: each of the k alternatives gets `room / k`, so the recursion is at
+/// most log2(room) deep.
+fn brace_expand_into(out: Out, room: usize, res: &mut Vec<EWord>) {
+    let single = |o: Out| EWord { text: o.text, dyn_at: o.dyn_at, sources: Vec::new() };
     if out.braces.len() < 3 {
-        return single(out);
+        return res.push(single(out));
     }
     // Find first `{` with a matching `}` and at least one `,` between, no nested `{`.
     let b = &out.braces;
@@ -249,9 +266,14 @@ fn brace_expand(out: Out) -> Vec<EWord> {
             _ => {}
         }
     }
-    let (Some(s), Some(e)) = (start, end) else { return single(out) };
+    let (Some(s), Some(e)) = (start, end) else { return res.push(single(out)) };
     if out.dyn_at.is_some_and(|d| d <= e) {
-        return single(out);
+        return res.push(single(out));
+    }
+    let alternatives = (commas.len() + 1).min(16);
+    if alternatives > room || out.text.len() > MAX_BRACE_TEXT {
+        let dyn_at = Some(out.dyn_at.map_or(s, |d| d.min(s)));
+        return res.push(EWord { text: out.text, dyn_at, sources: Vec::new() });
     }
     let prefix = &out.text[..s];
     let suffix = &out.text[e + 1..];
@@ -262,16 +284,14 @@ fn brace_expand(out: Out) -> Vec<EWord> {
         last = c + 1;
     }
     pieces.push(&out.text[last..e]);
-    let mut res = Vec::new();
-    for p in pieces.iter().take(16) {
+    for p in pieces.iter().take(alternatives) {
         let text = format!("{prefix}{p}{suffix}");
         let shift = text.len() as isize - out.text.len() as isize;
         let braces: Vec<usize> =
             out.braces.iter().filter(|&&x| x > e).map(|&x| (x as isize + shift) as usize).collect();
         let dyn_at = out.dyn_at.map(|d| (d as isize + shift).max(0) as usize);
-        res.extend(brace_expand(Out { text, dyn_at, braces, splits: Vec::new() }));
+        brace_expand_into(Out { text, dyn_at, braces, splits: Vec::new() }, room / alternatives, res);
     }
-    res
 }
 
 /// Decode `$'…'` starting after the opening quote; returns the index after the closing quote.
@@ -626,6 +646,7 @@ fn param(inner: &str, out: &mut Out, subs: &mut Vec<String>, vars: &Vars, eval: 
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -667,5 +688,29 @@ mod tests {
         assert_eq!(ex("/{etc,usr}"), ["/etc", "/usr"]);
         assert_eq!(ex("'{a,b}'"), ["{a,b}"]);
         assert_eq!(ex("{}"), ["{}"]);
+    }
+
+    /// A word of 2^40 expansions yields at most MAX_BRACE_WORDS words, the rest unknown (so
+    /// judged as anything), on a small stack; a long word is not copied per alternative.
+    #[test]
+    fn brace_bombs_stay_bounded_and_unknown() {
+        let run = |raw: String| {
+            std::thread::Builder::new()
+                .stack_size(256 << 10)
+                .spawn(move || expand(&raw, &Vars::default()).words)
+                .unwrap()
+                .join()
+                .unwrap()
+        };
+        let words = run(format!("/x{}", "{a,b}".repeat(40)));
+        assert!(words.len() <= MAX_BRACE_WORDS && words.len() >= 128, "{}", words.len());
+        assert!(words.iter().all(|w| w.dyn_at.is_some()), "the unexpanded rest is unknown");
+        assert!(words.iter().all(|w| w.text.starts_with("/x")));
+        let words = run(format!("/{}", "{a,b,c,d,e,f,g,h,i,j,k,l,m,n,o,p}".repeat(20_000)));
+        assert!(words.len() <= MAX_BRACE_WORDS, "{}", words.len());
+        let words = run(format!("/{{etc,usr}}/{}", "x".repeat(MAX_BRACE_TEXT)));
+        assert_eq!(words.len(), 1);
+        assert_eq!(words[0].dyn_at, Some(1));
+        assert_eq!(ex("/{a,b}{c,d}"), ["/ac", "/ad", "/bc", "/bd"]);
     }
 }

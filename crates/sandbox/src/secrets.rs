@@ -161,6 +161,9 @@ pub struct Host {
 /// mount itself never follows a symlink (`MountOp::Hide`), so a named path whose real place is
 /// refused here hides nothing, rather than whatever its link points to when the sandbox is built.
 pub fn hidden(host: &Host, workspace: &Path, writable: &[PathBuf], look: &dyn Look) -> Vec<PathBuf> {
+    // The named paths share their parents (`/etc`, `/run`, the home), which resolving each
+    // would look at again.
+    let look = &Memo::new(look);
     let mut v: Vec<PathBuf> = SYSTEM.iter().chain(SOCKET_PLACES).map(PathBuf::from).collect();
     // The caller's own: their links (dotfile managers) are looked into, one level.
     let mut own: Vec<PathBuf> = Vec::new();
@@ -258,6 +261,38 @@ pub trait Look {
     fn link(&self, p: &Path) -> Option<PathBuf>;
     /// The symlinks directly in the directory `dir`, by their paths.
     fn links_in(&self, dir: &Path) -> Vec<PathBuf>;
+}
+
+/// A [`Look`] that keeps what it found: each path that exists is looked at once. (What does
+/// not exist is not kept: [`hidden`] asks for such a path once and goes on.)
+struct Memo<'a> {
+    look: &'a dyn Look,
+    found: std::cell::RefCell<std::collections::HashMap<PathBuf, Kind>>,
+}
+
+impl<'a> Memo<'a> {
+    fn new(look: &'a dyn Look) -> Self {
+        Memo { look, found: std::cell::RefCell::new(std::collections::HashMap::new()) }
+    }
+}
+
+impl Look for Memo<'_> {
+    fn kind(&self, p: &Path) -> Option<Kind> {
+        if let Some(k) = self.found.borrow().get(p) {
+            return Some(*k);
+        }
+        let k = self.look.kind(p)?;
+        self.found.borrow_mut().insert(p.to_path_buf(), k);
+        Some(k)
+    }
+
+    fn link(&self, p: &Path) -> Option<PathBuf> {
+        self.look.link(p)
+    }
+
+    fn links_in(&self, dir: &Path) -> Vec<PathBuf> {
+        self.look.links_in(dir)
+    }
 }
 
 /// The host's filesystem, as this process sees it.
@@ -558,6 +593,38 @@ mod tests {
             assert!(real.is_none_or(|r| has(&v, r)), "{named}: {v:#?}");
         }
         assert!(plain(Path::new("/")) && plain(Path::new("/a/b")) && !plain(Path::new("a")));
+    }
+
+    /// Resolving each named path would look at its parents again (`/etc` once per secret in
+    /// it): every path that exists is looked at once, whatever the number of names under it.
+    #[test]
+    fn each_path_that_exists_is_looked_at_once() {
+        struct Counting<'a>(&'a Fake, std::cell::RefCell<std::collections::BTreeMap<PathBuf, usize>>);
+        impl Look for Counting<'_> {
+            fn kind(&self, p: &Path) -> Option<Kind> {
+                *self.1.borrow_mut().entry(p.to_path_buf()).or_default() += 1;
+                self.0.kind(p)
+            }
+            fn link(&self, p: &Path) -> Option<PathBuf> {
+                self.0.link(p)
+            }
+            fn links_in(&self, dir: &Path) -> Vec<PathBuf> {
+                self.0.links_in(dir)
+            }
+        }
+        let fs = Fake::new(
+            &["/etc", "/etc/ssh", "/etc/ssl", "/etc/ssl/private", "/home", "/home/ann", "/home/ann/.ssh", "/run"],
+            &["/etc/shadow", "/etc/gshadow", "/home/ann/.netrc"],
+            &[("/var", "/srv/var")],
+        );
+        let c = Counting(&fs, Default::default());
+        let v = hidden(&host(), Path::new("/home/ann/work"), &[], &c);
+        assert!(has(&v, "/etc/ssh") && has(&v, "/etc/shadow") && has(&v, "/home/ann/.netrc"), "{v:#?}");
+        for (p, n) in c.1.borrow().iter() {
+            if fs.kind(p).is_some() {
+                assert_eq!(*n, 1, "{} looked at {n} times", p.display());
+            }
+        }
     }
 
     #[test]

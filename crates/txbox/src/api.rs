@@ -110,6 +110,8 @@ pub fn engine_kind(e: &EngineError) -> ErrorKind {
     match e {
         EngineError::State(StateError::UnknownTx(_)) => ErrorKind::NotFound,
         EngineError::Usage(_) | EngineError::Workspace { .. } => ErrorKind::Usage,
+        // The caller's input, checked where it is stored.
+        EngineError::State(StateError::BadName(_)) => ErrorKind::Usage,
         _ => ErrorKind::Internal,
     }
 }
@@ -436,6 +438,10 @@ fn kind_of(v: &Value) -> &'static str {
     }
 }
 
+/// The stack of a server's threads that run requests (the policy judges a command on the
+/// calling thread; the main thread of the CLI has 8 MiB).
+pub const JUDGE_STACK: usize = 16 << 20;
+
 /// How much of each output stream a server returns by default (head and tail kept); the
 /// command is not killed for more (`max_output` is the limit that kills).
 pub const RETURNED_OUTPUT: usize = 64 << 10;
@@ -482,6 +488,23 @@ pub fn shown_entries(mut entries: Vec<audit::Entry>) -> Vec<audit::Entry> {
     entries
 }
 
+/// Served workspaces must be disjoint: an agent's commit in one holding another could replace
+/// the inner one (or a directory above it) with a link to anywhere, and the next request for
+/// it, or a transaction already open in it, would run and commit there.
+fn refuse_nested(ws: &[PathBuf]) -> Result<(), ApiError> {
+    for outer in ws {
+        if let Some(inner) = ws.iter().find(|w| *w != outer && w.starts_with(outer)) {
+            return Err(ApiError::usage(format!(
+                "workspace {} is inside workspace {}: an agent could replace it with a link to another \
+                 directory by a commit in the outer one; serve only one of them",
+                inner.display(),
+                outer.display()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// What `serve` and `mcp` may touch: the workspaces named at start, their state, the policy,
 /// and the operator's ceiling.
 #[derive(Debug, Clone)]
@@ -513,6 +536,7 @@ impl Api {
                 ws.push(p);
             }
         }
+        refuse_nested(&ws)?;
         let policy = match &policy_file {
             Some(f) => Policy::load(f).map_err(|e| ApiError::usage(e.to_string()))?,
             None => Policy::builtin(),

@@ -850,7 +850,7 @@ fn cmd_log(state_dir: Option<PathBuf>, json: bool, a: LogArgs) -> Result<i32> {
                 c.deleted,
                 render::ms(e.duration_ms),
                 undo,
-                e.command.replace('\n', "⏎"),
+                render::printable(&e.command),
             )?;
         }
     }

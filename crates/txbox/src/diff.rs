@@ -2,21 +2,79 @@
 //! note for binary files, a `--stat` summary.
 
 use std::fmt::Write as _;
+use std::io::Read as _;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 
+use rustix::fs::{Mode, OFlags};
 use similar::TextDiff;
 use txbox_txn::changeset::{ChangeOp, ChangeSet};
-use txbox_txn::meta::{display_rel, join};
+use txbox_txn::fsx::open_beneath;
+use txbox_txn::meta::display_rel;
 
-/// Content of a path for diffing: None when absent or not a regular file.
-fn content(p: &Path) -> Option<Vec<u8>> {
-    let md = std::fs::symlink_metadata(p).ok()?;
-    if md.is_file() {
-        std::fs::read(p).ok()
-    } else if md.file_type().is_symlink() {
-        std::fs::read_link(p).ok().map(|t| format!("-> {}\n", t.display()).into_bytes())
-    } else {
-        None
+/// The largest file whose content is diffed; a larger one is shown by its size only, so a diff
+/// asked for over the API cannot make the server hold gigabytes.
+const MAX_DIFFED: u64 = 8 << 20;
+
+/// What a path holds, for diffing.
+enum Content {
+    Bytes(Vec<u8>),
+    /// A regular file over [`MAX_DIFFED`], by its size.
+    Large(u64),
+}
+
+impl Content {
+    fn len(&self) -> u64 {
+        match self {
+            Content::Bytes(b) => b.len() as u64,
+            Content::Large(n) => *n,
+        }
+    }
+}
+
+/// The directory a change set's paths are relative to (the workspace or the upper layer).
+fn open_root(root: &Path) -> Option<OwnedFd> {
+    rustix::fs::open(root, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).ok()
+}
+
+/// Content of `rel` beneath `root` for diffing: None when absent, not a regular file or a
+/// symlink, or reached through a symlink. Nothing on the way is followed (the workspace is
+/// the agent's: a directory it swapped for a link to `/etc` must not show `/etc` in a diff
+/// made by a process that sees more than the sandbox does), nor is the last component.
+fn content(root: Option<&OwnedFd>, rel: &Path) -> Option<Content> {
+    let root = root?;
+    let (parent, name) = match (rel.parent(), rel.file_name()) {
+        (Some(p), Some(n)) => (p, n),
+        _ => return None,
+    };
+    let dir = open_beneath(root.as_fd(), parent, OFlags::PATH | OFlags::DIRECTORY, Mode::empty()).ok()?;
+    let st = rustix::fs::statat(&dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW).ok()?;
+    match rustix::fs::FileType::from_raw_mode(st.st_mode) {
+        rustix::fs::FileType::Symlink => {
+            let target = rustix::fs::readlinkat(&dir, name, Vec::new()).ok()?;
+            Some(Content::Bytes(format!("-> {}\n", target.to_string_lossy()).into_bytes()))
+        }
+        rustix::fs::FileType::RegularFile => {
+            let fd = rustix::fs::openat(
+                &dir,
+                name,
+                OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .ok()?;
+            let mut f = std::fs::File::from(fd);
+            let md = f.metadata().ok().filter(std::fs::Metadata::is_file)?;
+            if md.len() > MAX_DIFFED {
+                return Some(Content::Large(md.len()));
+            }
+            let mut bytes = Vec::new();
+            f.by_ref().take(MAX_DIFFED + 1).read_to_end(&mut bytes).ok()?;
+            if bytes.len() as u64 > MAX_DIFFED {
+                return Some(Content::Large(bytes.len() as u64));
+            }
+            Some(Content::Bytes(bytes))
+        }
+        _ => None,
     }
 }
 
@@ -25,21 +83,22 @@ fn is_binary(b: &[u8]) -> bool {
 }
 
 /// A file-level change: path, old content, new content.
-type FileChange = (String, Option<Vec<u8>>, Option<Vec<u8>>);
+type FileChange = (String, Option<Content>, Option<Content>);
 
 /// Every file-level change; directories expand to the files they add or remove.
 fn file_changes(cs: &ChangeSet, workspace: &Path, upper: &Path) -> Vec<FileChange> {
+    let (ws, up) = (open_root(workspace), open_root(upper));
     let mut out = Vec::new();
     for p in cs.added.iter().chain(&cs.modified) {
-        let old = content(&join(workspace, p));
-        let new = content(&join(upper, p));
+        let old = content(ws.as_ref(), p);
+        let new = content(up.as_ref(), p);
         if old.is_some() || new.is_some() {
             out.push((display_rel(p), old, new));
         }
     }
     for c in &cs.changes {
         if let ChangeOp::Delete { .. } = c.op {
-            let old = content(&join(workspace, &c.path));
+            let old = content(ws.as_ref(), &c.path);
             if old.is_some() {
                 out.push((display_rel(&c.path), old, None));
             }
@@ -49,10 +108,32 @@ fn file_changes(cs: &ChangeSet, workspace: &Path, upper: &Path) -> Vec<FileChang
     out
 }
 
+/// Both sides as bytes, or None when either is too large to diff.
+fn both(old: Option<Content>, new: Option<Content>) -> Result<(Vec<u8>, Vec<u8>), (u64, u64)> {
+    let size = |c: &Option<Content>| c.as_ref().map_or(0, Content::len);
+    let (a, b) = (size(&old), size(&new));
+    match (old, new) {
+        (Some(Content::Large(_)), _) | (_, Some(Content::Large(_))) => Err((a, b)),
+        (old, new) => {
+            let bytes = |c: Option<Content>| match c {
+                Some(Content::Bytes(b)) => b,
+                _ => Vec::new(),
+            };
+            Ok((bytes(old), bytes(new)))
+        }
+    }
+}
+
 pub fn unified(cs: &ChangeSet, workspace: &Path, upper: &Path) -> String {
     let mut s = String::new();
     for (path, old, new) in file_changes(cs, workspace, upper) {
-        let (a, b) = (old.unwrap_or_default(), new.unwrap_or_default());
+        let (a, b) = match both(old, new) {
+            Ok(ab) => ab,
+            Err((a, b)) => {
+                let _ = writeln!(s, "Large file {path} changed ({a} -> {b} bytes, not diffed)");
+                continue;
+            }
+        };
         if is_binary(&a) || is_binary(&b) {
             let _ = writeln!(s, "Binary file {path} changed ({} -> {} bytes)", a.len(), b.len());
             continue;
@@ -72,7 +153,13 @@ pub fn stat(cs: &ChangeSet, workspace: &Path, upper: &Path) -> String {
     let (mut files, mut ins, mut del) = (0, 0, 0);
     for (path, old, new) in file_changes(cs, workspace, upper) {
         files += 1;
-        let (a, b) = (old.unwrap_or_default(), new.unwrap_or_default());
+        let (a, b) = match both(old, new) {
+            Ok(ab) => ab,
+            Err((a, b)) => {
+                let _ = writeln!(s, " {path} | Large {a} -> {b} bytes");
+                continue;
+            }
+        };
         if is_binary(&a) || is_binary(&b) {
             let _ = writeln!(s, " {path} | Bin {} -> {} bytes", a.len(), b.len());
             continue;

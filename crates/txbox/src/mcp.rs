@@ -19,7 +19,7 @@ use rmcp::transport::{StreamableHttpServerConfig, StreamableHttpService};
 use rmcp::{ServerHandler, ServiceExt};
 use serde_json::{json, Value};
 use txbox::api::{
-    self, Api, ApiError, BeginBody, ExecArgs, ListArgs, LogArgs, RollbackArgs, RunBody, TxArgs, UndoArgs,
+    self, Api, ApiError, BeginBody, ExecArgs, ListArgs, LogArgs, RollbackArgs, RunBody, TxArgs, UndoArgs, JUDGE_STACK,
 };
 use txbox::render;
 use txbox::result::RunResult;
@@ -324,6 +324,9 @@ pub fn main(served: crate::serve::Served) -> Result<i32> {
     let api = Arc::new(served.api()?);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
+        // Requests are judged on these threads: room for the deepest command the policy parses
+        // (txbox_policy's nesting bound; 2 MiB, the default, is not enough in a debug build).
+        .thread_stack_size(JUDGE_STACK)
         .enable_all() // rmcp uses timers (request timeouts)
         .build()
         .context("starting the async runtime")?;

@@ -38,11 +38,34 @@ pub fn warnings(r: &RunResult) -> Vec<String> {
 }
 
 /// The one-line summary of docs/DESIGN.md §3, e.g.
-/// `txbox: committed tx 7f3a… (+3 ~1 -2) in 4.1 ms`, followed by [`warnings`] if any.
+/// `txbox: committed tx 7f3a… (+3 ~1 -2) in 4.1 ms`, followed by [`warnings`] if any. Each
+/// line is [`printable`]: it quotes paths, commands and reasons an agent chose.
 pub fn summary(r: &RunResult) -> String {
     let mut lines = vec![outcome_line(r)];
     lines.extend(warnings(r));
-    lines.join("\n")
+    lines.iter().map(|l| printable(l)).collect::<Vec<_>>().join("\n")
+}
+
+/// `s` safe to print on a person's terminal as one line: control characters (C0, DEL, C1: the
+/// escape sequences that set a window's title, write the clipboard, move the cursor or erase
+/// the line a person is reading) and the bidirectional overrides that reorder what is shown
+/// become visible escapes (`\x1b`, `\u{202e}`); a newline becomes `⏎`. Text an agent wrote (a
+/// command line, a file name, a reason quoting them) reaches the operator's terminal only so.
+pub fn printable(s: &str) -> std::borrow::Cow<'_, str> {
+    let unsafe_char = |c: char| c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+    if !s.chars().any(unsafe_char) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out = String::with_capacity(s.len() + 8);
+    for c in s.chars() {
+        match c {
+            '\n' => out.push('⏎'),
+            c if unsafe_char(c) && (c as u32) < 0x100 => out.push_str(&format!("\\x{:02x}", c as u32)),
+            c if unsafe_char(c) => out.push_str(&format!("\\u{{{:x}}}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 fn outcome_line(r: &RunResult) -> String {
@@ -116,4 +139,19 @@ fn dropped(r: &RunResult) -> String {
 
 pub fn json(r: &RunResult) -> String {
     serde_json::to_string(r).unwrap_or_else(|e| format!("{{\"error\": \"rendering the result: {e}\"}}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn printable_escapes_what_a_terminal_would_act_on() {
+        assert_eq!(printable("make test"), "make test");
+        assert_eq!(printable("é ⏎ ok"), "é ⏎ ok");
+        assert_eq!(printable("a\nb"), "a⏎b");
+        assert_eq!(printable("\u{1b}]52;c;eA==\u{7}x"), "\\x1b]52;c;eA==\\x07x");
+        assert_eq!(printable("\r\t\u{7f}\u{9b}2J"), "\\x0d\\x09\\x7f\\x9b2J");
+        assert_eq!(printable("txt.\u{202e}exe"), "txt.\\u{202e}exe");
+    }
 }

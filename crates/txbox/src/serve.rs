@@ -28,7 +28,7 @@ use rmcp::transport::StreamableHttpService;
 use serde_json::{json, Value};
 use txbox::api::{
     self, Api, ApiError, BeginBody, Ceiling, ErrorKind, ListArgs, LogArgs, Principal, RollbackBody, RunBody, StepBody,
-    UndoBody,
+    UndoBody, JUDGE_STACK,
 };
 use txbox::result::{Outcome, RunResult};
 
@@ -68,6 +68,47 @@ type Shared = Arc<AppState>;
 fn error_response(e: &ApiError) -> Response {
     let code = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     (code, Json(e.to_json())).into_response()
+}
+
+/// Every answer of the router in the one error shape: an error status whose body is not JSON
+/// (what axum answers by itself, a wrong method (405) or a path that does not decode (400), and
+/// rmcp's refusals at `/mcp`: 406, 415, 405) gets `{"error": {"kind", "message"}}`, the status
+/// kept and the text as the message. Errors made here are JSON already and pass unchanged.
+async fn json_errors(req: Request, next: Next) -> Response {
+    let res = next.run(req).await;
+    let status = res.status();
+    let is_json = res
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return res;
+    }
+    let (parts, body) = res.into_parts();
+    // The bodies rewritten are axum's and rmcp's short texts.
+    let text = axum::body::to_bytes(body, 64 << 10).await.unwrap_or_default();
+    let text = String::from_utf8_lossy(&text);
+    let kind = match status.as_u16() {
+        401 => ErrorKind::Unauthorized,
+        403 => ErrorKind::Forbidden,
+        404 => ErrorKind::NotFound,
+        409 => ErrorKind::Conflict,
+        s if s >= 500 => ErrorKind::Internal,
+        _ => ErrorKind::Usage,
+    };
+    let message = match text.trim() {
+        "" => status.canonical_reason().unwrap_or("error").to_string(),
+        t => t.to_string(),
+    };
+    let mut out = error_response(&ApiError::new(kind, message));
+    *out.status_mut() = status;
+    for name in [axum::http::header::ALLOW, axum::http::header::WWW_AUTHENTICATE] {
+        if let Some(v) = parts.headers.get(&name) {
+            out.headers_mut().insert(name, v.clone());
+        }
+    }
+    out
 }
 
 /// Compare in time independent of where the inputs differ (the length is not secret).
@@ -325,7 +366,7 @@ pub fn router(api: Api, token: Vec<u8>, body_timeout: Duration) -> Router {
         .route("/mcp", any(mcp))
         .fallback(not_found)
         .layer(middleware::from_fn_with_state(Arc::new(token), authenticate));
-    Router::new().route("/v1/health", get(health)).merge(guarded).with_state(st)
+    Router::new().route("/v1/health", get(health)).merge(guarded).layer(middleware::from_fn(json_errors)).with_state(st)
 }
 
 /// Accept connections until the process is killed, at most `limits.max` at once.
@@ -360,6 +401,9 @@ pub fn main(listen: &str, served: Served, token_file: Option<&Path>, limits: Con
     let api = served.api()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
+        // Requests are judged on these threads: room for the deepest command the policy parses
+        // (txbox_policy's nesting bound; 2 MiB, the default, is not enough in a debug build).
+        .thread_stack_size(JUDGE_STACK)
         .enable_all() // rmcp uses timers (request timeouts)
         .build()
         .context("starting the async runtime")?;

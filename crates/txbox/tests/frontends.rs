@@ -1198,3 +1198,189 @@ fn transaction_subcommands_take_dash_c() {
         assert_eq!(out.status.code(), Some(0), "{sub}: {}", describe(&out));
     }
 }
+
+/// Commands built to exhaust the judge: nesting deep enough to overflow a thread's stack (one
+/// construct of each kind the parser recurses on), and brace expansions of 2^40 words. Each is
+/// answered (judged, then run or not: `exit 0` first, so bash never gets to them), and the
+/// server keeps serving, over HTTP and MCP on stdio.
+fn hostile_commands() -> Vec<String> {
+    let nest =
+        |open: &str, mid: &str, close: &str, n: usize| format!("exit 0; {}{mid}{}", open.repeat(n), close.repeat(n));
+    vec![
+        nest("(", "true", ")", 50_000),
+        nest("echo $(", "true", ")", 20_000),
+        nest("{ ", "true; ", "}; ", 20_000),
+        nest("if true; then ", "true; ", "fi; ", 20_000),
+        nest("while true; do ", "true; ", "done; ", 20_000),
+        nest("case x in x) ", "true;; ", "esac;; ", 20_000),
+        nest("f() { ", "true; ", "}; ", 20_000),
+        nest("cat <(cat ", "x", ")", 20_000),
+        nest("echo ${a:-", "x", "}", 20_000),
+        nest("echo \"$(echo ", "x", ")\"", 20_000),
+        format!("exit 0; [[ {}-n x ]]", "! ".repeat(50_000)),
+        format!("exit 0; [[ {}-n x ]]", "-n x && ".repeat(50_000)),
+        format!("exit 0; bash -c '{}'", nest("(", "true", ")", 200)),
+        format!("exit 0; echo {}", "{a,b}".repeat(40)),
+        format!("exit 0; rm -rf /tmp/{}", "{a,b,c,d,e,f,g,h,i,j,k,l,m,n,o,p}".repeat(12)),
+    ]
+}
+
+#[test]
+fn hostile_commands_do_not_kill_or_exhaust_the_server() {
+    let s = Scratch::new("http-deep");
+    let srv = serve(&s, &[&s.ws]);
+    for cmd in hostile_commands() {
+        let (st, v) = http(srv.port, "POST", "/v1/run", auth(), Some(&json!({"command": cmd, "timeout": 60})));
+        assert_eq!(st, 200, "{}…: {v}", &cmd[..40]);
+        assert!(v["outcome"].is_string(), "{}…: {v}", &cmd[..40]);
+        let (st, _) = http(srv.port, "GET", "/v1/health", None, None);
+        assert_eq!(st, 200, "the server died on {}…", &cmd[..40]);
+    }
+    let mut m = Mcp::start(&s);
+    let init = m.request(
+        "initialize",
+        json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}}),
+    );
+    assert!(init["result"]["capabilities"]["tools"].is_object(), "{init}");
+    m.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    for cmd in hostile_commands() {
+        let (err, _, r) = m.call("run", json!({"command": cmd, "timeout": 60}));
+        assert!(!err && r["outcome"].is_string(), "{}…: {r}", &cmd[..40]);
+    }
+    let (err, _, r) = m.call("run", json!({"command": "echo ok"}));
+    assert!(!err && r["outcome"] == "committed", "{r}");
+    m.finish();
+}
+
+/// Every error the server answers is one JSON object in the one error shape, its status kept:
+/// the ones axum and rmcp make by themselves (a wrong method, a path that does not decode,
+/// `/mcp` without the media types it wants or with a body that is not JSON-RPC) included.
+#[test]
+fn every_error_is_one_json_object() {
+    let s = Scratch::new("http-json-errors");
+    let srv = serve(&s, &[&s.ws]);
+    let long_id = "f".repeat(10_000);
+    let mcp_ok = [("Accept", "application/json, text/event-stream"), ("Content-Type", "application/json")];
+    type Case<'a> = (&'a str, String, Option<Value>, &'a [(&'a str, &'a str)], u16, &'a str);
+    let cases: Vec<Case> = vec![
+        ("GET", "/v1/run".into(), None, &[], 405, "usage"),
+        ("DELETE", "/v1/tx".into(), None, &[], 405, "usage"),
+        ("PUT", "/v1/tx/0123456789abcdef/commit".into(), None, &[], 405, "usage"),
+        ("GET", "/v1/tx/%ff%fe/diff".into(), None, &[], 400, "usage"),
+        ("GET", format!("/v1/tx/{long_id}/diff"), None, &[], 404, "not_found"),
+        ("POST", "/v1/health".into(), None, &[], 405, "usage"),
+        ("POST", "/mcp".into(), Some(json!({"jsonrpc": "2.0", "id": 1, "method": "ping"})), &[], 406, "usage"),
+        ("POST", "/mcp".into(), Some(json!([1, 2])), &mcp_ok, 415, "usage"),
+        ("POST", "/mcp".into(), Some(json!("ping")), &mcp_ok, 415, "usage"),
+        ("GET", "/mcp".into(), None, &[], 405, "usage"),
+        // A transaction's name is the caller's input: a bad one is a usage error, not txbox's.
+        ("POST", "/v1/tx".into(), Some(json!({"name": "a\u{1b}[2Jb"})), &[], 400, "usage"),
+        ("POST", "/v1/tx".into(), Some(json!({"name": "n".repeat(10_000)})), &[], 400, "usage"),
+    ];
+    for (method, path, body, headers, status, kind) in &cases {
+        let (st, v) = http_with(srv.port, method, path, auth(), body.as_ref(), headers);
+        let short = &path[..path.len().min(40)];
+        assert_eq!(st, *status, "{method} {short}: {v}");
+        assert_eq!(v["error"]["kind"], *kind, "{method} {short}: {v}");
+        assert!(v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()), "{method} {short}: {v}");
+    }
+    let (st, _) = http(srv.port, "GET", "/v1/health", None, None);
+    assert_eq!(st, 200);
+}
+
+/// Served workspaces are disjoint: with one inside another, an agent's commit in the outer one
+/// could replace the inner one with a link to any directory, and a transaction open in it would
+/// then run and commit there. `serve` and `mcp` refuse to start so; siblings (a name that only
+/// begins like another's included) are fine.
+#[test]
+fn nested_workspaces_are_refused_at_start() {
+    let s = Scratch::new("nested-ws");
+    let inner = s.ws.join("sub");
+    let sibling = s.root.join(format!("{}-b", s.ws.file_name().unwrap().to_string_lossy()));
+    std::fs::create_dir_all(&inner).unwrap();
+    std::fs::create_dir_all(&sibling).unwrap();
+    let token_file = s.root.join("token");
+    std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+    for front in ["serve", "mcp"] {
+        for pair in [[&s.ws, &inner], [&inner, &s.ws]] {
+            let mut cmd = Command::new(binary());
+            cmd.arg(front);
+            if front == "serve" {
+                cmd.args(["--listen", "127.0.0.1:0", "--token-file"]).arg(&token_file);
+            }
+            cmd.arg("-C").arg(pair[0]).arg("-C").arg(pair[1]);
+            let mut child = cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+            // A server that started would serve until killed: give it a while to refuse.
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while child.try_wait().unwrap().is_none() && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            assert_eq!(out.status.code(), Some(2), "{front} {pair:?}: {}", describe(&out));
+            assert!(String::from_utf8_lossy(&out.stderr).contains("is inside workspace"), "{}", describe(&out));
+        }
+    }
+    let srv = serve(&s, &[&s.ws, &sibling]);
+    let (st, v) = http(srv.port, "POST", "/v1/run", auth(), Some(&json!({"command": "touch b", "workspace": sibling})));
+    assert_eq!((st, v["outcome"].as_str()), (200, Some("committed")), "{v}");
+    assert!(sibling.join("b").exists());
+}
+
+/// The `diff` tool reads the workspace and the transaction's layer in the server's process,
+/// which sees more than the sandbox: a committed link to a directory outside (or to a file
+/// there), replaced in the transaction by a directory (or a file) of the same name, must not
+/// make the diff show what is outside. A file too large to diff is named with its sizes.
+#[test]
+fn mcp_diff_shows_nothing_reached_through_a_link() {
+    let s = Scratch::new("mcp-diff-link");
+    let outside = s.root.join("outside");
+    std::fs::create_dir_all(outside.join("deep")).unwrap();
+    std::fs::write(outside.join("secret.txt"), "TOP-SECRET-1\n").unwrap();
+    std::fs::write(outside.join("deep/secret.txt"), "TOP-SECRET-2\n").unwrap();
+    let mut m = Mcp::start(&s);
+    let init = m.request(
+        "initialize",
+        json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}}),
+    );
+    assert!(init["result"]["capabilities"]["tools"].is_object(), "{init}");
+    m.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    let o = outside.display();
+    let (err, _, r) = m.call(
+        "run",
+        json!({"command": format!("ln -s {o} lnk && mkdir d && ln -s {o} d/lnk && ln -s {o}/secret.txt flnk")}),
+    );
+    assert!(!err && r["outcome"] == "committed", "{r}");
+    let (err, _, r) = m.call("begin", json!({}));
+    assert!(!err, "{r}");
+    let tx = r["tx"].as_str().unwrap().to_string();
+    let step = "rm lnk d/lnk flnk && mkdir -p lnk d/lnk/deep && echo mine > lnk/secret.txt \
+        && echo mine > d/lnk/deep/secret.txt && echo mine > flnk && head -c 9437184 /dev/zero > big.txt";
+    let (err, _, r) = m.call("exec", json!({"tx": tx, "command": step}));
+    assert!(!err && r["outcome"] == "pending", "{r}");
+    let v = m.request("tools/call", json!({"name": "diff", "arguments": {"tx": tx}}));
+    let unified = v["result"]["content"][2]["text"].as_str().unwrap_or_else(|| panic!("{v}"));
+    assert!(!unified.contains("TOP-SECRET"), "the diff shows a file outside the workspace:\n{unified}");
+    assert!(unified.contains("+mine"), "{unified}");
+    assert!(unified.contains("Large file big.txt changed (0 -> 9437184 bytes"), "{unified}");
+    let (err, _, r) = m.call("rollback", json!({"tx": tx}));
+    assert!(!err, "{r}");
+    m.finish();
+}
+
+/// What an agent wrote reaches the operator's terminal only as printable text: a command line
+/// holding escape sequences (a window title, the clipboard, erasing the screen) shows in
+/// `txbox log` with them escaped, and never as the bytes a terminal would act on.
+#[test]
+fn an_agents_escape_sequences_do_not_reach_the_operators_terminal() {
+    let s = Scratch::new("http-escapes");
+    let srv = serve_with(&s, &[&s.ws], Some(&s.state));
+    let cmd = "echo \u{1b}]52;c;ZWNobyBwd25lZA==\u{7}\u{1b}[2J\u{9b}31m\u{202e} > f.txt";
+    let (st, v) = http(srv.port, "POST", "/v1/run", auth(), Some(&json!({"command": cmd})));
+    assert_eq!((st, v["outcome"].as_str()), (200, Some("committed")), "{v}");
+    let out = txbox(As::Me, &s, &["log", "-C", s.ws.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let text = String::from_utf8(out.stdout.clone()).unwrap();
+    assert!(text.contains("echo \\x1b]52;c;ZWNobyBwd25lZA==\\x07\\x1b[2J\\x9b31m\\u{202e} > f.txt"), "{text}");
+    assert!(!text.chars().any(|c| c.is_control() && c != '\n'), "{text:?}");
+}

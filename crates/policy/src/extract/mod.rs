@@ -32,6 +32,11 @@ mod wrappers;
 pub(crate) use feature::Feature;
 
 const MAX_DEPTH: usize = 12;
+/// The most nesting tokens ([`nesting_tokens`]) in the texts being parsed and walked at once
+/// (a string and the strings it runs): a bound on how deep the parser and the walker recurse,
+/// so a hostile command cannot overflow the stack and kill the process judging it (with 256
+/// the deepest input takes a few MiB of stack in a debug build; servers' threads have 16 MiB).
+pub(crate) const MAX_NESTING: usize = 256;
 const MAX_CMDS: usize = 512;
 
 /// A redirection of one command.
@@ -117,6 +122,8 @@ pub(crate) struct Extractor<'a> {
     funcs: HashMap<String, ast::CompoundCommand>,
     defining: Vec<String>,
     depth: usize,
+    /// Nesting tokens of the texts being walked now (see [`MAX_NESTING`]).
+    nesting: usize,
     out: Vec<Cmd>,
     in_pipeline_or_bg: bool,
     /// Commands run by the substitutions met since the current simple command began.
@@ -140,14 +147,18 @@ pub(crate) struct Extractor<'a> {
 impl Extractor<'_> {
     /// Parse `text`, its large top-level here-document bodies taken out first when the
     /// pre-scan can (the parse is checked to agree, else the text is parsed whole).
-    fn parse_eliding(&mut self, text: &str) -> Result<ast::Program, String> {
+    /// The program, and the nesting tokens of the text parsed (the caller holds them in
+    /// `self.nesting` while it walks the program).
+    fn parse_eliding(&mut self, text: &str) -> Result<(ast::Program, usize), String> {
         if self.elide {
             if let Some(e) = heredoc::elide(text, self.bodies.len()) {
                 // Bodies are data: the traps are looked for in the text without them.
                 if parser_trap(&e.text).is_none() {
-                    if let Some(p) = parse(&e.text).ok().filter(|p| e.verify(p)) {
-                        self.bodies.extend(e.bodies.into_iter().map(|(_, v)| v));
-                        return Ok(p);
+                    if let Ok(tokens) = self.nesting_room(&e.text) {
+                        if let Some(p) = parse(&e.text).ok().filter(|p| e.verify(p)) {
+                            self.bodies.extend(e.bodies.into_iter().map(|(_, v)| v));
+                            return Ok((p, tokens));
+                        }
                     }
                 }
             }
@@ -155,7 +166,23 @@ impl Extractor<'_> {
         if let Some(e) = parser_trap(text) {
             return Err(e);
         }
-        parse(text)
+        let tokens = self.nesting_room(text)?;
+        Ok((parse(text)?, tokens))
+    }
+
+    /// The nesting tokens of `text`, if they fit under [`MAX_NESTING`] with those of the texts
+    /// being walked; else the error that refuses to parse it.
+    /// Without elision (the tests' comparison only) here-document bodies count, and a large
+    /// body of C would pass the bound; that mode parses everything, as before the bound.
+    fn nesting_room(&self, text: &str) -> Result<usize, String> {
+        let tokens = nesting_tokens(text);
+        if !self.elide {
+            return Ok(0);
+        }
+        if self.nesting + tokens > MAX_NESTING {
+            return Err(format!("nested too deeply to judge: more than {MAX_NESTING} nesting tokens"));
+        }
+        Ok(tokens)
     }
 }
 
@@ -212,6 +239,43 @@ pub(crate) fn parser_trap(text: &str) -> Option<String> {
     None
 }
 
+/// An upper bound on how deep the parser (and the walker after it) can nest on `text`: every
+/// token that can open a level (`(`, `{`, a backquote, `[[`'s `!`, the compound commands'
+/// keywords), counted wherever it is, quoted or not, never taken back by a closing one (a
+/// closing token can be spoofed: `)` ends a `case` pattern, `}` may be a plain argument).
+/// `&&` and `||` nest only inside `[[ ]]` and cost little there: one token per 16.
+pub(crate) fn nesting_tokens(text: &str) -> usize {
+    const KEYWORDS: [&[u8]; 7] = [b"if", b"while", b"until", b"for", b"case", b"select", b"function"];
+    let b = text.as_bytes();
+    let mut openers = 0usize;
+    let mut and_or = 0usize;
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'(' | b'{' | b'`' | b'!' => openers += 1,
+            b'&' | b'|' if b.get(i + 1) == Some(&b[i]) => {
+                and_or += 1;
+                i += 1;
+            }
+            c if c.is_ascii_lowercase() && (i == 0 || !is_word_byte(b[i - 1])) => {
+                let end = b[i..].iter().position(|c| !is_word_byte(*c)).map_or(b.len(), |n| i + n);
+                if KEYWORDS.contains(&&b[i..end]) {
+                    openers += 1;
+                }
+                i = end;
+                continue;
+            }
+            _ => {}
+        }
+        i += 1;
+    }
+    openers + and_or / 16
+}
+
+fn is_word_byte(c: u8) -> bool {
+    c.is_ascii_alphanumeric() || c == b'_'
+}
+
 /// Parse a shell string into a program (callers check [`parser_trap`] first).
 fn parse(text: &str) -> Result<ast::Program, String> {
     let opts = brush_parser::ParserOptions::default();
@@ -262,6 +326,7 @@ impl<'a> Extractor<'a> {
             funcs: HashMap::new(),
             defining: Vec::new(),
             depth: 0,
+            nesting: 0,
             out: Vec::new(),
             in_pipeline_or_bg: false,
             feeds_acc: Vec::new(),
@@ -308,10 +373,12 @@ impl<'a> Extractor<'a> {
         }
         self.depth += 1;
         let res = match self.parse_eliding(text) {
-            Ok(p) => {
+            Ok((p, tokens)) => {
+                self.nesting += tokens;
                 for cc in &p.complete_commands {
                     self.list(cc);
                 }
+                self.nesting -= tokens;
                 None
             }
             Err(e) => {
@@ -352,6 +419,7 @@ impl<'a> Extractor<'a> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
@@ -365,6 +433,37 @@ mod tests {
 
     fn has(s: &str, want: &[&str]) -> bool {
         argvs(s).iter().any(|a| a == want)
+    }
+
+    /// Nesting beyond MAX_NESTING tokens (in one string, or summed over a string and the
+    /// strings it runs) is not parsed: a parse error (the command runs as a transaction), never
+    /// a stack overflow. Closing tokens cannot buy room back.
+    #[test]
+    fn deep_nesting_is_refused_before_parsing() {
+        let nest = |open: &str, close: &str, n: usize| format!("{}true{}", open.repeat(n), close.repeat(n));
+        assert_eq!(nesting_tokens("if [ ! -f a ]; then echo \"${x}\" && (cd b); fi"), 4);
+        assert_eq!(nesting_tokens("iffy fortune selection"), 0);
+        let deep = [
+            nest("(", ")", MAX_NESTING + 1),
+            nest("$(", ")", 10_000),
+            nest("{ ", "; }", 10_000),
+            nest("if true; then ", "; fi", 10_000),
+            nest("( case x in x) ", ";; esac )", 10_000),
+            format!("[[ {}-n x ]]", "! ".repeat(10_000)),
+            format!("[[ {}-n x ]]", "-n x && ".repeat(100_000)),
+            format!("bash -c '{}'; {}", nest("(", ")", 200), nest("(", ")", 100)),
+            format!("{}bash -c '{}'{}", "$(".repeat(100), nest("(", ")", 200), ")".repeat(100)),
+        ];
+        for s in deep {
+            let e = std::thread::Builder::new()
+                .stack_size(2 << 20)
+                .spawn(move || extract_str(&s, &ctx()).parse_error)
+                .unwrap()
+                .join()
+                .unwrap();
+            assert!(e.is_some_and(|m| m.contains("nested too deeply")));
+        }
+        assert!(extract_str(&nest("(", ")", 100), &ctx()).parse_error.is_none());
     }
 
     #[test]

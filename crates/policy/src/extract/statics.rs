@@ -361,7 +361,9 @@ pub(super) fn substitution(body: &str, vars: &Vars) -> Option<String> {
     let t = body.trim_start();
     let plausible =
         ["echo", "printf", "base64", "xxd", "rev", "tr", "openssl", "cat", "sed"].iter().any(|p| t.starts_with(p));
-    if !plausible || body.len() > MAX_TEXT || super::parser_trap(body).is_some() {
+    // Modelled bodies are flat pipelines: a nested one is not (and would parse deeper still
+    // inside the walk of the text holding it, `super::MAX_NESTING`).
+    if !plausible || body.len() > MAX_TEXT || super::parser_trap(body).is_some() || super::nesting_tokens(body) > 16 {
         return None;
     }
     let opts = brush_parser::ParserOptions::default();
