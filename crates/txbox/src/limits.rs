@@ -42,6 +42,22 @@ const WRITEBACK_AFTER: Duration = Duration::from_millis(100);
 /// command, which shares the disk with the flushes, slows by less (docs/BENCHMARKS.md).
 const WRITEBACK_EVERY: Duration = Duration::from_millis(100);
 
+/// [`WRITEBACK_EVERY`], or `TXBOX_WRITEBACK_MS` when set (0: no early writeback), for measuring
+/// on a given disk. Read only when a command has run long enough to get it.
+fn writeback_every() -> Option<Duration> {
+    writeback_every_from(std::env::var("TXBOX_WRITEBACK_MS").ok().as_deref())
+}
+
+/// The interval `TXBOX_WRITEBACK_MS` (its value `v`, if set) asks for: None for 0, the default
+/// when unset or not a number of milliseconds.
+fn writeback_every_from(v: Option<&str>) -> Option<Duration> {
+    match v.and_then(|v| v.parse::<u64>().ok()) {
+        Some(0) => None,
+        Some(ms) => Some(Duration::from_millis(ms)),
+        None => Some(WRITEBACK_EVERY),
+    }
+}
+
 impl Watcher {
     /// Set up what the limits need. A limit that cannot be enforced is an error, never ignored.
     pub fn new(upper: &Path, limits: &Limits) -> Result<Watcher, SandboxError> {
@@ -106,7 +122,7 @@ impl Watch for Watcher {
         if self.writeback_due.is_some_and(|due| Instant::now() >= due) {
             self.writeback_due = None;
             // Failing to start it costs only time: the commit syncs regardless.
-            self.writeback = Writeback::start(&self.upper, WRITEBACK_EVERY).ok();
+            self.writeback = writeback_every().and_then(|every| Writeback::start(&self.upper, every).ok());
         }
         // A process limit that bites or an OOM kill ends the transaction at once.
         if let Some(l) = self.cgroup.as_ref().and_then(|c| c.usage().limit_name(None)) {
@@ -247,6 +263,16 @@ pub fn upper_bytes(dir: &Path) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn early_writeback_interval_from_the_environment() {
+        assert_eq!(writeback_every_from(None), Some(WRITEBACK_EVERY));
+        assert_eq!(writeback_every_from(Some("0")), None);
+        assert_eq!(writeback_every_from(Some("250")), Some(Duration::from_millis(250)));
+        for junk in ["", "-5", "1.5", "ten", " 10"] {
+            assert_eq!(writeback_every_from(Some(junk)), Some(WRITEBACK_EVERY), "{junk:?}");
+        }
+    }
 
     #[test]
     fn the_process_default_counts_cpus_fully_only_when_they_can_matter() {

@@ -2,6 +2,7 @@
 //! synthetic upper layers built by hand, as overlayfs would leave them (plain files and
 //! directories; whiteouts need root's mknod and are covered by tests/classify.rs):
 //! - `new_files`: a new directory of N small files (cost should follow N);
+//! - `new_files_in_existing_dir`: N small files new in a directory the workspace has;
 //! - `modified_files`: N copied-up files whose content changed;
 //! - `unchanged_copy_ups`: N files copied up but identical (filtered out of the change set);
 //! - `workspace_size`: one new file in a workspace of N files (cost should not follow N).
@@ -76,6 +77,22 @@ fn new_files(bencher: divan::Bencher, n: usize) {
     fill(&l.lower, "src", 100);
     fill(&l.upper, "gen", n);
     check(&l, n + n.div_ceil(1000) + 1, 0);
+    bencher.counter(n).bench_local(|| l.classify());
+}
+
+/// `n` new files in a directory the workspace already has (each its own change, classified by
+/// the walk of directories present on both sides rather than as a new tree).
+#[divan::bench(args = SIZES)]
+fn new_files_in_existing_dir(bencher: divan::Bencher, n: usize) {
+    let l = Fixture::new(&format!("new-existing-{n}"));
+    fill(&l.lower, "src", 100);
+    for i in 0..n {
+        write(&l.upper.join(format!("src/d0/new{i}")), "x\n");
+    }
+    for d in ["src/d0", "src"] {
+        set_mtime(&l.upper.join(d), &metadata(&l.lower.join(d)));
+    }
+    check(&l, n, 0);
     bencher.counter(n).bench_local(|| l.classify());
 }
 

@@ -218,7 +218,7 @@ impl Permissions {
     ) -> io::Result<Result<(), Denied>> {
         let path = js.step.path();
         let name = path.file_name().unwrap_or_default();
-        let parent = path.parent().unwrap_or(Path::new("")).to_path_buf();
+        let parent = path.parent().unwrap_or(Path::new(""));
         let (leaves_ws, leaves_up, ws_dir_moves, up_dir_moves) = match &js.step {
             Step::Remove { kind, .. } => (true, false, *kind == Kind::Dir, false),
             Step::Create { kind, .. } => (false, true, false, *kind == Kind::Dir),
@@ -226,22 +226,22 @@ impl Permissions {
             Step::DirMeta { .. } => return Ok(Ok(())),
         };
         let privs = self.privs;
-        let ws_info = match dir_info(&mut self.ws_dirs, ws, &parent, "workspace directory")? {
+        let ws_info = match dir_info(&mut self.ws_dirs, ws, parent, "workspace directory")? {
             Ok(i) => i,
             Err(d) => return Ok(Err(d)),
         };
         if leaves_ws {
-            let dir = ws.dir(&parent)?;
+            let dir = ws.dir(parent)?;
             if let Err(d) = may_take_out(dir, name, &ws_info, &privs, ws_dir_moves, "the workspace's")? {
                 return Ok(Err(d));
             }
         }
         if leaves_up {
-            let up_info = match dir_info(&mut self.up_dirs, up, &parent, "upper-layer directory")? {
+            let up_info = match dir_info(&mut self.up_dirs, up, parent, "upper-layer directory")? {
                 Ok(i) => i,
                 Err(d) => return Ok(Err(d)),
             };
-            let dir = up.dir(&parent)?;
+            let dir = up.dir(parent)?;
             if let Err(d) = may_take_out(dir, name, &up_info, &privs, up_dir_moves, "the new")? {
                 return Ok(Err(d));
             }
@@ -298,26 +298,30 @@ fn may_take_out(
     moving_dir: bool,
     whose: &str,
 ) -> io::Result<Result<(), Denied>> {
-    let shown = String::from_utf8_lossy(name.as_bytes()).into_owned();
+    // Rendered only for a refusal: every step of a commit comes through here.
+    let shown = || String::from_utf8_lossy(name.as_bytes()).into_owned();
     if info.append_only {
-        return Ok(Err(Denied(format!("{whose} `{shown}` is in an append-only directory"))));
+        return Ok(Err(Denied(format!("{whose} `{}` is in an append-only directory", shown()))));
     }
     let obj = object(dir, name)?;
     if obj.pinned {
-        return Ok(Err(Denied(format!("{whose} `{shown}` is immutable or append-only (chattr)"))));
+        return Ok(Err(Denied(format!("{whose} `{}` is immutable or append-only (chattr)", shown()))));
     }
     if info.sticky && !p.fowner && p.euid != info.uid && p.euid != obj.uid {
         return Ok(Err(Denied(format!(
-            "{whose} `{shown}` belongs to uid {} in a sticky directory of uid {}: only they may move it",
-            obj.uid, info.uid
+            "{whose} `{}` belongs to uid {} in a sticky directory of uid {}: only they may move it",
+            shown(),
+            obj.uid,
+            info.uid
         ))));
     }
     if moving_dir {
         if let Err(e) = rustix::fs::accessat(dir, name, Access::WRITE_OK, AtFlags::EACCESS | AtFlags::SYMLINK_NOFOLLOW)
         {
             return Ok(Err(Denied(format!(
-                "{whose} directory `{shown}` cannot be moved: moving a directory rewrites its `..`, which \
+                "{whose} directory `{}` cannot be moved: moving a directory rewrites its `..`, which \
                  needs write permission on it ({})",
+                shown(),
                 io::Error::from(e)
             ))));
         }

@@ -217,12 +217,13 @@ fn object(batch: &mut Batch, upper: &Path, rel: &Path, kind: Kind) -> io::Result
         Kind::Dir => {
             batch.push(Flush::dir(upper, rel));
             let dir = crate::meta::join(upper, rel);
-            let mut names: Vec<_> = std::fs::read_dir(&dir)?.collect::<Result<_, _>>()?;
-            names.sort_by_key(|e| e.file_name());
-            for e in names {
+            // In the directory's order, not sorted: a batch is a set, and one that settles on a
+            // `syncfs` (a large tree) stops reading here instead of listing every entry first.
+            for e in std::fs::read_dir(&dir)? {
                 if batch.settled() {
                     break;
                 }
+                let e = e?;
                 // The type from the directory entry (no stat unless the filesystem omits it).
                 let ft = e.file_type()?;
                 let kind = if ft.is_dir() {

@@ -1,7 +1,7 @@
 //! File metadata as the transaction layer sees it: kinds, comparable attributes, and extended
 //! attributes with overlayfs's own names told apart from the user's.
 
-use std::ffi::{CStr, CString, OsStr, OsString};
+use std::ffi::{CStr, OsStr, OsString};
 use std::fs::Metadata;
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
@@ -122,16 +122,45 @@ pub fn list_xattrs(path: &Path) -> io::Result<Vec<OsString>> {
 /// walking the whole path again: `listxattrat` (Linux 6.13), or `llistxattr` on the full path
 /// on older kernels. Classifying a large new tree spent most of its time in path walks.
 pub fn list_xattrs_at(dir: BorrowedFd<'_>, dir_path: &Path, name: &OsStr) -> io::Result<Vec<OsString>> {
-    static UNSUPPORTED: AtomicBool = AtomicBool::new(false);
-    if !UNSUPPORTED.load(Ordering::Relaxed) {
-        let cname = CString::new(name.as_bytes()).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
-        match list_names(|buf| listxattrat(dir, &cname, buf)) {
-            Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => UNSUPPORTED.store(true, Ordering::Relaxed),
-            other => return other,
+    XattrLister::default().list_at(dir, dir_path, name)
+}
+
+/// [`list_xattrs_at`] for many names in a row, with its buffers kept between calls: a new tree
+/// of 10,000 files otherwise allocated a name and a listing buffer for each.
+#[derive(Debug, Default)]
+pub struct XattrLister {
+    /// The name being listed, NUL-terminated.
+    name: Vec<u8>,
+    /// The listing, grown as the kernel asks.
+    buf: Vec<u8>,
+}
+
+impl XattrLister {
+    /// The xattr names of `name` in the directory open as `dir` (path `dir_path`), not
+    /// following a final symlink; the same answer as [`list_xattrs_at`].
+    pub fn list_at(&mut self, dir: BorrowedFd<'_>, dir_path: &Path, name: &OsStr) -> io::Result<Vec<OsString>> {
+        if LISTXATTRAT_MISSING.load(Ordering::Relaxed) {
+            return list_xattrs(&dir_path.join(name));
+        }
+        self.name.clear();
+        self.name.extend_from_slice(name.as_bytes());
+        self.name.push(0);
+        let cname = CStr::from_bytes_with_nul(&self.name).map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+        if self.buf.is_empty() {
+            self.buf.resize(1024, 0);
+        }
+        match list_names_in(&mut self.buf, |buf| listxattrat(dir, cname, buf)) {
+            Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
+                LISTXATTRAT_MISSING.store(true, Ordering::Relaxed);
+                list_xattrs(&dir_path.join(name))
+            }
+            other => other,
         }
     }
-    list_xattrs(&dir_path.join(name))
 }
+
+/// Set once `listxattrat` answered ENOSYS (a kernel before 6.13): paths are used from then on.
+static LISTXATTRAT_MISSING: AtomicBool = AtomicBool::new(false);
 
 /// `listxattrat(2)`, not following a final symlink.
 fn listxattrat(dir: BorrowedFd<'_>, name: &CStr, buf: &mut [u8]) -> Result<usize, rustix::io::Errno> {
@@ -156,10 +185,17 @@ fn listxattrat(dir: BorrowedFd<'_>, name: &CStr, buf: &mut [u8]) -> Result<usize
 }
 
 /// Names from a `listxattr`-style call, growing the buffer as the call asks.
-fn list_names(mut list: impl FnMut(&mut [u8]) -> Result<usize, rustix::io::Errno>) -> io::Result<Vec<OsString>> {
-    let mut buf = vec![0u8; 1024];
+fn list_names(list: impl FnMut(&mut [u8]) -> Result<usize, rustix::io::Errno>) -> io::Result<Vec<OsString>> {
+    list_names_in(&mut vec![0u8; 1024], list)
+}
+
+/// [`list_names`] into `buf` (not empty), which keeps its size for the next call.
+fn list_names_in(
+    buf: &mut Vec<u8>,
+    mut list: impl FnMut(&mut [u8]) -> Result<usize, rustix::io::Errno>,
+) -> io::Result<Vec<OsString>> {
     loop {
-        match list(&mut buf) {
+        match list(buf) {
             Ok(n) => {
                 return Ok(buf[..n]
                     .split(|b| *b == 0)
@@ -321,6 +357,17 @@ mod tests {
         }
         assert_eq!(list_xattrs_at(dir.as_fd(), &d, OsStr::new("f \n\u{e9}"))?.len(), 60);
         assert!(list_xattrs_at(dir.as_fd(), &d, OsStr::new("absent")).is_err());
+        // One lister for many names: its buffers, grown by the first, give each its own answer.
+        let mut lister = XattrLister::default();
+        for name in ["f \n\u{e9}", "link", "f \n\u{e9}", "link"] {
+            let mut at = lister.list_at(dir.as_fd(), &d, OsStr::new(name))?;
+            let mut by_path = list_xattrs(&d.join(name))?;
+            at.sort();
+            by_path.sort();
+            assert_eq!(at, by_path, "{name}");
+        }
+        assert!(lister.list_at(dir.as_fd(), &d, OsStr::new("absent")).is_err());
+        assert!(lister.list_at(dir.as_fd(), &d, OsStr::new("a\0b")).is_err());
         std::fs::remove_dir_all(&d)
     }
 

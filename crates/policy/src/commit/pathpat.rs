@@ -89,14 +89,32 @@ impl PathPat {
         let Some((last, init)) = path.split_last() else { return false };
         // Try every position of the pattern for the last component: the pattern before it
         // must match the components before it, and something must remain after it.
-        self.comps.iter().enumerate().any(|(i, comp)| {
-            let any = matches!(comp, Comp::AnyDepth);
-            !(i == 0 && any)
-                && comp.matches(last)
-                && (any || !self.comps[i + 1..].is_empty())
-                // `**` matching the last component may also have begun before it.
-                && (match_from(&self.comps[..i], init) || (any && match_from(&self.comps[..=i], init)))
-        })
+        for (i, comp) in self.comps.iter().enumerate() {
+            // The pattern before `i` matches `init` only if each of its literal components is
+            // one of `init`'s, and so does every longer one: a literal missing from `init`
+            // ends the search before any glob or walk (most changed paths of a commit lack
+            // `.git`, `hooks`, …, and every one of them is asked).
+            if let Some(Comp::Lit(l)) = i.checked_sub(1).map(|j| &self.comps[j]) {
+                if !init.contains(&l.as_str()) {
+                    return false;
+                }
+            }
+            if self.guards_at(i, comp, last, init) {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Whether the last component `last` can stand at position `i` (component `comp`) of a
+    /// match below it, `init` matching the pattern before it.
+    fn guards_at(&self, i: usize, comp: &Comp, last: &str, init: &[&str]) -> bool {
+        let any = matches!(comp, Comp::AnyDepth);
+        !(i == 0 && any)
+            && comp.matches(last)
+            && (any || !self.comps[i + 1..].is_empty())
+            // `**` matching the last component may also have begun before it.
+            && (match_from(&self.comps[..i], init) || (any && match_from(&self.comps[..=i], init)))
     }
 }
 
@@ -241,6 +259,19 @@ mod tests {
             let model = match_vec(&p.comps, &path);
             proptest::prop_assert_eq!(match_bits(&p.comps, &path), model);
             proptest::prop_assert_eq!(p.matches(&path), model);
+        }
+
+        /// `guards` with its literal pre-check says what trying every position says.
+        #[test]
+        fn guards_agree_with_trying_every_position(
+            pat in proptest::collection::vec(proptest::sample::select(vec!["**", "*", "a", "b", ".git", "*.git", "hooks", "h?"]), 1..7),
+            path in proptest::collection::vec(proptest::sample::select(vec!["a", "b", ".git", "x.git", "hooks", "h"]), 0..7),
+        ) {
+            let p = PathPat::new(&pat.join("/")).unwrap_or_else(|e| panic!("{e}"));
+            let model = path.split_last().is_some_and(|(last, init)| {
+                p.comps.iter().enumerate().any(|(i, comp)| p.guards_at(i, comp, last, init))
+            });
+            proptest::prop_assert_eq!(p.guards(&path), model);
         }
     }
 
