@@ -562,6 +562,16 @@ impl Policy {
             Opaque(usize),
             Default,
         }
+        // Where the extraction stopped short of what bash would run, nothing after that point
+        // was judged: the whole string is refused (a deny rule could be hidden past it).
+        if let Some(why) = &ex.unjudged {
+            let commands = ex.cmds.into_iter().filter(|c| !c.argv.is_empty()).map(|c| c.argv).collect();
+            let reason = format!("txbox cannot judge all that bash would run of this string: {why}");
+            return Evaluation {
+                decision: Decision { action: Action::Deny, rule: Some("engine.unjudgeable".into()), reason },
+                commands,
+            };
+        }
         let mut best: Option<(Action, Why)> = None;
         if ex.parse_error.is_some() {
             best = Some((Action::Transact, Why::ParseError));

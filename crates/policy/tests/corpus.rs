@@ -408,3 +408,47 @@ proptest! {
         }
     }
 }
+
+/// Whatever bash would run of a string must have been judged: where the extraction stops short
+/// of it, the string is refused, never let through because the rest was harmless. Each variant
+/// hides a command a rule denies behind the point where judging stopped.
+#[test]
+fn what_the_engine_cannot_judge_is_refused() {
+    let p = Policy::builtin();
+    let push = "git push --force origin main";
+    let variants = [
+        // Bash runs each line before the one in error; the string as a whole does not parse.
+        format!("{push}\necho 'x"),
+        format!("{push}\nif then\n"),
+        // The same inside a string a command runs.
+        format!("bash -c $'{push}\\necho \\'x'"),
+        // Past the nesting bound, counted in quoted text too (bash runs it all).
+        format!("echo '{}'; {push}", "(".repeat(300)),
+        format!("echo {}; {push}", "\"$(\"".repeat(300)),
+        // A here-document delimiter the parser is kept from (bash reads it fine).
+        format!("cat <<''; {push}\nx\n\n"),
+        // More commands than are extracted.
+        format!("{}{push}", "true; ".repeat(600)),
+        // Strings run by strings, deeper than followed.
+        format!("{}{push}", "eval ".repeat(14)),
+    ];
+    for v in &variants {
+        let e = p.evaluate_str(v, &ctx());
+        assert_eq!(e.decision.action, Action::Deny, "{:?}: {e:?}", v.chars().take(120).collect::<String>());
+        assert!(
+            matches!(e.decision.rule.as_deref(), Some("engine.unjudgeable" | "remote.force-push")),
+            "{:?}: {e:?}",
+            v.chars().take(120).collect::<String>()
+        );
+    }
+    // What bash cannot run any of stays a transaction (bash fails it whole), and a trailing
+    // newline is not a second line.
+    for v in ["echo 'x", "if then", "echo 'x\n", "for in; do"] {
+        let e = p.evaluate_str(v, &ctx());
+        assert_eq!(e.decision.action, Action::Transact, "{v:?}: {e:?}");
+        assert_eq!(e.decision.rule.as_deref(), Some("engine.parse-error"), "{v:?}: {e:?}");
+    }
+    // A long string of many harmless commands, under the bounds, is judged as before.
+    let e = p.evaluate_str(&"true; ".repeat(400), &ctx());
+    assert_eq!(e.decision.action, Action::Allow, "{e:?}");
+}

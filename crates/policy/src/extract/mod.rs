@@ -89,6 +89,9 @@ pub(crate) struct Extraction {
     pub cmds: Vec<Cmd>,
     /// Set when the string did not parse.
     pub parse_error: Option<String>,
+    /// Why the extraction may miss commands bash would run, if it may: it stopped where bash
+    /// goes on. The engine refuses such a string (`engine.unjudgeable`).
+    pub unjudged: Option<String>,
 }
 
 /// A command as words before classification.
@@ -138,6 +141,9 @@ pub(crate) struct Extractor<'a> {
     scripts: Vec<(PathBuf, String)>,
     /// Files a command wrote while reading a secret (`cp ~/.ssh/id_rsa /tmp/k`).
     secret_copies: Vec<PathBuf>,
+    /// The first reason the extraction stopped short of what bash would run (see
+    /// [`Extraction::unjudged`]).
+    unjudged: Option<String>,
     /// Here-document bodies taken out before parsing, by marker number (`heredoc`).
     bodies: Vec<String>,
     /// Whether to take here-document bodies out before parsing (off only to compare).
@@ -149,7 +155,7 @@ impl Extractor<'_> {
     /// pre-scan can (the parse is checked to agree, else the text is parsed whole).
     /// The program, and the nesting tokens of the text parsed (the caller holds them in
     /// `self.nesting` while it walks the program).
-    fn parse_eliding(&mut self, text: &str) -> Result<(ast::Program, usize), String> {
+    fn parse_eliding(&mut self, text: &str) -> Result<(ast::Program, usize), ParseFail> {
         if self.elide {
             if let Some(e) = heredoc::elide(text, self.bodies.len()) {
                 // Bodies are data: the traps are looked for in the text without them.
@@ -164,10 +170,15 @@ impl Extractor<'_> {
             }
         }
         if let Some(e) = parser_trap(text) {
-            return Err(e);
+            return Err(ParseFail { why: e, ours: true });
         }
-        let tokens = self.nesting_room(text)?;
-        Ok((parse(text)?, tokens))
+        let tokens = self.nesting_room(text).map_err(|why| ParseFail { why, ours: true })?;
+        Ok((parse(text).map_err(|why| ParseFail { why, ours: false })?, tokens))
+    }
+
+    /// Note that the extraction stops short of what bash would run (the first reason kept).
+    fn unjudge(&mut self, why: String) {
+        self.unjudged.get_or_insert(why);
     }
 
     /// The nesting tokens of `text`, if they fit under [`MAX_NESTING`] with those of the texts
@@ -184,6 +195,20 @@ impl Extractor<'_> {
         }
         Ok(tokens)
     }
+}
+
+/// Why a text was not parsed: brush-parser's error (`ours: false`), or a bound or trap of this
+/// extractor that refused it before parsing (`ours: true`: bash would run it).
+struct ParseFail {
+    why: String,
+    ours: bool,
+}
+
+/// Whether bash could run part of a text that does not parse as a whole: it parses and runs
+/// one line's complete commands at a time, so every line before the one in error has run
+/// when the error is found. Only a text of one line (a trailing newline aside) runs nothing.
+fn runs_in_part(text: &str) -> bool {
+    text.trim_end_matches('\n').contains('\n')
 }
 
 /// A here-document operator not followed by a word (`<< (`, `<<- <(x)`, `<<` at the end): bash
@@ -293,7 +318,7 @@ pub(crate) fn extract_str_with(text: &str, ctx: &Context, elide: bool) -> Extrac
     let mut ex = Extractor::new(ctx);
     ex.elide = elide;
     let err = ex.run_str(text);
-    Extraction { cmds: ex.out, parse_error: err }
+    Extraction { cmds: ex.out, parse_error: err, unjudged: ex.unjudged }
 }
 
 /// Extract from an argv taken literally.
@@ -309,7 +334,7 @@ pub(crate) fn extract_argv(argv: &[String], ctx: &Context) -> Extraction {
         feeds: Vec::new(),
     };
     ex.command(raw);
-    Extraction { cmds: ex.out, parse_error: None }
+    Extraction { cmds: ex.out, parse_error: None, unjudged: ex.unjudged }
 }
 
 impl<'a> Extractor<'a> {
@@ -335,6 +360,7 @@ impl<'a> Extractor<'a> {
             download_trees: Vec::new(),
             scripts: Vec::new(),
             secret_copies: Vec::new(),
+            unjudged: None,
             bodies: Vec::new(),
             elide: true,
         }
@@ -346,6 +372,9 @@ impl<'a> Extractor<'a> {
         let script = self.script_run(&c);
         if self.out.len() < MAX_CMDS {
             self.out.push(c);
+        } else {
+            // Bash runs every command; the rules would see only the first ones.
+            self.unjudge(format!("more than {MAX_CMDS} commands"));
         }
         // A shell running a file whose content is known runs that content.
         if let Some((code, args)) = script {
@@ -369,6 +398,7 @@ impl<'a> Extractor<'a> {
     pub(super) fn run_str(&mut self, text: &str) -> Option<String> {
         if self.depth >= MAX_DEPTH {
             self.opaque(vec![], "nesting too deep".into());
+            self.unjudge(format!("strings run by strings more than {MAX_DEPTH} deep"));
             return None;
         }
         self.depth += 1;
@@ -381,9 +411,16 @@ impl<'a> Extractor<'a> {
                 self.nesting -= tokens;
                 None
             }
-            Err(e) => {
-                self.opaque(vec![], format!("the string does not parse ({e})"));
-                Some(e)
+            Err(ParseFail { why, ours }) => {
+                self.opaque(vec![], format!("the string does not parse ({why})"));
+                // What txbox refused to parse, bash would run; of a text bash cannot parse
+                // either, it runs the lines before the error. Neither is judged.
+                if ours {
+                    self.unjudge(format!("it cannot be judged ({why})"));
+                } else if runs_in_part(text) {
+                    self.unjudge(format!("bash would run the lines before its error ({why})"));
+                }
+                Some(why)
             }
         };
         self.depth -= 1;
