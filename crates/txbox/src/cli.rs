@@ -157,6 +157,9 @@ enum Sub {
     /// Model Context Protocol server on stdio (tools run, begin, exec, diff, commit, rollback, undo, list, log).
     /// Limits given here are ceilings: the most a tool call may ask for, and what it gets by default.
     Mcp {
+        /// Most tool calls at once (each `run` is a sandbox); further calls wait their turn.
+        #[arg(long, value_name = "N", default_value_t = 8, value_parser = clap::value_parser!(u32).range(1..=1024))]
+        max_running: u32,
         #[command(flatten)]
         server: ServerArgs,
     },
@@ -572,7 +575,7 @@ fn dispatch(cli: Cli) -> Result<i32> {
                 crate::serve::ConnLimits { max: max_connections as usize, header_timeout: header_timeout.duration() };
             crate::serve::main(&listen, server.resolve(state_dir)?, token_file.as_deref(), limits)
         }
-        Sub::Mcp { server } => crate::mcp::main(server.resolve(state_dir)?),
+        Sub::Mcp { max_running, server } => crate::mcp::main(server.resolve(state_dir)?, max_running as usize),
         Sub::Policy(PolicyCmd::Show { policy }) => {
             print!("{}", policy.load()?.to_toml());
             Ok(0)

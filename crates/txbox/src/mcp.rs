@@ -120,6 +120,9 @@ with `undo` (refused if what it touched changed since).";
 #[derive(Clone)]
 pub(crate) struct Server {
     api: Arc<Api>,
+    /// On stdio, the calls that may run at once (`--max-running`); a call waits for its turn.
+    /// Over HTTP, `serve`'s connection bound is the bound.
+    running: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 fn convert<T: serde::de::DeserializeOwned>(v: Value) -> Result<T, ErrorData> {
@@ -152,6 +155,17 @@ impl ServerHandler for Server {
         let api = self.api.clone();
         let name = request.name.to_string();
         let args = request.arguments.map(Value::Object).unwrap_or(Value::Null);
+        // An agent can send calls as fast as it likes, and each `run` is a sandbox: held until
+        // the call is done, whatever it is.
+        let _turn = match &self.running {
+            Some(s) => Some(
+                s.clone()
+                    .acquire_owned()
+                    .await
+                    .map_err(|e| ErrorData::internal_error(format!("txbox: waiting for a turn: {e}"), None))?,
+            ),
+            None => None,
+        };
         let out = tokio::task::spawn_blocking(move || call(&api, &name, &args))
             .await
             .map_err(|e| ErrorData::internal_error(format!("txbox: worker failed: {e}"), None))?
@@ -172,7 +186,7 @@ pub(crate) fn http_service(api: Arc<Api>) -> StreamableHttpService<Server, Never
         .with_sse_keep_alive(None)
         .disable_allowed_hosts();
     StreamableHttpService::new(
-        move || Ok(Server { api: api.clone() }),
+        move || Ok(Server { api: api.clone(), running: None }),
         Arc::new(NeverSessionManager::default()),
         config,
     )
@@ -320,7 +334,7 @@ fn screened_stdio() -> (tokio::io::DuplexStream, tokio::io::DuplexStream, tokio:
 }
 
 /// Serve MCP on stdin/stdout until the client closes stdin.
-pub fn main(served: crate::serve::Served) -> Result<i32> {
+pub fn main(served: crate::serve::Served, max_running: usize) -> Result<i32> {
     let api = Arc::new(served.api()?);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -332,7 +346,8 @@ pub fn main(served: crate::serve::Served) -> Result<i32> {
         .context("starting the async runtime")?;
     rt.block_on(async move {
         let (input, output, writer) = screened_stdio();
-        let running = Server { api }.serve((input, output)).await.context("MCP initialization")?;
+        let turns = Some(Arc::new(tokio::sync::Semaphore::new(max_running)));
+        let running = Server { api, running: turns }.serve((input, output)).await.context("MCP initialization")?;
         running.waiting().await.context("MCP service")?;
         let _ = writer.await;
         Ok::<i32, anyhow::Error>(0)

@@ -1384,3 +1384,75 @@ fn an_agents_escape_sequences_do_not_reach_the_operators_terminal() {
     assert!(text.contains("echo \\x1b]52;c;ZWNobyBwd25lZA==\\x07\\x1b[2J\\x9b31m\\u{202e} > f.txt"), "{text}");
     assert!(!text.chars().any(|c| c.is_control() && c != '\n'), "{text:?}");
 }
+
+/// An agent on MCP's stdio sends calls as fast as it likes, and each `run` is a sandbox: at
+/// most `--max-running` run at once (the rest wait their turn and all get their answer).
+#[test]
+fn mcp_runs_at_most_max_running_calls_at_once() {
+    let s = Scratch::new("mcp-running");
+    let marker = format!("mrk-{}", std::process::id());
+    let mut child = Command::new(binary())
+        .args(["mcp", "--max-running", "2", "-C"])
+        .arg(&s.ws)
+        .env("TXBOX_RETAIN_MIN_FREE", "0")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut m = Mcp { stdin: child.stdin.take(), stdout: BufReader::new(child.stdout.take().unwrap()), child, next: 1 };
+    m.request(
+        "initialize",
+        json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}}),
+    );
+    m.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    let calls = 5;
+    for id in 100..100 + calls {
+        let args = json!({"command": format!("sleep 1.5; : {marker}-{id}")});
+        m.send(
+            &json!({"jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {"name": "run", "arguments": args}}),
+        );
+    }
+    // The shells of the calls, as the host sees them (not the txbox processes that carry the
+    // same string in their arguments).
+    let shells = || {
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter(|e| {
+                let Ok(cmdline) = std::fs::read(e.path().join("cmdline")) else { return false };
+                let args: Vec<String> =
+                    cmdline.split(|b| *b == 0).map(|a| String::from_utf8_lossy(a).into_owned()).collect();
+                args[0].ends_with("bash") && args.iter().any(|a| a.contains(&marker))
+            })
+            .count()
+    };
+    let (mut most, mut answered) = (0, 0);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let reader = std::thread::spawn(move || {
+        let mut answers = Vec::new();
+        for _ in 0..calls {
+            let mut line = String::new();
+            m.stdout.read_line(&mut line).unwrap();
+            answers.push(serde_json::from_str::<Value>(&line).unwrap_or_else(|e| panic!("{e}: {line:?}")));
+        }
+        (m, answers)
+    });
+    while !reader.is_finished() {
+        assert!(Instant::now() < deadline, "the calls were never all answered");
+        most = most.max(shells());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let (mut m, answers) = reader.join().unwrap();
+    for a in &answers {
+        let text = a["result"]["content"][0]["text"].as_str().unwrap_or_default();
+        assert!(text.starts_with("txbox: committed"), "{a}");
+        answered += 1;
+    }
+    assert_eq!(answered, calls);
+    assert!((1..=2).contains(&most), "{most} calls ran at once, with --max-running 2");
+    m.finish();
+    // A bound of nothing is a usage error.
+    let o = Command::new(binary()).args(["mcp", "--max-running", "0"]).stdin(Stdio::null()).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", describe(&o));
+}
