@@ -505,8 +505,14 @@ struct Mcp {
 
 impl Mcp {
     fn start(s: &Scratch) -> Mcp {
+        Mcp::start_with(s, &[])
+    }
+
+    /// `txbox mcp` with `flags` before the workspace.
+    fn start_with(s: &Scratch, flags: &[&str]) -> Mcp {
         let mut child = Command::new(binary())
             .arg("mcp")
+            .args(flags)
             .arg("-C")
             .arg(&s.ws)
             .env("TXBOX_RETAIN_MIN_FREE", "0")
@@ -518,6 +524,18 @@ impl Mcp {
         let stdin = child.stdin.take().unwrap();
         let stdout = BufReader::new(child.stdout.take().unwrap());
         Mcp { child, stdin: Some(stdin), stdout, next: 1 }
+    }
+
+    /// The MCP handshake: `initialize` (its answer returned, checked to offer tools), then
+    /// `notifications/initialized`.
+    fn initialize(&mut self) -> Value {
+        let init = self.request(
+            "initialize",
+            json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}}),
+        );
+        assert!(init["result"]["capabilities"]["tools"].is_object(), "{init}");
+        self.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+        init
     }
 
     fn send(&mut self, msg: &Value) {
@@ -577,13 +595,8 @@ impl Drop for Mcp {
 fn mcp_lists_tools_and_runs_transactions() {
     let s = Scratch::new("mcp");
     let mut m = Mcp::start(&s);
-    let init = m.request(
-        "initialize",
-        json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}}),
-    );
+    let init = m.initialize();
     assert_eq!(init["result"]["protocolVersion"], "2025-06-18", "{init}");
-    assert!(init["result"]["capabilities"]["tools"].is_object(), "{init}");
-    m.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
     let list = m.request("tools/list", json!({}));
     let tools = list["result"]["tools"].as_array().unwrap();
     let names: Vec<&str> = tools.iter().filter_map(|t| t["name"].as_str()).collect();
@@ -1044,12 +1057,7 @@ fn mcp_stdio_answers_garbage_with_json_rpc_errors() {
         assert_eq!(v["error"]["code"], code, "{line}: {v}");
         assert_eq!(v["id"], id, "{line}: {v}");
     }
-    let init = m.request(
-        "initialize",
-        json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}}),
-    );
-    assert!(init["result"]["capabilities"]["tools"].is_object(), "{init}");
-    m.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    m.initialize();
     // Tool arguments of the wrong type are tool errors in the one error shape.
     let (err, _, payload) = m.call("run", json!({"command": "touch x", "timeout": "soon"}));
     assert!(err);
@@ -1237,12 +1245,7 @@ fn hostile_commands_do_not_kill_or_exhaust_the_server() {
         assert_eq!(st, 200, "the server died on {}…", &cmd[..40]);
     }
     let mut m = Mcp::start(&s);
-    let init = m.request(
-        "initialize",
-        json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}}),
-    );
-    assert!(init["result"]["capabilities"]["tools"].is_object(), "{init}");
-    m.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    m.initialize();
     for cmd in hostile_commands() {
         let (err, _, r) = m.call("run", json!({"command": cmd, "timeout": 60}));
         assert!(!err && r["outcome"].is_string(), "{}…: {r}", &cmd[..40]);
@@ -1339,12 +1342,7 @@ fn mcp_diff_shows_nothing_reached_through_a_link() {
     std::fs::write(outside.join("secret.txt"), "TOP-SECRET-1\n").unwrap();
     std::fs::write(outside.join("deep/secret.txt"), "TOP-SECRET-2\n").unwrap();
     let mut m = Mcp::start(&s);
-    let init = m.request(
-        "initialize",
-        json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}}),
-    );
-    assert!(init["result"]["capabilities"]["tools"].is_object(), "{init}");
-    m.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    m.initialize();
     let o = outside.display();
     let (err, _, r) = m.call(
         "run",
@@ -1391,21 +1389,8 @@ fn an_agents_escape_sequences_do_not_reach_the_operators_terminal() {
 fn mcp_runs_at_most_max_running_calls_at_once() {
     let s = Scratch::new("mcp-running");
     let marker = format!("mrk-{}", std::process::id());
-    let mut child = Command::new(binary())
-        .args(["mcp", "--max-running", "2", "-C"])
-        .arg(&s.ws)
-        .env("TXBOX_RETAIN_MIN_FREE", "0")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut m = Mcp { stdin: child.stdin.take(), stdout: BufReader::new(child.stdout.take().unwrap()), child, next: 1 };
-    m.request(
-        "initialize",
-        json!({"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "test", "version": "0"}}),
-    );
-    m.send(&json!({"jsonrpc": "2.0", "method": "notifications/initialized"}));
+    let mut m = Mcp::start_with(&s, &["--max-running", "2"]);
+    m.initialize();
     let calls = 5;
     for id in 100..100 + calls {
         let args = json!({"command": format!("sleep 1.5; : {marker}-{id}")});
