@@ -3,13 +3,12 @@
 
 use std::fmt::Write as _;
 use std::io::Read as _;
-use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 
 use rustix::fs::{Mode, OFlags};
 use similar::TextDiff;
+use txbox_txn::beneath::Beneath;
 use txbox_txn::changeset::{ChangeOp, ChangeSet};
-use txbox_txn::fsx::open_beneath;
 use txbox_txn::meta::display_rel;
 
 /// The largest file whose content is diffed; a larger one is shown by its size only, so a diff
@@ -32,31 +31,23 @@ impl Content {
     }
 }
 
-/// The directory a change set's paths are relative to (the workspace or the upper layer).
-fn open_root(root: &Path) -> Option<OwnedFd> {
-    rustix::fs::open(root, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).ok()
-}
-
 /// Content of `rel` beneath `root` for diffing: None when absent, not a regular file or a
 /// symlink, or reached through a symlink. Nothing on the way is followed (the workspace is
 /// the agent's: a directory it swapped for a link to `/etc` must not show `/etc` in a diff
 /// made by a process that sees more than the sandbox does), nor is the last component.
-fn content(root: Option<&OwnedFd>, rel: &Path) -> Option<Content> {
-    let root = root?;
-    let (parent, name) = match (rel.parent(), rel.file_name()) {
-        (Some(p), Some(n)) => (p, n),
-        _ => return None,
-    };
-    let dir = open_beneath(root.as_fd(), parent, OFlags::PATH | OFlags::DIRECTORY, Mode::empty()).ok()?;
-    let st = rustix::fs::statat(&dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW).ok()?;
+/// `root` is the directory the change set's paths are relative to (the workspace or the upper
+/// layer), its handles on their directories kept for the siblings that follow.
+fn content(root: Option<&mut Beneath>, rel: &Path) -> Option<Content> {
+    let (dir, name) = root?.parent(rel).ok()?;
+    let st = rustix::fs::statat(dir, name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW).ok()?;
     match rustix::fs::FileType::from_raw_mode(st.st_mode) {
         rustix::fs::FileType::Symlink => {
-            let target = rustix::fs::readlinkat(&dir, name, Vec::new()).ok()?;
+            let target = rustix::fs::readlinkat(dir, name, Vec::new()).ok()?;
             Some(Content::Bytes(format!("-> {}\n", target.to_string_lossy()).into_bytes()))
         }
         rustix::fs::FileType::RegularFile => {
             let fd = rustix::fs::openat(
-                &dir,
+                dir,
                 name,
                 OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
                 Mode::empty(),
@@ -87,18 +78,18 @@ type FileChange = (String, Option<Content>, Option<Content>);
 
 /// Every file-level change; directories expand to the files they add or remove.
 fn file_changes(cs: &ChangeSet, workspace: &Path, upper: &Path) -> Vec<FileChange> {
-    let (ws, up) = (open_root(workspace), open_root(upper));
+    let (mut ws, mut up) = (Beneath::open(workspace).ok(), Beneath::open(upper).ok());
     let mut out = Vec::new();
     for p in cs.added.iter().chain(&cs.modified) {
-        let old = content(ws.as_ref(), p);
-        let new = content(up.as_ref(), p);
+        let old = content(ws.as_mut(), p);
+        let new = content(up.as_mut(), p);
         if old.is_some() || new.is_some() {
             out.push((display_rel(p), old, new));
         }
     }
     for c in &cs.changes {
         if let ChangeOp::Delete { .. } = c.op {
-            let old = content(ws.as_ref(), &c.path);
+            let old = content(ws.as_mut(), &c.path);
             if old.is_some() {
                 out.push((display_rel(&c.path), old, None));
             }
