@@ -174,6 +174,9 @@ pub struct Ceiling {
     pub liftable: Vec<String>,
     /// Kept directories (the configuration's, else the defaults); a request cannot change them.
     pub keep: txbox_txn::keep::KeepRules,
+    /// The operator's secrets hidden from every command (`serve`'s token file: with the host's
+    /// network a command that read it could call the server as the agent).
+    pub hide: Vec<PathBuf>,
 }
 
 impl Ceiling {
@@ -183,7 +186,9 @@ impl Ceiling {
     pub fn limits(&self, asked: &LimitArgs) -> Result<Limits, ApiError> {
         let base = txbox_txn::layout::base_dir().ok();
         let expand = |p| Some(crate::network::preset_rules(p, base.as_deref()));
-        Ok(asked.within_expanding(&self.limits, &expand)?.to_limits())
+        let mut limits = asked.within_expanding(&self.limits, &expand)?.to_limits();
+        limits.hide.clone_from(&self.hide);
+        Ok(limits)
     }
 
     /// A request's isolation: at least the operator's.

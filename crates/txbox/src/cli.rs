@@ -208,6 +208,7 @@ impl ServerArgs {
             keep: config.keep_rules()?,
             pass_env: if self.pass_env.is_empty() { config.pass_env } else { self.pass_env },
             liftable: Vec::new(),
+            hide: Vec::new(),
         };
         Ok(crate::serve::Served {
             workspaces,

@@ -109,6 +109,8 @@ pub(crate) fn execute(
     spec.hide = env.state.hidden().to_vec();
     // The policy in force is neither readable for tricks nor writable for the command.
     spec.hide.extend(policy_file.and_then(|p| std::fs::canonicalize(p).ok()));
+    // The operator's own secrets (the server's token file), where they really are.
+    spec.hide.extend(limits.hide.iter().filter_map(|p| std::fs::canonicalize(p).ok()));
     // Everything else by rule: other homes, host keys, credentials, sockets' places, other
     // state directories (txbox_sandbox::secrets).
     let host = txbox_sandbox::secrets::Host::gather(other_states(&env.workspace));

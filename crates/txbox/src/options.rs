@@ -544,6 +544,7 @@ impl LimitArgs {
                 Some(Network::Host) => Vec::new(),
                 _ => host_specs(self.allow_hosts.as_deref().unwrap_or_default()),
             },
+            hide: Vec::new(),
         }
     }
 }

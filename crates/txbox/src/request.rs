@@ -34,6 +34,9 @@ pub struct Limits {
     pub caches: bool,
     /// `--allow-host` items (network by allowlist; ignored with `host_network`).
     pub allow_hosts: Vec<txbox_netproxy::Spec>,
+    /// The operator's own secrets, hidden from the command besides what the rules hide (the
+    /// server's token file): set by the front end, never by a request.
+    pub hide: Vec<PathBuf>,
 }
 
 /// Where a command's stdio goes.

@@ -396,8 +396,13 @@ async fn accept_loop(listener: tokio::net::TcpListener, app: Router, limits: Con
 }
 
 /// `txbox serve`: bind, print the address on stderr, serve until killed.
-pub fn main(listen: &str, served: Served, token_file: Option<&Path>, limits: ConnLimits) -> Result<i32> {
+pub fn main(listen: &str, mut served: Served, token_file: Option<&Path>, limits: ConnLimits) -> Result<i32> {
     let token = load_token(token_file)?;
+    // A command must not read the token it could call this server with (`--network host`).
+    if let Some(f) = token_file {
+        let real = std::fs::canonicalize(f).with_context(|| format!("resolving token file {}", f.display()))?;
+        served.ceiling.hide.push(real);
+    }
     let api = served.api()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

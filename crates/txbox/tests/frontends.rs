@@ -782,6 +782,30 @@ fn serve_args(s: &Scratch, extra: &[&str]) -> Server {
     panic!("txbox serve {extra:?} did not start");
 }
 
+/// The server's token file is hidden from the commands it runs, by its path and through a link
+/// the workspace holds, with the host's network as without: a command that read it could call
+/// the server as the agent (and, over MCP at /mcp, the same).
+#[test]
+fn the_servers_token_file_is_hidden_from_its_commands() {
+    let s = Scratch::new("http-token-hidden");
+    std::os::unix::fs::symlink(s.root.join("token"), s.ws.join("tok")).unwrap();
+    for extra in [&[][..], &["--network", "host"][..]] {
+        let srv = serve_args(&s, extra);
+        let token = s.root.join("token");
+        let mut body = json!({"command": format!("cat {} tok; echo rc=$?", token.display())});
+        if !extra.is_empty() {
+            body["network"] = json!("host");
+        }
+        let (st, v) = http(srv.port, "POST", "/v1/run", Some(TOKEN), Some(&body));
+        assert_eq!(st, 200, "{extra:?}: {v}");
+        let out = format!("{}{}", v["stdout"], v["stderr"]);
+        // Hidden files read as empty, hidden directories as empty directories.
+        assert!(out.contains("rc=") && !out.contains(TOKEN), "{extra:?}: the token reached the command: {v}");
+        // The caller still reads it, and the server still takes it.
+        assert!(std::fs::read_to_string(&token).unwrap().contains(TOKEN));
+    }
+}
+
 /// Every route but /v1/health answers 401 without the token, whatever the method or path
 /// (unknown routes included): authentication is a layer on the router, not a call in handlers.
 #[test]
