@@ -143,7 +143,13 @@ fn listen_build_and_serve(
     let binary = super::binary_id();
     // 3. The sandbox, but for what each transaction brings (`build`).
     let k = &mut Linux;
-    let Built { supervisor, host_proc, roots, plan } = build(k, args, layout.retired)?;
+    let Built { supervisor, host_proc, roots, plan } = match build(k, args, layout.retired) {
+        Ok(built) => built,
+        Err(e) => {
+            leave(&listener, &bound, &format!("it could not start: {}", e.what()));
+            return Err(e);
+        }
+    };
     let me = Me { binary, host_proc, layer: layout.layer };
     // 4. What each secret outside the workspace looks like from inside, now that it is hidden.
     let hidden = Hidden::now(spec, &plan.scratch());
@@ -155,14 +161,14 @@ fn listen_build_and_serve(
     // 5. The pid namespace's init serves (`fork_init`); the listener is its alone.
     let (plan, roots, bound, hidden, me) = (&plan, &roots, &bound, &hidden, &me);
     fork_init(k, supervisor, move |k, handoff| {
-        let code = match init(k, spec, plan, roots, &listener, bound, hidden, me, args.idle, handoff) {
-            Ok(()) => 0,
+        let (code, why) = match init(k, spec, plan, roots, &listener, bound, hidden, me, args.idle, handoff) {
+            Ok(()) => (0, "it is done".to_string()),
             Err(e) => {
                 record_failure(&bound.dir, &bound.name, &e);
-                1
+                (1, format!("it failed: {}", e.what()))
             }
         };
-        bound.remove_if_ours();
+        leave(&listener, bound, &why);
         code
     })
 }
@@ -491,6 +497,29 @@ impl Bound {
     fn remove_if_ours(&self) {
         if self.still_ours() {
             let _ = rustix::fs::unlinkat(&self.dir, self.name.as_os_str(), rustix::fs::AtFlags::empty());
+        }
+    }
+}
+
+/// Leave without resetting anyone. A client that connected while the server was deciding to
+/// go (idle, replaced, failed) sits in the listener's queue, its request sent; closing the
+/// listener would answer it with a reset, which the client must read as a server that took the
+/// request and died (`client::abandon`: stop it, wait for the run's directories). Instead the
+/// name goes first (new clients find no server and start one), then the listener stops taking
+/// connections (`shutdown`: a connect through a name resolved earlier is refused), and each
+/// client already queued is told why, so it builds its own sandbox at once.
+fn leave(listener: &OwnedFd, bound: &Bound, why: &str) {
+    bound.remove_if_ours();
+    let _ = rustix::net::shutdown(listener, rustix::net::Shutdown::Read);
+    if rustix::io::ioctl_fionbio(listener, true).is_err() {
+        return; // a blocking accept could wait forever
+    }
+    let line = Answer::Refuse(format!("the warm server is leaving: {why}")).line();
+    loop {
+        match rustix::net::accept_with(listener, SocketFlags::CLOEXEC) {
+            Ok(conn) => say(&conn, &line),
+            Err(rustix::io::Errno::INTR) => {}
+            Err(_) => return, // EAGAIN: no one else is queued
         }
     }
 }
@@ -1229,6 +1258,50 @@ mod tests {
             }
             _ => None,
         }
+    }
+
+    /// A server that goes (idle, replaced, failed) answers every client queued on its listener
+    /// with a refusal, not a reset that the client would take for a server that died holding
+    /// its run; its name goes, and a connect through a name resolved before is refused.
+    #[test]
+    fn a_leaving_server_refuses_its_queued_clients_and_takes_no_more() {
+        use std::io::{BufRead, Write};
+        use std::os::unix::net::UnixStream;
+        let root = PathBuf::from(format!("/var/tmp/txbox-leave-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).unwrap();
+        let sock = root.join("s.sock");
+        let listener =
+            rustix::net::socket_with(AddressFamily::UNIX, SocketType::STREAM, SocketFlags::CLOEXEC, None).unwrap();
+        rustix::net::bind(&listener, &SocketAddrUnix::new(sock.as_path()).unwrap()).unwrap();
+        rustix::net::listen(&listener, 8).unwrap();
+        let bound = Bound {
+            dir: rustix::fs::open(&root, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).unwrap(),
+            name: "s.sock".into(),
+            ino: inode(&sock),
+        };
+        // Another name for the same socket: what a client resolved before the name went.
+        std::fs::hard_link(&sock, root.join("alias.sock")).unwrap();
+        let clients: Vec<UnixStream> = (0..3)
+            .map(|_| {
+                let mut c = UnixStream::connect(&sock).unwrap();
+                c.write_all(b"a request the server never reads").unwrap();
+                c
+            })
+            .collect();
+        leave(&listener, &bound, "idle");
+        // The process goes: its listener with it.
+        drop(listener);
+        for c in clients {
+            c.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+            let mut line = String::new();
+            std::io::BufReader::new(c).read_line(&mut line).unwrap();
+            assert_eq!(Answer::parse(&line), Some(Answer::Refuse("the warm server is leaving: idle".into())));
+        }
+        assert!(!sock.exists(), "the name stayed");
+        let late = UnixStream::connect(root.join("alias.sock")).map(|_| ()).unwrap_err();
+        assert_eq!(late.kind(), std::io::ErrorKind::ConnectionRefused, "{late}");
+        let _ = std::fs::remove_dir_all(&root);
     }
 
     /// The scratch filesystems are the reset's: what is below them is not looked at, the rest
