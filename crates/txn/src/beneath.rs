@@ -1,8 +1,9 @@
 //! Directory handles resolved beneath a root without ever following a symlink.
 //!
-//! Every path a commit writes is opened with `openat2(RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS |
-//! RESOLVE_NO_MAGICLINKS)` relative to the root's fd, so an agent that swapped a directory for a
-//! symlink (to `/etc`, to `..`) makes the commit fail instead of redirecting it.
+//! Every path a commit writes is opened with [`crate::fsx::open_beneath`] (`openat2` with
+//! `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS | RESOLVE_NO_XDEV`) relative
+//! to the root's fd, so an agent that swapped a directory for a symlink (to `/etc`, to `..`)
+//! makes the commit fail instead of redirecting it.
 //!
 //! Handles are cached, but only a few: a commit touches its paths in sorted order, so siblings
 //! follow each other and the last directories used are the ones asked for again. A cache that
@@ -14,12 +15,7 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{Mode, OFlags, ResolveFlags};
-
-const RESOLVE: ResolveFlags = ResolveFlags::BENEATH
-    .union(ResolveFlags::NO_SYMLINKS)
-    .union(ResolveFlags::NO_MAGICLINKS)
-    .union(ResolveFlags::NO_XDEV);
+use rustix::fs::{Mode, OFlags};
 
 /// Directory handles a [`Beneath`] keeps open at most (besides its root).
 pub const CACHED: usize = 4;
@@ -28,18 +24,6 @@ pub struct Beneath {
     root: OwnedFd,
     /// Most recently used first.
     cache: Vec<(PathBuf, OwnedFd)>,
-}
-
-/// Open `rel` beneath `dirfd` with the safe resolution flags (retrying the EAGAIN that
-/// RESOLVE_BENEATH returns when a concurrent rename raced the lookup).
-pub fn open_beneath(dirfd: BorrowedFd<'_>, rel: &Path, flags: OFlags) -> io::Result<OwnedFd> {
-    let rel: &Path = if rel.as_os_str().is_empty() { Path::new(".") } else { rel };
-    loop {
-        match rustix::fs::openat2(dirfd, rel, flags | OFlags::CLOEXEC | OFlags::NOFOLLOW, Mode::empty(), RESOLVE) {
-            Err(rustix::io::Errno::AGAIN) => continue,
-            r => return r.map_err(Into::into),
-        }
-    }
 }
 
 impl Beneath {
@@ -68,7 +52,8 @@ impl Beneath {
                 if self.cache.len() >= CACHED {
                     self.cache.pop();
                 }
-                let fd = open_beneath(self.root.as_fd(), rel, OFlags::PATH | OFlags::DIRECTORY)?;
+                let fd =
+                    crate::fsx::open_beneath(self.root.as_fd(), rel, OFlags::PATH | OFlags::DIRECTORY, Mode::empty())?;
                 self.cache.insert(0, (rel.to_path_buf(), fd));
             }
         }

@@ -24,7 +24,7 @@ use std::path::{Path, PathBuf};
 
 use rustix::fs::{AtFlags, OFlags, RenameFlags, Timestamps};
 
-use crate::beneath::{open_beneath, Beneath};
+use crate::beneath::Beneath;
 use crate::changeset::{ChangeSet, Fixup};
 use crate::check::{self, Attrs, Denied, Permissions};
 use crate::durable::{self, Flush, FlushError, Flusher, Fsync};
@@ -553,7 +553,8 @@ fn dir_meta_plan_for(
     privs: &check::Privileges,
 ) -> Result<(std::fs::Metadata, OwnedFd, check::DirMetaPlan), CommitError> {
     let u = std::fs::symlink_metadata(upper_dir).map_err(io_err("stat upper dir", upper_dir))?;
-    let fd = open_beneath(ws.root(), rel, OFlags::RDONLY | OFlags::DIRECTORY).map_err(io_err("open dir", rel))?;
+    let fd = crate::fsx::open_beneath(ws.root(), rel, OFlags::RDONLY | OFlags::DIRECTORY, rustix::fs::Mode::empty())
+        .map_err(io_err("open dir", rel))?;
     let cur = rustix::fs::fstat(&fd).map_err(|e| io_err("stat dir", rel)(e.into()))?;
     let plan = check::dir_meta_plan(
         Attrs { uid: cur.st_uid, gid: cur.st_gid, mode: cur.st_mode },

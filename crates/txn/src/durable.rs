@@ -33,7 +33,7 @@ use std::sync::Mutex;
 
 use rustix::fs::{Mode, OFlags};
 
-use crate::beneath::open_beneath;
+use crate::fsx::open_beneath;
 use crate::journal::JournalStep;
 use crate::meta::Kind;
 use crate::plan::Step;
@@ -452,7 +452,7 @@ fn flush_one(root: &OwnedFd, f: &Flush) -> io::Result<()> {
         How::Dir | How::Fs => OFlags::RDONLY | OFlags::DIRECTORY,
         How::File | How::Data => OFlags::RDONLY | OFlags::NONBLOCK,
     };
-    let fd = open_beneath(root.as_fd(), &f.rel, flags)?;
+    let fd = open_beneath(root.as_fd(), &f.rel, flags, Mode::empty())?;
     match f.how {
         How::File | How::Dir => rustix::fs::fsync(&fd)?,
         How::Data => rustix::fs::fdatasync(&fd)?,
