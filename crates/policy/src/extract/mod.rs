@@ -270,25 +270,32 @@ pub(crate) fn parser_trap(text: &str) -> Option<String> {
 /// closing token can be spoofed: `)` ends a `case` pattern, `}` may be a plain argument).
 /// `&&` and `||` nest only inside `[[ ]]` and cost little there: one token per 16.
 pub(crate) fn nesting_tokens(text: &str) -> usize {
-    const KEYWORDS: [&[u8]; 7] = [b"if", b"while", b"until", b"for", b"case", b"select", b"function"];
     let b = text.as_bytes();
     let mut openers = 0usize;
     let mut and_or = 0usize;
     let mut i = 0;
     while i < b.len() {
-        match b[i] {
-            b'(' | b'{' | b'`' | b'!' => openers += 1,
-            b'&' | b'|' if b.get(i + 1) == Some(&b[i]) => {
-                and_or += 1;
+        let c = b[i];
+        match BYTE_CLASS[c as usize] {
+            WORD => {
+                // A whole word at once (the loop is always at a word's start here): a keyword
+                // opens a level. Nothing inside a word can.
+                let start = i;
                 i += 1;
-            }
-            c if c.is_ascii_lowercase() && (i == 0 || !is_word_byte(b[i - 1])) => {
-                let end = b[i..].iter().position(|c| !is_word_byte(*c)).map_or(b.len(), |n| i + n);
-                if KEYWORDS.contains(&&b[i..end]) {
+                while i < b.len() && BYTE_CLASS[b[i] as usize] == WORD {
+                    i += 1;
+                }
+                if matches!(c, b'i' | b'w' | b'u' | b'f' | b'c' | b's')
+                    && matches!(&b[start..i], b"if" | b"while" | b"until" | b"for" | b"case" | b"select" | b"function")
+                {
                     openers += 1;
                 }
-                i = end;
                 continue;
+            }
+            OPENER => openers += 1,
+            AND_OR if b.get(i + 1) == Some(&c) => {
+                and_or += 1;
+                i += 1;
             }
             _ => {}
         }
@@ -297,9 +304,31 @@ pub(crate) fn nesting_tokens(text: &str) -> usize {
     openers + and_or / 16
 }
 
-fn is_word_byte(c: u8) -> bool {
-    c.is_ascii_alphanumeric() || c == b'_'
-}
+const OTHER: u8 = 0;
+const WORD: u8 = 1;
+const OPENER: u8 = 2;
+const AND_OR: u8 = 3;
+
+/// What each byte is to [`nesting_tokens`]: part of a word, a token that
+/// opens a level, half of `&&` / `||`, or nothing. Word bytes: ASCII letters, digits, `_`.
+static BYTE_CLASS: [u8; 256] = {
+    let mut t = [OTHER; 256];
+    let mut c = 0;
+    while c < 256 {
+        let b = c as u8;
+        t[c] = if b.is_ascii_alphanumeric() || b == b'_' {
+            WORD
+        } else if matches!(b, b'(' | b'{' | b'`' | b'!') {
+            OPENER
+        } else if matches!(b, b'&' | b'|') {
+            AND_OR
+        } else {
+            OTHER
+        };
+        c += 1;
+    }
+    t
+};
 
 /// Parse a shell string into a program (callers check [`parser_trap`] first).
 fn parse(text: &str) -> Result<ast::Program, String> {
@@ -501,6 +530,73 @@ mod tests {
             assert!(e.is_some_and(|m| m.contains("nested too deeply")));
         }
         assert!(extract_str(&nest("(", ")", 100), &ctx()).parse_error.is_none());
+    }
+
+    fn is_word_byte(c: u8) -> bool {
+        c.is_ascii_alphanumeric() || c == b'_'
+    }
+
+    /// The count as first written, byte by byte: [`nesting_tokens`] must agree with it.
+    fn nesting_tokens_reference(text: &str) -> usize {
+        const KEYWORDS: [&[u8]; 7] = [b"if", b"while", b"until", b"for", b"case", b"select", b"function"];
+        let b = text.as_bytes();
+        let mut openers = 0usize;
+        let mut and_or = 0usize;
+        let mut i = 0;
+        while i < b.len() {
+            match b[i] {
+                b'(' | b'{' | b'`' | b'!' => openers += 1,
+                b'&' | b'|' if b.get(i + 1) == Some(&b[i]) => {
+                    and_or += 1;
+                    i += 1;
+                }
+                c if c.is_ascii_lowercase() && (i == 0 || !is_word_byte(b[i - 1])) => {
+                    let end = b[i..].iter().position(|c| !is_word_byte(*c)).map_or(b.len(), |n| i + n);
+                    if KEYWORDS.contains(&&b[i..end]) {
+                        openers += 1;
+                    }
+                    i = end;
+                    continue;
+                }
+                _ => {}
+            }
+            i += 1;
+        }
+        openers + and_or / 16
+    }
+
+    use proptest::strategy::Strategy as _;
+
+    proptest::proptest! {
+        /// Word by word counts what byte by byte counted, on texts made of the bytes that
+        /// matter (keywords glued to words, digits and `_`, pairs and singles of `&` and `|`,
+        /// non-ASCII).
+        #[test]
+        fn nesting_tokens_agrees_with_the_reference(
+            parts in proptest::collection::vec(
+                proptest::prop_oneof![
+                    proptest::sample::select(vec![
+                        "if", "while", "until", "for", "case", "select", "function", "fi", "done",
+                        "If", "_if", "if_", "9if", "if9", "xif", "ifx", "é", "éif", "&", "&&", "|", "||",
+                        "(", ")", "{", "}", "`", "!", " ", "\n", ";", "$", "\"", "'", "-", "=",
+                    ]).prop_map(str::to_string),
+                    "[a-zA-Z0-9_&|(){}` !;\n-]{0,6}",
+                ],
+                0..40,
+            )
+        ) {
+            let text: String = parts.concat();
+            proptest::prop_assert_eq!(nesting_tokens(&text), nesting_tokens_reference(&text));
+        }
+    }
+
+    #[test]
+    fn nesting_tokens_agrees_on_the_corpus() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/corpus/agent_sessions.jsonl");
+        let Ok(text) = std::fs::read_to_string(path) else { return };
+        for line in text.lines() {
+            assert_eq!(nesting_tokens(line), nesting_tokens_reference(line));
+        }
     }
 
     #[test]
