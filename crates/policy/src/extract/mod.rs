@@ -9,6 +9,7 @@
 //! table, `flags` canonical flags, `feature` the facts rules can match. Extraction decides
 //! nothing: it may not know a rule or an action (that is `rules` and `lib`).
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::PathBuf;
 
@@ -148,6 +149,42 @@ pub(crate) struct Extractor<'a> {
     bodies: Vec<String>,
     /// Whether to take here-document bodies out before parsing (off only to compare).
     elide: bool,
+    /// Substitution bodies the static evaluation parsed, with their parse, for the extraction
+    /// of the same bodies that follows ([`Kept`]).
+    kept: Kept,
+}
+
+/// Parses of substitution bodies kept for a second use: the static evaluation of `$(…)`
+/// (`statics::substitution`) parses a body, and the extractor then parses the same body again
+/// to extract it. [`parse`] is a function of the text alone, so the kept parse is that parse.
+/// The last few only (a body is extracted right after its word is expanded); interior
+/// mutability because the static evaluation runs inside `expand_with`, which holds the
+/// extractor's variables borrowed.
+#[derive(Default)]
+pub(crate) struct Kept(RefCell<Vec<(String, ast::Program)>>);
+
+impl Kept {
+    const MAX: usize = 8;
+
+    pub(crate) fn keep(&self, text: &str, program: ast::Program) {
+        let mut kept = self.0.borrow_mut();
+        if kept.len() >= Self::MAX {
+            kept.remove(0);
+        }
+        kept.push((text.to_string(), program));
+    }
+
+    /// [`parse`] of `text`, taken from the kept parses when it is one of them.
+    fn parse(&self, text: &str) -> Result<ast::Program, String> {
+        let found = {
+            let mut kept = self.0.borrow_mut();
+            kept.iter().position(|(t, _)| t == text).map(|k| kept.remove(k).1)
+        };
+        match found {
+            Some(p) => Ok(p),
+            None => parse(text),
+        }
+    }
 }
 
 impl Extractor<'_> {
@@ -173,7 +210,7 @@ impl Extractor<'_> {
             return Err(ParseFail { why: e, ours: true });
         }
         let tokens = self.nesting_room(text).map_err(|why| ParseFail { why, ours: true })?;
-        Ok((parse(text).map_err(|why| ParseFail { why, ours: false })?, tokens))
+        Ok((self.kept.parse(text).map_err(|why| ParseFail { why, ours: false })?, tokens))
     }
 
     /// Note that the extraction stops short of what bash would run (the first reason kept).
@@ -331,7 +368,9 @@ static BYTE_CLASS: [u8; 256] = {
 };
 
 /// Parse a shell string into a program (callers check [`parser_trap`] first).
-fn parse(text: &str) -> Result<ast::Program, String> {
+pub(crate) fn parse(text: &str) -> Result<ast::Program, String> {
+    #[cfg(test)]
+    tests::PARSES.with(|n| n.set(n.get() + 1));
     let opts = brush_parser::ParserOptions::default();
     let mut parser = brush_parser::Parser::new(std::io::Cursor::new(text), &opts);
     parser.parse_program().map_err(|e| e.to_string())
@@ -392,6 +431,7 @@ impl<'a> Extractor<'a> {
             unjudged: None,
             bodies: Vec::new(),
             elide: true,
+            kept: Kept::default(),
         }
     }
 
@@ -489,8 +529,24 @@ impl<'a> Extractor<'a> {
 mod tests {
     use super::*;
 
+    thread_local! {
+        /// How many texts this thread parsed (`parse`).
+        pub(super) static PARSES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
     fn ctx() -> Context {
         crate::example_context()
+    }
+
+    /// A substitution body the static evaluation parsed is not parsed again to be extracted:
+    /// the string and its two bodies, three parses (five without the kept parses).
+    #[test]
+    fn a_statically_evaluated_body_is_parsed_once() {
+        PARSES.with(|n| n.set(0));
+        let e = extract_str("echo $(echo rm) \"`printf x`\"", &ctx());
+        assert_eq!(PARSES.with(std::cell::Cell::get), 3);
+        let argvs: Vec<Vec<String>> = e.cmds.into_iter().map(|c| c.argv).collect();
+        assert_eq!(argvs, [vec!["echo", "rm"], vec!["printf", "x"], vec!["echo", "rm", "x"]]);
     }
 
     fn argvs(s: &str) -> Vec<Vec<String>> {

@@ -284,7 +284,7 @@ impl Extractor<'_> {
                 }
             }
             ast::IoRedirect::HereString(_, w) => {
-                let e = expand_with(&w.value, &self.vars, &|b| statics::substitution(b, &self.vars));
+                let e = expand_with(&w.value, &self.vars, &|b| statics::substitution(b, &self.vars, &self.kept));
                 for s in &e.static_subs {
                     self.sub(s);
                 }
@@ -337,7 +337,7 @@ impl Extractor<'_> {
             match it {
                 ItemRef::Word(w) | ItemRef::Item(ast::CommandPrefixOrSuffixItem::Word(w)) => {
                     let mut srcs = self.feeds_of_vars(&w.value);
-                    let e = expand_with(&w.value, &self.vars, &|b| statics::substitution(b, &self.vars));
+                    let e = expand_with(&w.value, &self.vars, &|b| statics::substitution(b, &self.vars, &self.kept));
                     for sub in &e.static_subs {
                         self.sub(sub);
                     }
@@ -356,7 +356,9 @@ impl Extractor<'_> {
                     };
                     let val = match &a.value {
                         ast::AssignmentValue::Scalar(v) => {
-                            let e = expand_with(&v.value, &self.vars, &|b| statics::substitution(b, &self.vars));
+                            let e = expand_with(&v.value, &self.vars, &|b| {
+                                statics::substitution(b, &self.vars, &self.kept)
+                            });
                             for sub in e.subs.iter().chain(&e.static_subs) {
                                 self.sub(sub);
                             }
@@ -391,7 +393,9 @@ impl Extractor<'_> {
                             let mut items = Vec::new();
                             let mut known = !a.append;
                             for (key, w) in elements {
-                                let e = expand_with(&w.value, &self.vars, &|b| statics::substitution(b, &self.vars));
+                                let e = expand_with(&w.value, &self.vars, &|b| {
+                                    statics::substitution(b, &self.vars, &self.kept)
+                                });
                                 for sub in e.subs.iter().chain(&e.static_subs) {
                                     self.sub(sub);
                                 }
