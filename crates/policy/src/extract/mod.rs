@@ -496,8 +496,19 @@ impl<'a> Extractor<'a> {
         res
     }
 
+    /// Extract a nested string.
+    pub(super) fn sub(&mut self, text: &str) {
+        self.sub_from(text);
+    }
+
     /// Extract a nested string and return the programs it runs.
-    pub(super) fn sub(&mut self, text: &str) -> Vec<String> {
+    pub(super) fn sub_programs(&mut self, text: &str) -> Vec<String> {
+        let start = self.sub_from(text);
+        self.programs_since(start)
+    }
+
+    /// Extract a nested string; the index of its first command in `out`.
+    fn sub_from(&mut self, text: &str) -> usize {
         let start = self.out.len();
         let saved_cwd = self.cwd.clone();
         let saved_vars = self.vars.map.clone();
@@ -509,7 +520,7 @@ impl<'a> Extractor<'a> {
         self.vars.map = saved_vars;
         let end = self.out.len();
         self.feeds_acc.extend(start..end);
-        self.programs_since(start)
+        start
     }
 
     pub(super) fn programs_since(&self, start: usize) -> Vec<String> {

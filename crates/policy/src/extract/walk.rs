@@ -67,6 +67,10 @@ impl Extractor<'_> {
                     self.note_script(&f, cwd.as_deref(), t);
                 }
             }
+            // The last stage feeds nothing.
+            if k + 1 == p.seq.len() {
+                break;
+            }
             // What a filter passes on came from its own input: `curl … | tee f | sh` runs
             // what curl fetched.
             let mut programs = self.programs_since(start);
@@ -247,9 +251,8 @@ impl Extractor<'_> {
                         self.subshell_list(&sub.list);
                         let end = self.out.len();
                         self.feeds_acc.extend(start..end);
-                        let progs = self.programs_since(start);
                         if is_stdin {
-                            stdin_from.extend(progs);
+                            stdin_from.extend(self.programs_since(start));
                         }
                     }
                 }
@@ -268,7 +271,7 @@ impl Extractor<'_> {
                 if doc.requires_expansion {
                     let e = expand(&format!("\"{}\"", value.replace('"', "\\\"")), &self.vars);
                     for s in &e.subs {
-                        let p = self.sub(s);
+                        let p = self.sub_programs(s);
                         stdin_from.extend(p);
                     }
                     if let Some(w) = e.words.into_iter().next() {
@@ -289,7 +292,7 @@ impl Extractor<'_> {
                     self.sub(s);
                 }
                 for s in &e.subs {
-                    let p = self.sub(s);
+                    let p = self.sub_programs(s);
                     stdin_from.extend(p);
                 }
                 // A here-string is one word: what field splitting separated is joined again.
@@ -342,7 +345,7 @@ impl Extractor<'_> {
                         self.sub(sub);
                     }
                     for sub in &e.subs {
-                        srcs.extend(self.sub(sub));
+                        srcs.extend(self.sub_programs(sub));
                     }
                     for mut ew in e.words {
                         ew.sources = srcs.clone();
