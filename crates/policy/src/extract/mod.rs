@@ -253,6 +253,7 @@ fn runs_in_part(text: &str) -> bool {
 /// (`$(<< ($(`), so it is refused before parsing.
 pub(crate) fn parser_trap(text: &str) -> Option<String> {
     let b = text.as_bytes();
+    let (mut opens, mut closes) = (PairCount::new(b, *b"(("), PairCount::new(b, *b"))"));
     let mut from = 0;
     while let Some(k) = text[from..].find("<<") {
         let i = from + k;
@@ -263,8 +264,7 @@ pub(crate) fn parser_trap(text: &str) -> Option<String> {
         }
         from = i + 2;
         // A shift inside `$(( ))` / `(( ))`.
-        let before = &text[..i];
-        if before.matches("((").count() > before.matches("))").count() {
+        if opens.upto(i) > closes.upto(i) {
             continue;
         }
         let mut j = i + 2;
@@ -299,6 +299,37 @@ pub(crate) fn parser_trap(text: &str) -> Option<String> {
         }
     }
     None
+}
+
+/// The occurrences of a two-byte pattern in growing prefixes of one text, counted as
+/// `str::matches` counts them (left to right, not overlapping): each byte is looked at once
+/// however many prefixes are asked for, where counting each prefix anew is quadratic in a text
+/// with many `<<` (a C++ here-document body full of `cout <<`).
+struct PairCount<'a> {
+    b: &'a [u8],
+    pat: [u8; 2],
+    /// Where the count stopped: every occurrence that ends at or before it is counted.
+    at: usize,
+    n: usize,
+}
+
+impl<'a> PairCount<'a> {
+    fn new(b: &'a [u8], pat: [u8; 2]) -> Self {
+        PairCount { b, pat, at: 0, n: 0 }
+    }
+
+    /// The count in `b[..end]` (`end` never smaller than at the call before).
+    fn upto(&mut self, end: usize) -> usize {
+        while self.at + 2 <= end {
+            if self.b[self.at..self.at + 2] == self.pat {
+                self.n += 1;
+                self.at += 2;
+            } else {
+                self.at += 1;
+            }
+        }
+        self.n
+    }
 }
 
 /// An upper bound on how deep the parser (and the walker after it) can nest on `text`: every
@@ -657,12 +688,81 @@ mod tests {
         }
     }
 
+    /// [`parser_trap`] as first written, each prefix's `((` and `))` counted anew.
+    fn parser_trap_reference(text: &str) -> Option<String> {
+        let b = text.as_bytes();
+        let mut from = 0;
+        while let Some(k) = text[from..].find("<<") {
+            let i = from + k;
+            // Operators are read greedily: `<<<` is a here-string, what follows it starts anew.
+            if b.get(i + 2) == Some(&b'<') {
+                from = i + 3;
+                continue;
+            }
+            from = i + 2;
+            // A shift inside `$(( ))` / `(( ))`.
+            let before = &text[..i];
+            if before.matches("((").count() > before.matches("))").count() {
+                continue;
+            }
+            let mut j = i + 2;
+            while matches!(b.get(j), Some(b'-' | b' ' | b'\t')) {
+                j += 1;
+            }
+            if b.get(j).is_none_or(|c| matches!(c, b'(' | b')' | b'<' | b'>' | b'|' | b';' | b'&' | b'\n')) {
+                return Some("a here-document operator must be followed by its delimiter word".into());
+            }
+            // An empty delimiter (`<<""`, `<<''`) or one holding an expansion (`<<$(x)`): valid for
+            // bash, but brush-parser 0.4 can exhaust memory on them; refused (so: a transaction).
+            // The delimiter word: unquoted bytes and quoted runs, up to a metacharacter.
+            let mut end = j;
+            while let Some(&c) = b.get(end) {
+                match c {
+                    b' ' | b'\t' | b'\n' | b';' | b'|' | b'&' | b'<' | b'>' => break,
+                    b'"' | b'\'' => match b[end + 1..].iter().position(|x| *x == c) {
+                        Some(k) => end += k + 2,
+                        None => return Some("an unterminated here-document delimiter".into()),
+                    },
+                    b'\\' => end += 2,
+                    _ => end += 1,
+                }
+            }
+            let word = &b[j..end.min(b.len())];
+            if word.starts_with(b"\"\"")
+                || word.starts_with(b"''")
+                || word.windows(2).any(|w| matches!(w, b"$(" | b"${"))
+                || word.contains(&b'`')
+            {
+                return Some("an empty or expanding here-document delimiter is not supported".into());
+            }
+        }
+        None
+    }
+
+    proptest::proptest! {
+        /// Counting the parentheses once agrees with counting them per `<<`.
+        #[test]
+        fn parser_trap_agrees_with_the_reference(
+            parts in proptest::collection::vec(
+                proptest::sample::select(vec![
+                    "<<", "<<<", "<<-", "((", "))", "(", ")", "$((", "x", "EOF", " ", "\t", "\n",
+                    "\"\"", "''", "\"", "'", "$(", "`", "\\", ";", "|", "&", ">", "é",
+                ]),
+                0..40,
+            )
+        ) {
+            let text: String = parts.concat();
+            proptest::prop_assert_eq!(parser_trap(&text), parser_trap_reference(&text));
+        }
+    }
+
     #[test]
-    fn nesting_tokens_agrees_on_the_corpus() {
+    fn prescans_agree_with_their_references_on_the_corpus() {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/corpus/agent_sessions.jsonl");
         let Ok(text) = std::fs::read_to_string(path) else { return };
         for line in text.lines() {
             assert_eq!(nesting_tokens(line), nesting_tokens_reference(line));
+            assert_eq!(parser_trap(line), parser_trap_reference(line));
         }
     }
 
