@@ -9,6 +9,7 @@
 //! table, `flags` canonical flags, `feature` the facts rules can match. Extraction decides
 //! nothing: it may not know a rule or an action (that is `rules` and `lib`).
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::PathBuf;
 
@@ -148,6 +149,42 @@ pub(crate) struct Extractor<'a> {
     bodies: Vec<String>,
     /// Whether to take here-document bodies out before parsing (off only to compare).
     elide: bool,
+    /// Substitution bodies the static evaluation parsed, with their parse, for the extraction
+    /// of the same bodies that follows ([`Kept`]).
+    kept: Kept,
+}
+
+/// Parses of substitution bodies kept for a second use: the static evaluation of `$(…)`
+/// (`statics::substitution`) parses a body, and the extractor then parses the same body again
+/// to extract it. [`parse`] is a function of the text alone, so the kept parse is that parse.
+/// The last few only (a body is extracted right after its word is expanded); interior
+/// mutability because the static evaluation runs inside `expand_with`, which holds the
+/// extractor's variables borrowed.
+#[derive(Default)]
+pub(crate) struct Kept(RefCell<Vec<(String, ast::Program)>>);
+
+impl Kept {
+    const MAX: usize = 8;
+
+    pub(crate) fn keep(&self, text: &str, program: ast::Program) {
+        let mut kept = self.0.borrow_mut();
+        if kept.len() >= Self::MAX {
+            kept.remove(0);
+        }
+        kept.push((text.to_string(), program));
+    }
+
+    /// [`parse`] of `text`, taken from the kept parses when it is one of them.
+    fn parse(&self, text: &str) -> Result<ast::Program, String> {
+        let found = {
+            let mut kept = self.0.borrow_mut();
+            kept.iter().position(|(t, _)| t == text).map(|k| kept.remove(k).1)
+        };
+        match found {
+            Some(p) => Ok(p),
+            None => parse(text),
+        }
+    }
 }
 
 impl Extractor<'_> {
@@ -173,7 +210,7 @@ impl Extractor<'_> {
             return Err(ParseFail { why: e, ours: true });
         }
         let tokens = self.nesting_room(text).map_err(|why| ParseFail { why, ours: true })?;
-        Ok((parse(text).map_err(|why| ParseFail { why, ours: false })?, tokens))
+        Ok((self.kept.parse(text).map_err(|why| ParseFail { why, ours: false })?, tokens))
     }
 
     /// Note that the extraction stops short of what bash would run (the first reason kept).
@@ -216,6 +253,7 @@ fn runs_in_part(text: &str) -> bool {
 /// (`$(<< ($(`), so it is refused before parsing.
 pub(crate) fn parser_trap(text: &str) -> Option<String> {
     let b = text.as_bytes();
+    let (mut opens, mut closes) = (PairCount::new(b, *b"(("), PairCount::new(b, *b"))"));
     let mut from = 0;
     while let Some(k) = text[from..].find("<<") {
         let i = from + k;
@@ -226,8 +264,7 @@ pub(crate) fn parser_trap(text: &str) -> Option<String> {
         }
         from = i + 2;
         // A shift inside `$(( ))` / `(( ))`.
-        let before = &text[..i];
-        if before.matches("((").count() > before.matches("))").count() {
+        if opens.upto(i) > closes.upto(i) {
             continue;
         }
         let mut j = i + 2;
@@ -264,31 +301,69 @@ pub(crate) fn parser_trap(text: &str) -> Option<String> {
     None
 }
 
+/// The occurrences of a two-byte pattern in growing prefixes of one text, counted as
+/// `str::matches` counts them (left to right, not overlapping): each byte is looked at once
+/// however many prefixes are asked for, where counting each prefix anew is quadratic in a text
+/// with many `<<` (a C++ here-document body full of `cout <<`).
+struct PairCount<'a> {
+    b: &'a [u8],
+    pat: [u8; 2],
+    /// Where the count stopped: every occurrence that ends at or before it is counted.
+    at: usize,
+    n: usize,
+}
+
+impl<'a> PairCount<'a> {
+    fn new(b: &'a [u8], pat: [u8; 2]) -> Self {
+        PairCount { b, pat, at: 0, n: 0 }
+    }
+
+    /// The count in `b[..end]` (`end` never smaller than at the call before).
+    fn upto(&mut self, end: usize) -> usize {
+        while self.at + 2 <= end {
+            if self.b[self.at..self.at + 2] == self.pat {
+                self.n += 1;
+                self.at += 2;
+            } else {
+                self.at += 1;
+            }
+        }
+        self.n
+    }
+}
+
 /// An upper bound on how deep the parser (and the walker after it) can nest on `text`: every
 /// token that can open a level (`(`, `{`, a backquote, `[[`'s `!`, the compound commands'
 /// keywords), counted wherever it is, quoted or not, never taken back by a closing one (a
 /// closing token can be spoofed: `)` ends a `case` pattern, `}` may be a plain argument).
 /// `&&` and `||` nest only inside `[[ ]]` and cost little there: one token per 16.
 pub(crate) fn nesting_tokens(text: &str) -> usize {
-    const KEYWORDS: [&[u8]; 7] = [b"if", b"while", b"until", b"for", b"case", b"select", b"function"];
     let b = text.as_bytes();
     let mut openers = 0usize;
     let mut and_or = 0usize;
     let mut i = 0;
     while i < b.len() {
-        match b[i] {
-            b'(' | b'{' | b'`' | b'!' => openers += 1,
-            b'&' | b'|' if b.get(i + 1) == Some(&b[i]) => {
-                and_or += 1;
+        let c = b[i];
+        match BYTE_CLASS[c as usize] {
+            WORD => {
+                // A whole word at once (the loop is always at a word's start here): a keyword
+                // opens a level. Nothing inside a word can.
+                let start = i;
                 i += 1;
-            }
-            c if c.is_ascii_lowercase() && (i == 0 || !is_word_byte(b[i - 1])) => {
-                let end = b[i..].iter().position(|c| !is_word_byte(*c)).map_or(b.len(), |n| i + n);
-                if KEYWORDS.contains(&&b[i..end]) {
+                while i < b.len() && BYTE_CLASS[b[i] as usize] == WORD {
+                    i += 1;
+                }
+                if matches!(c, b'i' | b'w' | b'u' | b'f' | b'c' | b's')
+                    && matches!(&b[start..i], b"if" | b"while" | b"until" | b"for" | b"case" | b"select" | b"function")
+                {
                     openers += 1;
                 }
-                i = end;
                 continue;
+            }
+            OPENER => openers += 1,
+            AND_OR if b.get(i + 1) == Some(&c) => {
+                and_or += 1;
+                i += 1;
             }
             _ => {}
         }
@@ -297,12 +372,36 @@ pub(crate) fn nesting_tokens(text: &str) -> usize {
     openers + and_or / 16
 }
 
-fn is_word_byte(c: u8) -> bool {
-    c.is_ascii_alphanumeric() || c == b'_'
-}
+const OTHER: u8 = 0;
+const WORD: u8 = 1;
+const OPENER: u8 = 2;
+const AND_OR: u8 = 3;
+
+/// What each byte is to [`nesting_tokens`]: part of a word, a token that
+/// opens a level, half of `&&` / `||`, or nothing. Word bytes: ASCII letters, digits, `_`.
+static BYTE_CLASS: [u8; 256] = {
+    let mut t = [OTHER; 256];
+    let mut c = 0;
+    while c < 256 {
+        let b = c as u8;
+        t[c] = if b.is_ascii_alphanumeric() || b == b'_' {
+            WORD
+        } else if matches!(b, b'(' | b'{' | b'`' | b'!') {
+            OPENER
+        } else if matches!(b, b'&' | b'|') {
+            AND_OR
+        } else {
+            OTHER
+        };
+        c += 1;
+    }
+    t
+};
 
 /// Parse a shell string into a program (callers check [`parser_trap`] first).
-fn parse(text: &str) -> Result<ast::Program, String> {
+pub(crate) fn parse(text: &str) -> Result<ast::Program, String> {
+    #[cfg(test)]
+    tests::PARSES.with(|n| n.set(n.get() + 1));
     let opts = brush_parser::ParserOptions::default();
     let mut parser = brush_parser::Parser::new(std::io::Cursor::new(text), &opts);
     parser.parse_program().map_err(|e| e.to_string())
@@ -363,6 +462,7 @@ impl<'a> Extractor<'a> {
             unjudged: None,
             bodies: Vec::new(),
             elide: true,
+            kept: Kept::default(),
         }
     }
 
@@ -427,8 +527,19 @@ impl<'a> Extractor<'a> {
         res
     }
 
+    /// Extract a nested string.
+    pub(super) fn sub(&mut self, text: &str) {
+        self.sub_from(text);
+    }
+
     /// Extract a nested string and return the programs it runs.
-    pub(super) fn sub(&mut self, text: &str) -> Vec<String> {
+    pub(super) fn sub_programs(&mut self, text: &str) -> Vec<String> {
+        let start = self.sub_from(text);
+        self.programs_since(start)
+    }
+
+    /// Extract a nested string; the index of its first command in `out`.
+    fn sub_from(&mut self, text: &str) -> usize {
         let start = self.out.len();
         let saved_cwd = self.cwd.clone();
         let saved_vars = self.vars.map.clone();
@@ -440,7 +551,7 @@ impl<'a> Extractor<'a> {
         self.vars.map = saved_vars;
         let end = self.out.len();
         self.feeds_acc.extend(start..end);
-        self.programs_since(start)
+        start
     }
 
     pub(super) fn programs_since(&self, start: usize) -> Vec<String> {
@@ -460,8 +571,24 @@ impl<'a> Extractor<'a> {
 mod tests {
     use super::*;
 
+    thread_local! {
+        /// How many texts this thread parsed (`parse`).
+        pub(super) static PARSES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    }
+
     fn ctx() -> Context {
         crate::example_context()
+    }
+
+    /// A substitution body the static evaluation parsed is not parsed again to be extracted:
+    /// the string and its two bodies, three parses (five without the kept parses).
+    #[test]
+    fn a_statically_evaluated_body_is_parsed_once() {
+        PARSES.with(|n| n.set(0));
+        let e = extract_str("echo $(echo rm) \"`printf x`\"", &ctx());
+        assert_eq!(PARSES.with(std::cell::Cell::get), 3);
+        let argvs: Vec<Vec<String>> = e.cmds.into_iter().map(|c| c.argv).collect();
+        assert_eq!(argvs, [vec!["echo", "rm"], vec!["printf", "x"], vec!["echo", "rm", "x"]]);
     }
 
     fn argvs(s: &str) -> Vec<Vec<String>> {
@@ -501,6 +628,142 @@ mod tests {
             assert!(e.is_some_and(|m| m.contains("nested too deeply")));
         }
         assert!(extract_str(&nest("(", ")", 100), &ctx()).parse_error.is_none());
+    }
+
+    fn is_word_byte(c: u8) -> bool {
+        c.is_ascii_alphanumeric() || c == b'_'
+    }
+
+    /// The count as first written, byte by byte: [`nesting_tokens`] must agree with it.
+    fn nesting_tokens_reference(text: &str) -> usize {
+        const KEYWORDS: [&[u8]; 7] = [b"if", b"while", b"until", b"for", b"case", b"select", b"function"];
+        let b = text.as_bytes();
+        let mut openers = 0usize;
+        let mut and_or = 0usize;
+        let mut i = 0;
+        while i < b.len() {
+            match b[i] {
+                b'(' | b'{' | b'`' | b'!' => openers += 1,
+                b'&' | b'|' if b.get(i + 1) == Some(&b[i]) => {
+                    and_or += 1;
+                    i += 1;
+                }
+                c if c.is_ascii_lowercase() && (i == 0 || !is_word_byte(b[i - 1])) => {
+                    let end = b[i..].iter().position(|c| !is_word_byte(*c)).map_or(b.len(), |n| i + n);
+                    if KEYWORDS.contains(&&b[i..end]) {
+                        openers += 1;
+                    }
+                    i = end;
+                    continue;
+                }
+                _ => {}
+            }
+            i += 1;
+        }
+        openers + and_or / 16
+    }
+
+    use proptest::strategy::Strategy as _;
+
+    proptest::proptest! {
+        /// Word by word counts what byte by byte counted, on texts made of the bytes that
+        /// matter (keywords glued to words, digits and `_`, pairs and singles of `&` and `|`,
+        /// non-ASCII).
+        #[test]
+        fn nesting_tokens_agrees_with_the_reference(
+            parts in proptest::collection::vec(
+                proptest::prop_oneof![
+                    proptest::sample::select(vec![
+                        "if", "while", "until", "for", "case", "select", "function", "fi", "done",
+                        "If", "_if", "if_", "9if", "if9", "xif", "ifx", "é", "éif", "&", "&&", "|", "||",
+                        "(", ")", "{", "}", "`", "!", " ", "\n", ";", "$", "\"", "'", "-", "=",
+                    ]).prop_map(str::to_string),
+                    "[a-zA-Z0-9_&|(){}` !;\n-]{0,6}",
+                ],
+                0..40,
+            )
+        ) {
+            let text: String = parts.concat();
+            proptest::prop_assert_eq!(nesting_tokens(&text), nesting_tokens_reference(&text));
+        }
+    }
+
+    /// [`parser_trap`] as first written, each prefix's `((` and `))` counted anew.
+    fn parser_trap_reference(text: &str) -> Option<String> {
+        let b = text.as_bytes();
+        let mut from = 0;
+        while let Some(k) = text[from..].find("<<") {
+            let i = from + k;
+            // Operators are read greedily: `<<<` is a here-string, what follows it starts anew.
+            if b.get(i + 2) == Some(&b'<') {
+                from = i + 3;
+                continue;
+            }
+            from = i + 2;
+            // A shift inside `$(( ))` / `(( ))`.
+            let before = &text[..i];
+            if before.matches("((").count() > before.matches("))").count() {
+                continue;
+            }
+            let mut j = i + 2;
+            while matches!(b.get(j), Some(b'-' | b' ' | b'\t')) {
+                j += 1;
+            }
+            if b.get(j).is_none_or(|c| matches!(c, b'(' | b')' | b'<' | b'>' | b'|' | b';' | b'&' | b'\n')) {
+                return Some("a here-document operator must be followed by its delimiter word".into());
+            }
+            // An empty delimiter (`<<""`, `<<''`) or one holding an expansion (`<<$(x)`): valid for
+            // bash, but brush-parser 0.4 can exhaust memory on them; refused (so: a transaction).
+            // The delimiter word: unquoted bytes and quoted runs, up to a metacharacter.
+            let mut end = j;
+            while let Some(&c) = b.get(end) {
+                match c {
+                    b' ' | b'\t' | b'\n' | b';' | b'|' | b'&' | b'<' | b'>' => break,
+                    b'"' | b'\'' => match b[end + 1..].iter().position(|x| *x == c) {
+                        Some(k) => end += k + 2,
+                        None => return Some("an unterminated here-document delimiter".into()),
+                    },
+                    b'\\' => end += 2,
+                    _ => end += 1,
+                }
+            }
+            let word = &b[j..end.min(b.len())];
+            if word.starts_with(b"\"\"")
+                || word.starts_with(b"''")
+                || word.windows(2).any(|w| matches!(w, b"$(" | b"${"))
+                || word.contains(&b'`')
+            {
+                return Some("an empty or expanding here-document delimiter is not supported".into());
+            }
+        }
+        None
+    }
+
+    proptest::proptest! {
+        /// Counting the parentheses once agrees with counting them per `<<`.
+        #[test]
+        fn parser_trap_agrees_with_the_reference(
+            parts in proptest::collection::vec(
+                proptest::sample::select(vec![
+                    "<<", "<<<", "<<-", "((", "))", "(", ")", "$((", "x", "EOF", " ", "\t", "\n",
+                    "\"\"", "''", "\"", "'", "$(", "`", "\\", ";", "|", "&", ">", "é",
+                ]),
+                0..40,
+            )
+        ) {
+            let text: String = parts.concat();
+            proptest::prop_assert_eq!(parser_trap(&text), parser_trap_reference(&text));
+        }
+    }
+
+    #[test]
+    fn prescans_agree_with_their_references_on_the_corpus() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/corpus/agent_sessions.jsonl");
+        let Ok(text) = std::fs::read_to_string(path) else { return };
+        for line in text.lines() {
+            assert_eq!(nesting_tokens(line), nesting_tokens_reference(line));
+            assert_eq!(parser_trap(line), parser_trap_reference(line));
+        }
     }
 
     #[test]

@@ -357,7 +357,8 @@ fn sed(script: &str, input: &str) -> Option<String> {
 
 /// The output of a command substitution's body when the whole body is one pipeline of
 /// modelled commands over literals (`echo …`, `echo … | base64 -d`, `base64 -d <<< …`).
-pub(super) fn substitution(body: &str, vars: &Vars) -> Option<String> {
+/// Its parse is kept in `kept`, for the extraction of the same body.
+pub(super) fn substitution(body: &str, vars: &Vars, kept: &super::Kept) -> Option<String> {
     let t = body.trim_start();
     let plausible =
         ["echo", "printf", "base64", "xxd", "rev", "tr", "openssl", "cat", "sed"].iter().any(|p| t.starts_with(p));
@@ -366,14 +367,13 @@ pub(super) fn substitution(body: &str, vars: &Vars) -> Option<String> {
     if !plausible || body.len() > MAX_TEXT || super::parser_trap(body).is_some() || super::nesting_tokens(body) > 16 {
         return None;
     }
-    let opts = brush_parser::ParserOptions::default();
-    let mut parser = brush_parser::Parser::new(std::io::Cursor::new(body), &opts);
-    let prog = parser.parse_program().ok()?;
-    let mut out = String::new();
-    for cc in &prog.complete_commands {
+    let prog = super::parse(body).ok()?;
+    let out = prog.complete_commands.iter().try_fold(String::new(), |mut out, cc| {
         out.push_str(&list_output(cc, vars, &Known { bodies: &[], files: &NoFiles })?);
-    }
-    Some(out)
+        Some(out)
+    });
+    kept.keep(body, prog);
+    out
 }
 
 /// What a list prints when every pipeline in it is modelled (`echo -n r; echo -n m`,
@@ -406,7 +406,7 @@ mod tests {
     use super::*;
 
     fn sub(s: &str) -> Option<String> {
-        substitution(s, &Vars::default())
+        substitution(s, &Vars::default(), &crate::extract::Kept::default())
     }
 
     #[test]

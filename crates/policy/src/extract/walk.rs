@@ -67,6 +67,10 @@ impl Extractor<'_> {
                     self.note_script(&f, cwd.as_deref(), t);
                 }
             }
+            // The last stage feeds nothing.
+            if k + 1 == p.seq.len() {
+                break;
+            }
             // What a filter passes on came from its own input: `curl … | tee f | sh` runs
             // what curl fetched.
             let mut programs = self.programs_since(start);
@@ -247,9 +251,8 @@ impl Extractor<'_> {
                         self.subshell_list(&sub.list);
                         let end = self.out.len();
                         self.feeds_acc.extend(start..end);
-                        let progs = self.programs_since(start);
                         if is_stdin {
-                            stdin_from.extend(progs);
+                            stdin_from.extend(self.programs_since(start));
                         }
                     }
                 }
@@ -268,7 +271,7 @@ impl Extractor<'_> {
                 if doc.requires_expansion {
                     let e = expand(&format!("\"{}\"", value.replace('"', "\\\"")), &self.vars);
                     for s in &e.subs {
-                        let p = self.sub(s);
+                        let p = self.sub_programs(s);
                         stdin_from.extend(p);
                     }
                     if let Some(w) = e.words.into_iter().next() {
@@ -284,12 +287,12 @@ impl Extractor<'_> {
                 }
             }
             ast::IoRedirect::HereString(_, w) => {
-                let e = expand_with(&w.value, &self.vars, &|b| statics::substitution(b, &self.vars));
+                let e = expand_with(&w.value, &self.vars, &|b| statics::substitution(b, &self.vars, &self.kept));
                 for s in &e.static_subs {
                     self.sub(s);
                 }
                 for s in &e.subs {
-                    let p = self.sub(s);
+                    let p = self.sub_programs(s);
                     stdin_from.extend(p);
                 }
                 // A here-string is one word: what field splitting separated is joined again.
@@ -337,12 +340,12 @@ impl Extractor<'_> {
             match it {
                 ItemRef::Word(w) | ItemRef::Item(ast::CommandPrefixOrSuffixItem::Word(w)) => {
                     let mut srcs = self.feeds_of_vars(&w.value);
-                    let e = expand_with(&w.value, &self.vars, &|b| statics::substitution(b, &self.vars));
+                    let e = expand_with(&w.value, &self.vars, &|b| statics::substitution(b, &self.vars, &self.kept));
                     for sub in &e.static_subs {
                         self.sub(sub);
                     }
                     for sub in &e.subs {
-                        srcs.extend(self.sub(sub));
+                        srcs.extend(self.sub_programs(sub));
                     }
                     for mut ew in e.words {
                         ew.sources = srcs.clone();
@@ -356,7 +359,9 @@ impl Extractor<'_> {
                     };
                     let val = match &a.value {
                         ast::AssignmentValue::Scalar(v) => {
-                            let e = expand_with(&v.value, &self.vars, &|b| statics::substitution(b, &self.vars));
+                            let e = expand_with(&v.value, &self.vars, &|b| {
+                                statics::substitution(b, &self.vars, &self.kept)
+                            });
                             for sub in e.subs.iter().chain(&e.static_subs) {
                                 self.sub(sub);
                             }
@@ -391,7 +396,9 @@ impl Extractor<'_> {
                             let mut items = Vec::new();
                             let mut known = !a.append;
                             for (key, w) in elements {
-                                let e = expand_with(&w.value, &self.vars, &|b| statics::substitution(b, &self.vars));
+                                let e = expand_with(&w.value, &self.vars, &|b| {
+                                    statics::substitution(b, &self.vars, &self.kept)
+                                });
                                 for sub in e.subs.iter().chain(&e.static_subs) {
                                     self.sub(sub);
                                 }
