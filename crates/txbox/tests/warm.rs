@@ -657,8 +657,16 @@ fn overlapping_runs_on_one_workspace_are_each_served_warm() {
             assert_eq!(std::fs::read_to_string(s.ws.join(format!("long-{round}"))).unwrap(), "long\n");
             assert_eq!(std::fs::read_to_string(s.ws.join(format!("short-{round}"))).unwrap(), "short\n");
             if !second_warm {
+                // No second server yet, or one that retired for a reason outside this test (a
+                // hidden path of the host came or went: other tests' state directories at the
+                // mount root are hidden) and said so: the next round tries again.
                 let err = String::from_utf8_lossy(&o.stderr);
-                assert!(err.contains("cold (Absent)"), "{who:?}: the second slot was not started: {}", describe(&o));
+                let retired = err.contains("the warm server is leaving") || err.contains("after this server started");
+                assert!(
+                    err.contains("cold (Absent)") || retired,
+                    "{who:?}: the second slot was not started: {}",
+                    describe(&o)
+                );
             }
         }
         let second = s.state.join("warm").read_dir().unwrap().flatten().find_map(|e| {
