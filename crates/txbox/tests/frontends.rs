@@ -1465,3 +1465,115 @@ fn mcp_runs_at_most_max_running_calls_at_once() {
     let o = Command::new(binary()).args(["mcp", "--max-running", "0"]).stdin(Stdio::null()).output().unwrap();
     assert_eq!(o.status.code(), Some(2), "{}", describe(&o));
 }
+
+/// `POST /v1/run` of `script` (asserting 200), its stdout.
+fn run_out(srv: &Server, script: &str) -> String {
+    let (st, v) = http(srv.port, "POST", "/v1/run", auth(), Some(&json!({ "command": script })));
+    assert_eq!(st, 200, "{script}: {v}");
+    v["stdout"].as_str().unwrap_or_default().to_string()
+}
+
+/// A server keeps what it hides between runs only while nothing it was made from changed
+/// (`txbox_sandbox::secrets::watched`): a secret the host links from the home between two runs
+/// is hidden where it really is from the next run on, one re-pointed where it points now, and
+/// what no longer leads to a secret is visible again.
+#[test]
+fn serve_hides_secrets_linked_between_its_runs() {
+    let s = Scratch::new("http-linked-later");
+    let (home, dot) = (s.root.join("home"), s.root.join("dot"));
+    for d in ["ssh", "ssh2"] {
+        std::fs::create_dir_all(dot.join(d)).unwrap();
+        std::fs::write(dot.join(d).join("id"), "LINKED KEY\n").unwrap();
+    }
+    std::fs::create_dir_all(&home).unwrap();
+    let srv = serve_env(&s, &[&s.ws], Some(&s.state), &[("HOME", home.to_str().unwrap())]);
+    let cat = |d: &str| run_out(&srv, &format!("cat {} 2>/dev/null; echo", dot.join(d).join("id").display()));
+    // Nothing leads there: readable, and again (from what the server kept).
+    for _ in 0..3 {
+        assert!(cat("ssh").contains("LINKED KEY"));
+    }
+    std::os::unix::fs::symlink(dot.join("ssh"), home.join(".ssh")).unwrap();
+    for _ in 0..2 {
+        assert!(!cat("ssh").contains("LINKED KEY"), "linked from ~/.ssh after the last run, not hidden");
+    }
+    std::fs::remove_file(home.join(".ssh")).unwrap();
+    std::os::unix::fs::symlink(dot.join("ssh2"), home.join(".ssh")).unwrap();
+    assert!(!cat("ssh2").contains("LINKED KEY"), "~/.ssh re-pointed after the last run, not hidden");
+    assert!(cat("ssh").contains("LINKED KEY"), "no longer linked, still hidden");
+    // Through a link further on the way (`~/.ssh -> mid/ssh`, `mid -> dot`): re-pointing that
+    // one moves the secret too.
+    // (In a directory that nothing else leads through.)
+    let (mid, dot2) = (s.root.join("elsewhere/mid"), s.root.join("dot2"));
+    std::fs::create_dir_all(dot2.join("ssh")).unwrap();
+    std::fs::create_dir_all(s.root.join("elsewhere")).unwrap();
+    std::fs::write(dot2.join("ssh/id"), "LINKED KEY\n").unwrap();
+    std::os::unix::fs::symlink(&dot, &mid).unwrap();
+    std::fs::remove_file(home.join(".ssh")).unwrap();
+    std::os::unix::fs::symlink(mid.join("ssh"), home.join(".ssh")).unwrap();
+    assert!(!cat("ssh").contains("LINKED KEY") && cat("ssh2").contains("LINKED KEY"));
+    std::fs::remove_file(&mid).unwrap();
+    std::os::unix::fs::symlink(&dot2, &mid).unwrap();
+    let cat2 = run_out(&srv, &format!("cat {} 2>/dev/null; echo", dot2.join("ssh/id").display()));
+    assert!(!cat2.contains("LINKED KEY"), "the link on the way re-pointed after the last run, not hidden");
+    assert!(cat("ssh").contains("LINKED KEY"), "no longer linked, still hidden");
+    // A secret that appears later behind a link on the way (`~/.config -> elsewhere/config`,
+    // no `gh` in it yet): a watch on `~` alone would not see it.
+    let config = s.root.join("elsewhere/config");
+    std::fs::create_dir_all(&config).unwrap();
+    std::os::unix::fs::symlink(&config, home.join(".config")).unwrap();
+    std::fs::create_dir_all(dot.join("gh")).unwrap();
+    std::fs::write(dot.join("gh/hosts.yml"), "LINKED KEY\n").unwrap();
+    let gh = || run_out(&srv, &format!("cat {} 2>/dev/null; echo", dot.join("gh/hosts.yml").display()));
+    for _ in 0..2 {
+        assert!(gh().contains("LINKED KEY"));
+    }
+    std::os::unix::fs::symlink(dot.join("gh"), config.join("gh")).unwrap();
+    assert!(!gh().contains("LINKED KEY"), "linked behind ~/.config's link after the last run, not hidden");
+}
+
+/// A link into the workspace that the last command made (the caller works in their home,
+/// which is the workspace) is followed by the next run: what it leads to is hidden from then on.
+#[test]
+fn serve_hides_where_a_link_the_last_command_made_leads() {
+    let s = Scratch::new("http-linked-by-command");
+    let srv = serve_env(&s, &[&s.ws], Some(&s.state), &[("HOME", s.ws.to_str().unwrap())]);
+    assert!(run_out(&srv, "mkdir keys && echo IN KEYS > keys/k && cat keys/k").contains("IN KEYS"));
+    assert!(run_out(&srv, "cat keys/k").contains("IN KEYS"));
+    assert!(run_out(&srv, "ln -s keys .aws && echo linked").contains("linked"));
+    assert!(s.ws.join(".aws").is_symlink(), "the link was not committed");
+    assert!(!run_out(&srv, "cat keys/k 2>/dev/null; echo").contains("IN KEYS"), "~/.aws's real place not hidden");
+}
+
+/// What the host mounts between two runs counts too (a mount changes what a path leads to
+/// without a change in any directory): a directory with a link to a secret mounted over
+/// `~/.config` hides the secret from the next run on; unmounted, it is visible again.
+#[test]
+fn serve_hides_what_a_mount_made_between_its_runs_leads_to() {
+    if !is_root() {
+        return;
+    }
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let s = Scratch::new("http-mounted-later");
+    let (home, dot, cfg) = (s.root.join("home"), s.root.join("dot"), s.root.join("cfg"));
+    std::fs::create_dir_all(dot.join("gh")).unwrap();
+    std::fs::write(dot.join("gh/hosts.yml"), "GH TOKEN\n").unwrap();
+    std::fs::create_dir_all(home.join(".config")).unwrap();
+    std::fs::create_dir_all(&cfg).unwrap();
+    std::os::unix::fs::symlink(dot.join("gh"), cfg.join("gh")).unwrap();
+    let srv = serve_env(&s, &[&s.ws], Some(&s.state), &[("HOME", home.to_str().unwrap())]);
+    let cat = || run_out(&srv, &format!("cat {} 2>/dev/null; echo", dot.join("gh/hosts.yml").display()));
+    for _ in 0..2 {
+        assert!(cat().contains("GH TOKEN"));
+    }
+    let target = home.join(".config");
+    assert!(Command::new("mount").arg("--bind").arg(&cfg).arg(&target).status().unwrap().success());
+    let mounted = Unmount(target);
+    assert!(!cat().contains("GH TOKEN"), "~/.config/gh linked by a mount after the last run, not hidden");
+    drop(mounted);
+    assert!(cat().contains("GH TOKEN"), "unmounted, still hidden");
+}

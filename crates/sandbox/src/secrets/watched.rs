@@ -1,0 +1,317 @@
+//! The hidden paths of a front end that lives long (`txbox serve`, `txbox mcp`), kept from one
+//! run to the next while nothing they were made from can have changed: [`Watched`].
+//!
+//! [`super::hidden`] and [`Host::gather`] look at the host's filesystem (a hundred `lstat`s, a
+//! listing of `/home`, a few `readlink`s and listings of the caller's hidden directories); every
+//! answer they get depends only on the entries of the directories on the way to each path
+//! looked at (past symlinks), on those directories' permissions, and on what is mounted where.
+//! So the directories are watched (inotify: an entry made, removed, renamed or its attributes
+//! changed, the directory itself removed or moved) and so is the mount table
+//! (`/proc/self/mountinfo` polls `PRI` when it changes): while neither stirred, the same
+//! inputs give the same list. Anything stirring drops every kept list, and the next run looks
+//! again. A change is queued by the kernel before the call that made it returns, so a link the
+//! last command committed into the workspace is seen by the next run.
+//!
+//! Kept only where inotify sees every change: directories on a local filesystem (a network
+//! filesystem's other clients change it unseen), each one watched (none failed for lack of
+//! watches or permission). Otherwise each run looks, as without this.
+
+use std::collections::{BTreeSet, HashMap};
+use std::ffi::OsString;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use rustix::fs::inotify;
+
+use super::{hidden, resolve, Host, HostFs, Kind, Look};
+
+/// What the kept list was made for, besides the filesystem: the caller's environment and
+/// identity as `Host::gather` reads them, and the run's places.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Key {
+    home: Option<OsString>,
+    runtime_dir: Option<OsString>,
+    root: bool,
+    states: Vec<PathBuf>,
+    workspace: PathBuf,
+    writable: Vec<PathBuf>,
+}
+
+impl Key {
+    fn now(states: &[PathBuf], workspace: &Path, writable: &[PathBuf]) -> Key {
+        Key {
+            home: std::env::var_os("HOME"),
+            runtime_dir: std::env::var_os("XDG_RUNTIME_DIR"),
+            root: rustix::process::geteuid().is_root(),
+            states: states.to_vec(),
+            workspace: workspace.to_path_buf(),
+            writable: writable.to_vec(),
+        }
+    }
+}
+
+/// The hidden paths of earlier runs, and what tells when they may have changed.
+pub struct Watched {
+    inner: Mutex<Inner>,
+}
+
+struct Inner {
+    /// A fresh instance after each stir: a watch on a directory since replaced would watch
+    /// the old one.
+    notify: OwnedFd,
+    mounts: OwnedFd,
+    /// The directories watched, as looked at (real paths), and those that did not exist (the
+    /// watch on their parent sees them appear).
+    watched: BTreeSet<PathBuf>,
+    lists: HashMap<Key, Vec<PathBuf>>,
+    /// Lists made (for tests and measurements: how often the filesystem was looked at).
+    fills: u64,
+}
+
+/// The events that can change what a lookup in a directory finds.
+fn watch_flags() -> inotify::WatchFlags {
+    use inotify::WatchFlags as W;
+    W::CREATE
+        | W::DELETE
+        | W::MOVED_FROM
+        | W::MOVED_TO
+        | W::DELETE_SELF
+        | W::MOVE_SELF
+        | W::ATTRIB
+        | W::ONLYDIR
+        | W::DONT_FOLLOW
+}
+
+fn new_notify() -> Option<OwnedFd> {
+    inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK).ok()
+}
+
+impl Watched {
+    /// None without inotify or the mount table (then every run looks).
+    pub fn new() -> Option<Watched> {
+        let mounts = rustix::fs::open(
+            "/proc/self/mountinfo",
+            rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        )
+        .ok()?;
+        let inner = Inner { notify: new_notify()?, mounts, watched: BTreeSet::new(), lists: HashMap::new(), fills: 0 };
+        Some(Watched { inner: Mutex::new(inner) })
+    }
+
+    /// What [`super::hidden`] gives for the host as [`Host::gather`] finds it (with `states`),
+    /// `workspace` and `writable`: the kept list while nothing it was made from stirred.
+    pub fn hidden(&self, states: Vec<PathBuf>, workspace: &Path, writable: &[PathBuf]) -> Vec<PathBuf> {
+        let key = Key::now(&states, workspace, writable);
+        let Ok(mut inner) = self.inner.lock() else {
+            // A run that panicked while holding it: look, as without this.
+            return walk(states, workspace, writable, None);
+        };
+        if inner.stirred() {
+            inner.lists.clear();
+            inner.watched.clear();
+            match new_notify() {
+                Some(fd) => inner.notify = fd,
+                None => return walk(states, workspace, writable, None),
+            }
+        }
+        if let Some(v) = inner.lists.get(&key) {
+            return v.clone();
+        }
+        inner.fills += 1;
+        // Watching what the first look went through, then looking again: whatever changed
+        // before a watch was in place is seen by the second look, whatever changes after it
+        // stirs the watch. Kept only if the second look went nowhere unwatched.
+        let mut seen = BTreeSet::new();
+        let _ = walk(states.clone(), workspace, writable, Some(&mut seen));
+        let all = inner.watch(&seen);
+        let mut again = BTreeSet::new();
+        let v = walk(states, workspace, writable, Some(&mut again));
+        if all && again.iter().all(|d| inner.watched.contains(d)) {
+            inner.lists.insert(key, v.clone());
+        }
+        v
+    }
+
+    /// How many times the filesystem was looked at for a list.
+    pub fn fills(&self) -> u64 {
+        self.inner.lock().map_or(0, |i| i.fills)
+    }
+}
+
+impl Inner {
+    /// Whether anything watched changed since the last call (or the kernel lost track).
+    fn stirred(&self) -> bool {
+        use rustix::event::{PollFd, PollFlags};
+        let mut fds = [PollFd::new(&self.notify, PollFlags::IN), PollFd::new(&self.mounts, PollFlags::PRI)];
+        // Polling the mount table takes its change as seen.
+        match rustix::event::poll(&mut fds, Some(&rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 })) {
+            Ok(0) => false,
+            Ok(_) => {
+                let mounts = fds[1].revents().intersects(PollFlags::PRI | PollFlags::ERR);
+                mounts || !fds[0].revents().is_empty()
+            }
+            Err(_) => true,
+        }
+    }
+
+    /// Watch every directory of `dirs` not watched yet (parents first); false if one could not
+    /// be, or is on a filesystem whose changes inotify may not see.
+    fn watch(&mut self, dirs: &BTreeSet<PathBuf>) -> bool {
+        for d in dirs {
+            if self.watched.contains(d) {
+                continue;
+            }
+            match inotify::add_watch(&self.notify, d, watch_flags()) {
+                Ok(_) if local(d) => {}
+                Ok(_) => return false,
+                // Not there (or no longer a directory): its parent's watch sees it appear.
+                Err(rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR | rustix::io::Errno::LOOP) => {}
+                Err(_) => return false,
+            }
+            self.watched.insert(d.clone());
+        }
+        true
+    }
+}
+
+/// Whether `dir` is on a filesystem whose every change goes through this kernel (so inotify
+/// sees it): local disks' and memory's, and an overlay (a container's root) over them.
+fn local(dir: &Path) -> bool {
+    const LOCAL: &[i64] = &[
+        0xEF53,      // ext2/3/4
+        0x5846_5342, // xfs
+        0x9123_683E, // btrfs
+        0x0102_1994, // tmpfs
+        0x8584_58f6, // ramfs
+        0xF2F5_2010, // f2fs
+        0x794c_7630, // overlayfs
+        0x2fc1_2fc1, // zfs
+    ];
+    // The field's type differs between architectures; the magic numbers fit in 32 bits.
+    #[allow(clippy::unnecessary_cast)]
+    rustix::fs::statfs(dir).is_ok_and(|st| LOCAL.contains(&(st.f_type as i64)))
+}
+
+/// The host as `Host::gather` finds it and the list `hidden` makes, the directories every
+/// lookup went through noted in `seen`.
+fn walk(
+    states: Vec<PathBuf>,
+    workspace: &Path,
+    writable: &[PathBuf],
+    seen: Option<&mut BTreeSet<PathBuf>>,
+) -> Vec<PathBuf> {
+    let Some(seen) = seen else {
+        let host = Host::gather(states);
+        return hidden(&host, workspace, writable, &HostFs);
+    };
+    let rec = Recorder(std::cell::RefCell::new(std::mem::take(seen)));
+    let host = Host::gather(states);
+    // What `gather` looked at: `/home`'s entries and each one's real path, `$HOME`'s.
+    rec.listing(Path::new("/home"));
+    if let Ok(d) = std::fs::read_dir("/home") {
+        for e in d.flatten() {
+            rec.resolving(&e.path());
+        }
+    }
+    if let Some(h) = std::env::var_os("HOME").map(PathBuf::from).filter(|h| h.is_absolute()) {
+        rec.resolving(&h);
+    }
+    let v = hidden(&host, workspace, writable, &rec);
+    *seen = rec.0.into_inner();
+    v
+}
+
+/// The host's filesystem, noting the real directories each lookup goes through.
+struct Recorder(std::cell::RefCell<BTreeSet<PathBuf>>);
+
+impl Recorder {
+    /// `dir` and every directory above it.
+    fn note(&self, dir: &Path) {
+        let mut seen = self.0.borrow_mut();
+        for a in dir.ancestors() {
+            if !seen.insert(a.to_path_buf()) {
+                break;
+            }
+        }
+    }
+
+    /// The directories the kernel goes through to find `p` (and past it, if it is a link).
+    fn resolving(&self, p: &Path) -> Option<PathBuf> {
+        resolve(&Tap(self), p).map(|r| r.path)
+    }
+
+    /// As `resolving`, and the directory's own entries.
+    fn listing(&self, dir: &Path) {
+        if let Some(real) = self.resolving(dir) {
+            self.note(&real);
+        }
+    }
+}
+
+impl Look for Recorder {
+    fn kind(&self, p: &Path) -> Option<Kind> {
+        self.resolving(p);
+        HostFs.kind(p)
+    }
+
+    fn link(&self, p: &Path) -> Option<PathBuf> {
+        self.resolving(p);
+        HostFs.link(p)
+    }
+
+    fn links_in(&self, dir: &Path) -> Vec<PathBuf> {
+        self.listing(dir);
+        HostFs.links_in(dir)
+    }
+}
+
+/// `resolve`'s lookups, each in a real directory (`resolve` walks component by component):
+/// noted with the directories above it.
+struct Tap<'a>(&'a Recorder);
+
+impl Look for Tap<'_> {
+    fn kind(&self, p: &Path) -> Option<Kind> {
+        if let Some(dir) = p.parent() {
+            self.0.note(dir);
+        }
+        HostFs.kind(p)
+    }
+
+    fn link(&self, p: &Path) -> Option<PathBuf> {
+        HostFs.link(p)
+    }
+
+    fn links_in(&self, dir: &Path) -> Vec<PathBuf> {
+        HostFs.links_in(dir)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The point of it: a second run with the same inputs, nothing changed, looks at nothing.
+    /// (Other tests of this process may mount in theirs meanwhile: one run in a row that did
+    /// not look is enough.)
+    #[test]
+    fn the_same_inputs_again_look_at_nothing_and_give_the_same_list() {
+        let Some(w) = Watched::new() else { return };
+        let ws = std::env::temp_dir().join(format!("txbox-watched-{}", std::process::id()));
+        std::fs::create_dir_all(&ws).unwrap_or_else(|e| panic!("{e}"));
+        let first = w.hidden(Vec::new(), &ws, &[]);
+        assert_eq!(first, walk(Vec::new(), &ws, &[], None), "not what the rule gives");
+        let kept = (0..20).any(|_| {
+            let before = w.fills();
+            let again = w.hidden(Vec::new(), &ws, &[]);
+            assert_eq!(again, first);
+            w.fills() == before
+        });
+        // Another workspace is another list.
+        let other = w.hidden(Vec::new(), &ws.join("sub"), &[]);
+        let _ = std::fs::remove_dir_all(&ws);
+        assert!(kept || !local(&ws), "every run looked again");
+        assert_eq!(other, walk(Vec::new(), &ws.join("sub"), &[], None));
+    }
+}
