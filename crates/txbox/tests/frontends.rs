@@ -1529,6 +1529,21 @@ fn serve_hides_secrets_linked_between_its_runs() {
     }
     std::os::unix::fs::symlink(dot.join("gh"), config.join("gh")).unwrap();
     assert!(!gh().contains("LINKED KEY"), "linked behind ~/.config's link after the last run, not hidden");
+    // A watched directory replaced by another of the same name (a new `~/.aws` renamed over
+    // the empty one): what changes in the new one is seen too.
+    for d in ["aws1", "aws2", "aws3"] {
+        std::fs::write(dot.join(d), "LINKED KEY\n").unwrap();
+    }
+    let aws = |d: &str| run_out(&srv, &format!("cat {} 2>/dev/null; echo", dot.join(d).display()));
+    std::fs::create_dir_all(home.join(".aws")).unwrap();
+    assert!(aws("aws1").contains("LINKED KEY") && aws("aws1").contains("LINKED KEY"));
+    std::fs::create_dir_all(home.join("aws-new")).unwrap();
+    std::os::unix::fs::symlink(dot.join("aws2"), home.join("aws-new/credentials")).unwrap();
+    std::fs::rename(home.join("aws-new"), home.join(".aws")).unwrap();
+    assert!(!aws("aws2").contains("LINKED KEY") && aws("aws1").contains("LINKED KEY"));
+    std::fs::remove_file(home.join(".aws/credentials")).unwrap();
+    std::os::unix::fs::symlink(dot.join("aws3"), home.join(".aws/credentials")).unwrap();
+    assert!(!aws("aws3").contains("LINKED KEY"), "re-linked in a ~/.aws made anew, not hidden");
 }
 
 /// A link into the workspace that the last command made (the caller works in their home,

@@ -9,8 +9,10 @@
 //! changed, the directory itself removed or moved) and so is the mount table
 //! (`/proc/self/mountinfo` polls `PRI` when it changes): while neither stirred, the same
 //! inputs give the same list. Anything stirring drops every kept list, and the next run looks
-//! again. A change is queued by the kernel before the call that made it returns, so a link the
-//! last command committed into the workspace is seen by the next run.
+//! again; what may have moved a watched directory (a directory's entry made, removed or
+//! renamed, a watched one itself, a mount) drops the watches too, and they are made anew. A
+//! change is queued by the kernel before the call that made it returns, so a link the last
+//! command committed into the workspace is seen by the next run.
 //!
 //! Kept only where inotify sees every change: directories on a local filesystem (a network
 //! filesystem's other clients change it unseen), each one watched (none failed for lack of
@@ -69,6 +71,13 @@ struct Inner {
     fills: u64,
 }
 
+/// What changed since the kept lists were made.
+enum Stir {
+    Calm,
+    Entries,
+    Reset,
+}
+
 /// The events that can change what a lookup in a directory finds.
 fn watch_flags() -> inotify::WatchFlags {
     use inotify::WatchFlags as W;
@@ -108,23 +117,33 @@ impl Watched {
             // A run that panicked while holding it: look, as without this.
             return walk(states, workspace, writable, None);
         };
-        if inner.stirred() {
-            inner.lists.clear();
-            inner.watched.clear();
-            match new_notify() {
-                Some(fd) => inner.notify = fd,
-                None => return walk(states, workspace, writable, None),
+        match inner.stirred() {
+            Stir::Calm => {}
+            Stir::Entries => inner.lists.clear(),
+            Stir::Reset => {
+                inner.lists.clear();
+                inner.watched.clear();
+                match new_notify() {
+                    Some(fd) => inner.notify = fd,
+                    None => return walk(states, workspace, writable, None),
+                }
             }
         }
         if let Some(v) = inner.lists.get(&key) {
             return v.clone();
         }
         inner.fills += 1;
+        let mut seen = BTreeSet::new();
+        let v = walk(states.clone(), workspace, writable, Some(&mut seen));
+        // Every directory it went through was watched all along: whatever changes from the
+        // start of this look on stirs the watch.
+        if seen.iter().all(|d| inner.watched.contains(d)) {
+            inner.lists.insert(key, v.clone());
+            return v;
+        }
         // Watching what the first look went through, then looking again: whatever changed
         // before a watch was in place is seen by the second look, whatever changes after it
         // stirs the watch. Kept only if the second look went nowhere unwatched.
-        let mut seen = BTreeSet::new();
-        let _ = walk(states.clone(), workspace, writable, Some(&mut seen));
         let all = inner.watch(&seen);
         let mut again = BTreeSet::new();
         let v = walk(states, workspace, writable, Some(&mut again));
@@ -141,18 +160,42 @@ impl Watched {
 }
 
 impl Inner {
-    /// Whether anything watched changed since the last call (or the kernel lost track).
-    fn stirred(&self) -> bool {
+    /// What changed since the last call: nothing, only entries that are not directories (a
+    /// file or link made, removed, renamed; attributes), or what may have moved a watched
+    /// directory or one that was missing (a directory made, removed or renamed, a watched one
+    /// itself, the mounts, events lost): then every watch starts anew.
+    fn stirred(&self) -> Stir {
         use rustix::event::{PollFd, PollFlags};
+        use rustix::fs::inotify::{ReadFlags, Reader};
         let mut fds = [PollFd::new(&self.notify, PollFlags::IN), PollFd::new(&self.mounts, PollFlags::PRI)];
         // Polling the mount table takes its change as seen.
         match rustix::event::poll(&mut fds, Some(&rustix::event::Timespec { tv_sec: 0, tv_nsec: 0 })) {
-            Ok(0) => false,
-            Ok(_) => {
-                let mounts = fds[1].revents().intersects(PollFlags::PRI | PollFlags::ERR);
-                mounts || !fds[0].revents().is_empty()
+            Ok(0) => return Stir::Calm,
+            Ok(_) if fds[1].revents().intersects(PollFlags::PRI | PollFlags::ERR) => return Stir::Reset,
+            Ok(_) if fds[0].revents().is_empty() => return Stir::Calm,
+            Ok(_) => {}
+            Err(_) => return Stir::Reset,
+        }
+        let moved = ReadFlags::DELETE_SELF
+            | ReadFlags::MOVE_SELF
+            | ReadFlags::IGNORED
+            | ReadFlags::QUEUE_OVERFLOW
+            | ReadFlags::UNMOUNT;
+        let mut buf = [std::mem::MaybeUninit::uninit(); 4096];
+        let mut reader = Reader::new(&self.notify, &mut buf);
+        let mut stir = Stir::Entries;
+        loop {
+            match reader.next() {
+                Ok(ev) => {
+                    let e = ev.events();
+                    let dir_moved = e.contains(ReadFlags::ISDIR) && !(e - ReadFlags::ISDIR).eq(&ReadFlags::ATTRIB);
+                    if e.intersects(moved) || dir_moved {
+                        stir = Stir::Reset;
+                    }
+                }
+                Err(rustix::io::Errno::AGAIN) => return stir,
+                Err(_) => return Stir::Reset,
             }
-            Err(_) => true,
         }
     }
 
