@@ -548,6 +548,8 @@ impl Api {
         };
         // A front end over this serves many runs: what they hide is kept between them.
         crate::execute::keep_hidden_paths();
+        // Nor does the umask change (`warm::client::pin_umask`).
+        txbox_sandbox::warm::client::pin_umask();
         Ok(Api { workspaces: ws, state_dir, policy, policy_file, ceiling })
     }
 

@@ -1592,3 +1592,40 @@ fn serve_hides_what_a_mount_made_between_its_runs_leads_to() {
     drop(mounted);
     assert!(cat().contains("GH TOKEN"), "unmounted, still hidden");
 }
+
+/// A server reads its umask once (`warm::client::pin_umask`): every command gets the one the
+/// server was started with, cold and warm, run after run (two servers, two umasks).
+#[test]
+fn serve_gives_every_command_its_own_umask() {
+    for mask in ["027", "077"] {
+        let s = Scratch::new("http-umask");
+        let token_file = s.root.join("token");
+        std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+        let port = free_port();
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(format!("umask {mask}; exec \"$0\" \"$@\""))
+            .arg(binary())
+            .arg("--state-dir")
+            .arg(&s.state)
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--token-file"])
+            .arg(&token_file)
+            .arg("-C")
+            .arg(&s.ws)
+            .env_remove("TXBOX_TOKEN")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let srv = Server { child, port };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "txbox serve did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        for _ in 0..3 {
+            assert_eq!(run_out(&srv, "umask").trim(), format!("0{mask}"));
+        }
+    }
+}
