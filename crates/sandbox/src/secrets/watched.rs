@@ -18,9 +18,10 @@
 //! filesystem's other clients change it unseen), each one watched (none failed for lack of
 //! watches or permission). Otherwise each run looks, as without this.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
 use std::os::fd::OwnedFd;
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -59,13 +60,15 @@ pub struct Watched {
 }
 
 struct Inner {
-    /// A fresh instance after each stir: a watch on a directory since replaced would watch
-    /// the old one.
+    /// One instance for the server's life (closing one waits for the kernel's grace period,
+    /// milliseconds): its watches are removed instead.
     notify: OwnedFd,
     mounts: OwnedFd,
-    /// The directories watched, as looked at (real paths), and those that did not exist (the
-    /// watch on their parent sees them appear).
-    watched: BTreeSet<PathBuf>,
+    /// The directories watched, as looked at (real paths, each with every directory above
+    /// it), and those that did not exist (the watch on their parent sees them appear).
+    watched: HashSet<PathBuf>,
+    /// Each watch's directories, to tell which entry an event is about.
+    wds: HashMap<i32, Vec<PathBuf>>,
     lists: HashMap<Key, Vec<PathBuf>>,
     /// Lists made (for tests and measurements: how often the filesystem was looked at).
     fills: u64,
@@ -105,7 +108,14 @@ impl Watched {
             rustix::fs::Mode::empty(),
         )
         .ok()?;
-        let inner = Inner { notify: new_notify()?, mounts, watched: BTreeSet::new(), lists: HashMap::new(), fills: 0 };
+        let inner = Inner {
+            notify: new_notify()?,
+            mounts,
+            watched: HashSet::new(),
+            wds: HashMap::new(),
+            lists: HashMap::new(),
+            fills: 0,
+        };
         Some(Watched { inner: Mutex::new(inner) })
     }
 
@@ -122,10 +132,8 @@ impl Watched {
             Stir::Entries => inner.lists.clear(),
             Stir::Reset => {
                 inner.lists.clear();
-                inner.watched.clear();
-                match new_notify() {
-                    Some(fd) => inner.notify = fd,
-                    None => return walk(states, workspace, writable, None),
+                if !inner.unwatch() {
+                    return walk(states, workspace, writable, None);
                 }
             }
         }
@@ -133,7 +141,7 @@ impl Watched {
             return v.clone();
         }
         inner.fills += 1;
-        let mut seen = BTreeSet::new();
+        let mut seen = HashSet::new();
         let v = walk(states.clone(), workspace, writable, Some(&mut seen));
         // Every directory it went through was watched all along: whatever changes from the
         // start of this look on stirs the watch.
@@ -145,7 +153,7 @@ impl Watched {
         // before a watch was in place is seen by the second look, whatever changes after it
         // stirs the watch. Kept only if the second look went nowhere unwatched.
         let all = inner.watch(&seen);
-        let mut again = BTreeSet::new();
+        let mut again = HashSet::new();
         let v = walk(states, workspace, writable, Some(&mut again));
         if all && again.iter().all(|d| inner.watched.contains(d)) {
             inner.lists.insert(key, v.clone());
@@ -188,7 +196,10 @@ impl Inner {
             match reader.next() {
                 Ok(ev) => {
                     let e = ev.events();
-                    let dir_moved = e.contains(ReadFlags::ISDIR) && !(e - ReadFlags::ISDIR).eq(&ReadFlags::ATTRIB);
+                    // A directory made, removed or renamed where one is watched, or was missing.
+                    let dir_moved = e.contains(ReadFlags::ISDIR)
+                        && !(e - ReadFlags::ISDIR).eq(&ReadFlags::ATTRIB)
+                        && ev.file_name().is_none_or(|n| self.watches_entry(ev.wd(), n.to_bytes()));
                     if e.intersects(moved) || dir_moved {
                         stir = Stir::Reset;
                     }
@@ -199,15 +210,41 @@ impl Inner {
         }
     }
 
+    /// Whether the entry `name` of the directory watched as `wd` is (or is above) a watched
+    /// directory.
+    fn watches_entry(&self, wd: i32, name: &[u8]) -> bool {
+        let name = std::ffi::OsStr::from_bytes(name);
+        self.wds.get(&wd).is_none_or(|dirs| dirs.iter().any(|d| self.watched.contains(&d.join(name))))
+    }
+
+    /// Remove every watch, and the events they left (each removal queues one); false if the
+    /// instance failed.
+    fn unwatch(&mut self) -> bool {
+        for wd in std::mem::take(&mut self.wds).into_keys() {
+            // Gone already if the kernel removed it (its directory was deleted).
+            let _ = inotify::remove_watch(&self.notify, wd);
+        }
+        self.watched.clear();
+        let mut buf = [std::mem::MaybeUninit::uninit(); 4096];
+        let mut reader = inotify::Reader::new(&self.notify, &mut buf);
+        loop {
+            match reader.next() {
+                Ok(_) => {}
+                Err(rustix::io::Errno::AGAIN) => return true,
+                Err(_) => return false,
+            }
+        }
+    }
+
     /// Watch every directory of `dirs` not watched yet (parents first); false if one could not
     /// be, or is on a filesystem whose changes inotify may not see.
-    fn watch(&mut self, dirs: &BTreeSet<PathBuf>) -> bool {
-        for d in dirs {
-            if self.watched.contains(d) {
-                continue;
-            }
+    fn watch(&mut self, dirs: &HashSet<PathBuf>) -> bool {
+        // Parents first: a directory that did not exist is left to its parent's watch.
+        let mut new: Vec<&PathBuf> = dirs.iter().filter(|d| !self.watched.contains(*d)).collect();
+        new.sort_unstable_by_key(|d| d.components().count());
+        for d in new {
             match inotify::add_watch(&self.notify, d, watch_flags()) {
-                Ok(_) if local(d) => {}
+                Ok(wd) if local(d) => self.wds.entry(wd).or_default().push(d.clone()),
                 Ok(_) => return false,
                 // Not there (or no longer a directory): its parent's watch sees it appear.
                 Err(rustix::io::Errno::NOENT | rustix::io::Errno::NOTDIR | rustix::io::Errno::LOOP) => {}
@@ -243,16 +280,16 @@ fn walk(
     states: Vec<PathBuf>,
     workspace: &Path,
     writable: &[PathBuf],
-    seen: Option<&mut BTreeSet<PathBuf>>,
+    seen: Option<&mut HashSet<PathBuf>>,
 ) -> Vec<PathBuf> {
     let Some(seen) = seen else {
         let host = Host::gather(states);
         return hidden(&host, workspace, writable, &HostFs);
     };
-    let rec = Recorder(std::cell::RefCell::new(std::mem::take(seen)));
+    let rec = Recorder(std::cell::RefCell::new(std::mem::take(seen)), Default::default(), Default::default());
     let host = Host::gather(states);
     // What `gather` looked at: `/home`'s entries and each one's real path, `$HOME`'s.
-    rec.listing(Path::new("/home"));
+    rec.looking_in(Path::new("/home"));
     if let Ok(d) = std::fs::read_dir("/home") {
         for e in d.flatten() {
             rec.resolving(&e.path());
@@ -267,16 +304,50 @@ fn walk(
 }
 
 /// The host's filesystem, noting the real directories each lookup goes through.
-struct Recorder(std::cell::RefCell<BTreeSet<PathBuf>>);
+struct Recorder(
+    std::cell::RefCell<HashSet<PathBuf>>,
+    std::cell::RefCell<HashMap<PathBuf, Option<Kind>>>,
+    /// Each directory looked into, resolved (the names share a few dozen).
+    std::cell::RefCell<HashMap<PathBuf, Option<PathBuf>>>,
+);
 
 impl Recorder {
+    /// `lstat`, each path once in a look (as `Memo` does for the rule, and for those that do
+    /// not exist too: resolving a hundred names goes through the same few directories).
+    fn lstat(&self, p: &Path) -> Option<Kind> {
+        if let Some(k) = self.1.borrow().get(p) {
+            return *k;
+        }
+        let k = HostFs.kind(p);
+        self.1.borrow_mut().insert(p.to_path_buf(), k);
+        k
+    }
+
     /// `dir` and every directory above it.
     fn note(&self, dir: &Path) {
         let mut seen = self.0.borrow_mut();
         for a in dir.ancestors() {
-            if !seen.insert(a.to_path_buf()) {
+            if seen.contains(a) {
                 break;
             }
+            seen.insert(a.to_path_buf());
+        }
+    }
+
+    /// What finding an entry of `dir` goes through: `dir` resolved (once per look), and
+    /// where it really is.
+    fn looking_in(&self, dir: &Path) {
+        let known = self.2.borrow().get(dir).cloned();
+        let real = match known {
+            Some(real) => real,
+            None => {
+                let real = self.resolving(dir);
+                self.2.borrow_mut().insert(dir.to_path_buf(), real.clone());
+                real
+            }
+        };
+        if let Some(real) = real {
+            self.note(&real);
         }
     }
 
@@ -284,28 +355,25 @@ impl Recorder {
     fn resolving(&self, p: &Path) -> Option<PathBuf> {
         resolve(&Tap(self), p).map(|r| r.path)
     }
-
-    /// As `resolving`, and the directory's own entries.
-    fn listing(&self, dir: &Path) {
-        if let Some(real) = self.resolving(dir) {
-            self.note(&real);
-        }
-    }
 }
 
 impl Look for Recorder {
     fn kind(&self, p: &Path) -> Option<Kind> {
-        self.resolving(p);
-        HostFs.kind(p)
+        if let Some(dir) = p.parent() {
+            self.looking_in(dir);
+        }
+        self.lstat(p)
     }
 
     fn link(&self, p: &Path) -> Option<PathBuf> {
-        self.resolving(p);
+        if let Some(dir) = p.parent() {
+            self.looking_in(dir);
+        }
         HostFs.link(p)
     }
 
     fn links_in(&self, dir: &Path) -> Vec<PathBuf> {
-        self.listing(dir);
+        self.looking_in(dir);
         HostFs.links_in(dir)
     }
 }
@@ -319,7 +387,7 @@ impl Look for Tap<'_> {
         if let Some(dir) = p.parent() {
             self.0.note(dir);
         }
-        HostFs.kind(p)
+        self.0.lstat(p)
     }
 
     fn link(&self, p: &Path) -> Option<PathBuf> {
