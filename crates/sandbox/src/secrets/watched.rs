@@ -72,6 +72,9 @@ struct Inner {
     lists: HashMap<Key, Vec<PathBuf>>,
     /// Lists made (for tests and measurements: how often the filesystem was looked at).
     fills: u64,
+    /// A directory could not be watched (on a filesystem inotify may not see whole, or not
+    /// readable): every run looks, as without this, for the rest of the server's life.
+    off: bool,
 }
 
 /// What changed since the kept lists were made.
@@ -115,6 +118,7 @@ impl Watched {
             wds: HashMap::new(),
             lists: HashMap::new(),
             fills: 0,
+            off: false,
         };
         Some(Watched { inner: Mutex::new(inner) })
     }
@@ -127,6 +131,10 @@ impl Watched {
             // A run that panicked while holding it: look, as without this.
             return walk(states, workspace, writable, None);
         };
+        if inner.off {
+            drop(inner);
+            return walk(states, workspace, writable, None);
+        }
         match inner.stirred() {
             Stir::Calm => {}
             Stir::Entries => inner.lists.clear(),
@@ -152,10 +160,15 @@ impl Watched {
         // Watching what the first look went through, then looking again: whatever changed
         // before a watch was in place is seen by the second look, whatever changes after it
         // stirs the watch. Kept only if the second look went nowhere unwatched.
-        let all = inner.watch(&seen);
+        if !inner.watch(&seen) {
+            inner.off = true;
+            inner.lists.clear();
+            let _ = inner.unwatch();
+            return v;
+        }
         let mut again = HashSet::new();
         let v = walk(states, workspace, writable, Some(&mut again));
-        if all && again.iter().all(|d| inner.watched.contains(d)) {
+        if again.iter().all(|d| inner.watched.contains(d)) {
             inner.lists.insert(key, v.clone());
         }
         v
@@ -402,6 +415,15 @@ impl Look for Tap<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn procfs_is_not_local_and_a_disk_is() {
+        assert!(!local(Path::new("/proc/self")));
+        // (The root is a disk here; elsewhere it may be anything.)
+        #[allow(clippy::unnecessary_cast)]
+        let ext4 = rustix::fs::statfs("/").is_ok_and(|st| st.f_type as i64 == 0xEF53);
+        assert!(!ext4 || local(Path::new("/")));
+    }
 
     /// The point of it: a second run with the same inputs, nothing changed, looks at nothing.
     /// (Other tests of this process may mount in theirs meanwhile: one run in a row that did
