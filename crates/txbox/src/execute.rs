@@ -85,6 +85,14 @@ fn hidden_by_rule(workspace: &Path, writable: &[PathBuf]) -> Vec<PathBuf> {
     txbox_sandbox::secrets::hidden(&host, workspace, writable, &txbox_sandbox::secrets::HostFs)
 }
 
+/// Where `p` really is (`std::fs::canonicalize`), kept like the hidden paths where they are.
+fn real_path(p: &Path) -> Option<PathBuf> {
+    match KEPT.get().and_then(Option::as_ref) {
+        Some(kept) => kept.real(p),
+        None => std::fs::canonicalize(p).ok(),
+    }
+}
+
 static KEPT: std::sync::OnceLock<Option<txbox_sandbox::secrets::watched::Watched>> = std::sync::OnceLock::new();
 
 /// Keep the hidden paths between this process's runs while nothing they depend on changes
@@ -129,9 +137,9 @@ pub(crate) fn execute(
     // The state directory and the directory of the key that authenticates it.
     spec.hide = env.state.hidden().to_vec();
     // The policy in force is neither readable for tricks nor writable for the command.
-    spec.hide.extend(policy_file.and_then(|p| std::fs::canonicalize(p).ok()));
+    spec.hide.extend(policy_file.and_then(real_path));
     // The operator's own secrets (the server's token file), where they really are.
-    spec.hide.extend(limits.hide.iter().filter_map(|p| std::fs::canonicalize(p).ok()));
+    spec.hide.extend(limits.hide.iter().filter_map(|p| real_path(p)));
     // Everything else by rule: other homes, host keys, credentials, sockets' places, other
     // state directories (txbox_sandbox::secrets).
     spec.hide.extend(hidden_by_rule(&env.workspace, &spec.writable));

@@ -1629,3 +1629,44 @@ fn serve_gives_every_command_its_own_umask() {
         }
     }
 }
+
+/// The server's token file is hidden where it really is now: its directory swapped for a link
+/// to another between two runs (the server resolves the name it was given at start; each run
+/// resolves that again), the file now there is hidden from the next run on, and the one moved
+/// aside, no longer the token file, is not.
+#[test]
+fn the_servers_token_file_is_hidden_where_its_path_leads_now() {
+    let s = Scratch::new("http-token-relinked");
+    for d in ["a", "b"] {
+        std::fs::create_dir_all(s.root.join(d)).unwrap();
+        std::fs::write(s.root.join(d).join("token"), format!("{TOKEN}\n")).unwrap();
+    }
+    let port = free_port();
+    let child = Command::new(binary())
+        .arg("--state-dir")
+        .arg(&s.state)
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--token-file"])
+        .arg(s.root.join("a/token"))
+        .arg("-C")
+        .arg(&s.ws)
+        .env_remove("TXBOX_TOKEN")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let srv = Server { child, port };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "txbox serve did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let cat = |d: &str| run_out(&srv, &format!("cat {} 2>/dev/null; echo", s.root.join(d).join("token").display()));
+    for _ in 0..2 {
+        assert!(!cat("a").contains(TOKEN) && cat("b").contains(TOKEN));
+    }
+    std::fs::rename(s.root.join("a"), s.root.join("a-old")).unwrap();
+    std::os::unix::fs::symlink(s.root.join("b"), s.root.join("a")).unwrap();
+    assert!(!cat("b").contains(TOKEN), "the token file's directory swapped after the last run, not hidden");
+    assert!(cat("a-old").contains(TOKEN));
+}

@@ -69,12 +69,19 @@ struct Inner {
     watched: HashSet<PathBuf>,
     /// Each watch's directories, to tell which entry an event is about.
     wds: HashMap<i32, Vec<PathBuf>>,
-    lists: HashMap<Key, Vec<PathBuf>>,
+    lists: HashMap<Kept, Vec<PathBuf>>,
     /// Lists made (for tests and measurements: how often the filesystem was looked at).
     fills: u64,
     /// A directory could not be watched (on a filesystem inotify may not see whole, or not
     /// readable): every run looks, as without this, for the rest of the server's life.
     off: bool,
+}
+
+/// What is kept: a run's hidden paths, or one path's real place.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum Kept {
+    Hidden(Key),
+    Real(PathBuf),
 }
 
 /// What changed since the kept lists were made.
@@ -126,14 +133,26 @@ impl Watched {
     /// What [`super::hidden`] gives for the host as [`Host::gather`] finds it (with `states`),
     /// `workspace` and `writable`: the kept list while nothing it was made from stirred.
     pub fn hidden(&self, states: Vec<PathBuf>, workspace: &Path, writable: &[PathBuf]) -> Vec<PathBuf> {
-        let key = Key::now(&states, workspace, writable);
+        let key = Kept::Hidden(Key::now(&states, workspace, writable));
+        self.kept(key, |seen| walk(states.clone(), workspace, writable, seen))
+    }
+
+    /// Where `p` really is (`std::fs::canonicalize`), kept as the lists are: the operator's
+    /// own secrets (the server's token file) and the policy file, hidden where they are.
+    pub fn real(&self, p: &Path) -> Option<PathBuf> {
+        self.kept(Kept::Real(p.to_path_buf()), |seen| real_of(p, seen)).pop()
+    }
+
+    /// `look`'s answer (given where to note the directories it goes through, or nothing),
+    /// kept under `key` while nothing it went through stirred.
+    fn kept(&self, key: Kept, look: impl Fn(Option<&mut HashSet<PathBuf>>) -> Vec<PathBuf>) -> Vec<PathBuf> {
         let Ok(mut inner) = self.inner.lock() else {
             // A run that panicked while holding it: look, as without this.
-            return walk(states, workspace, writable, None);
+            return look(None);
         };
         if inner.off {
             drop(inner);
-            return walk(states, workspace, writable, None);
+            return look(None);
         }
         match inner.stirred() {
             Stir::Calm => {}
@@ -141,7 +160,7 @@ impl Watched {
             Stir::Reset => {
                 inner.lists.clear();
                 if !inner.unwatch() {
-                    return walk(states, workspace, writable, None);
+                    return look(None);
                 }
             }
         }
@@ -150,7 +169,7 @@ impl Watched {
         }
         inner.fills += 1;
         let mut seen = HashSet::new();
-        let v = walk(states.clone(), workspace, writable, Some(&mut seen));
+        let v = look(Some(&mut seen));
         // Every directory it went through was watched all along: whatever changes from the
         // start of this look on stirs the watch.
         if seen.iter().all(|d| inner.watched.contains(d)) {
@@ -167,7 +186,7 @@ impl Watched {
             return v;
         }
         let mut again = HashSet::new();
-        let v = walk(states, workspace, writable, Some(&mut again));
+        let v = look(Some(&mut again));
         if again.iter().all(|d| inner.watched.contains(d)) {
             inner.lists.insert(key, v.clone());
         }
@@ -314,6 +333,17 @@ fn walk(
     let v = hidden(&host, workspace, writable, &rec);
     *seen = rec.0.into_inner();
     v
+}
+
+/// `std::fs::canonicalize(p)`, the directories it goes through noted in `seen`.
+fn real_of(p: &Path, seen: Option<&mut HashSet<PathBuf>>) -> Vec<PathBuf> {
+    let real = std::fs::canonicalize(p).ok().into_iter().collect();
+    if let Some(seen) = seen {
+        let rec = Recorder(std::cell::RefCell::new(std::mem::take(seen)), Default::default(), Default::default());
+        rec.resolving(p);
+        *seen = rec.0.into_inner();
+    }
+    real
 }
 
 /// The host's filesystem, noting the real directories each lookup goes through.
