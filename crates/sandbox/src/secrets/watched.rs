@@ -9,14 +9,17 @@
 //! changed, the directory itself removed or moved) and so is the mount table
 //! (`/proc/self/mountinfo` polls `PRI` when it changes): while neither stirred, the same
 //! inputs give the same list. Anything stirring drops every kept list, and the next run looks
-//! again; what may have moved a watched directory (a directory's entry made, removed or
-//! renamed, a watched one itself, a mount) drops the watches too, and they are made anew. A
-//! change is queued by the kernel before the call that made it returns, so a link the last
-//! command committed into the workspace is seen by the next run.
+//! again; what may have moved a watched directory (a directory made, removed or renamed where
+//! one is watched or was missing, a watched one moved or removed itself, a mount, lost events)
+//! drops the watches too, and they are made anew. A change is queued by the kernel before the
+//! call that made it returns, so a link the last command committed into the workspace is seen
+//! by the next run. The real paths of the operator's own secrets ([`Watched::real`]) are kept
+//! the same way.
 //!
 //! Kept only where inotify sees every change: directories on a local filesystem (a network
 //! filesystem's other clients change it unseen), each one watched (none failed for lack of
-//! watches or permission). Otherwise each run looks, as without this.
+//! watches or permission). The first that cannot be turns keeping off: each run looks, as
+//! without this.
 
 use std::collections::{HashMap, HashSet};
 use std::ffi::OsString;
