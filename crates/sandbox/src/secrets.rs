@@ -15,6 +15,8 @@
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
+pub mod watched;
+
 /// The host's own secrets: account databases, private keys, credentials of services. Whole
 /// directories where the directory holds nothing an ordinary command needs.
 pub const SYSTEM: &[&str] = &[

@@ -78,8 +78,30 @@ pub fn withheld(name: &OsStr, value: &OsStr) -> bool {
 
 /// The environment for a command, as `KEY=VALUE` entries: this process's, minus credentials,
 /// plus those named in `pass` (by exact name) that are set.
+///
+/// The filter's answer for the last environment is kept (the token shapes' checks of every
+/// value are most of its cost, paid again for every run of a server whose environment does
+/// not change): the environment is read each time and compared whole.
 pub fn for_command(pass: &[String]) -> Vec<OsString> {
-    filter(std::env::vars_os(), pass)
+    static LAST: Last = std::sync::Mutex::new(None);
+    remembered(&LAST, std::env::vars_os().collect(), pass)
+}
+
+type Vars = Vec<(OsString, OsString)>;
+type Last = std::sync::Mutex<Option<(Vars, Vec<String>, Vec<OsString>)>>;
+
+/// [`filter`] of `vars` and `pass`, or what it gave for exactly these last time (`last`).
+fn remembered(last: &Last, vars: Vars, pass: &[String]) -> Vec<OsString> {
+    if let Ok(kept) = last.lock() {
+        if let Some((_, _, out)) = kept.as_ref().filter(|(v, p, _)| *v == vars && p == pass) {
+            return out.clone();
+        }
+    }
+    let out = filter(vars.clone(), pass);
+    if let Ok(mut kept) = last.lock() {
+        *kept = Some((vars, pass.to_vec(), out.clone()));
+    }
+    out
 }
 
 /// [`for_command`] over any list of variables (pure, for tests).
@@ -105,6 +127,46 @@ pub fn pass_from_env() -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The kept answer is for exactly the environment and names it was made for: a variable
+    /// added, a value changed, another name passed, each gives the filter's answer anew.
+    #[test]
+    fn the_kept_answer_follows_every_change_of_the_environment() {
+        let last: Last = std::sync::Mutex::new(None);
+        let var = |k: &str, v: &str| (OsString::from(k), OsString::from(v));
+        let token = "ghp_0123456789abcdefghijklmnopqrstuvwxyzAB";
+        let mut vars = vec![var("PATH", "/usr/bin"), var("LANG", "C")];
+        let steps: Vec<(Vars, Vec<String>)> = vec![
+            (vars.clone(), vec![]),
+            (vars.clone(), vec![]),
+            (
+                {
+                    vars.push(var("GITHUB_TOKEN", token));
+                    vars.clone()
+                },
+                vec![],
+            ),
+            (vars.clone(), vec!["GITHUB_TOKEN".into()]),
+            (vars.clone(), vec![]),
+            (
+                {
+                    vars[1] = var("LANG", token);
+                    vars.clone()
+                },
+                vec![],
+            ),
+            (
+                {
+                    vars.truncate(1);
+                    vars.clone()
+                },
+                vec![],
+            ),
+        ];
+        for (vars, pass) in steps {
+            assert_eq!(remembered(&last, vars.clone(), &pass), filter(vars.clone(), &pass), "{vars:?} {pass:?}");
+        }
+    }
 
     #[test]
     fn credential_names_are_withheld() {

@@ -74,6 +74,35 @@ fn other_states(workspace: &Path) -> Vec<PathBuf> {
         .collect()
 }
 
+/// The paths hidden by rule (`txbox_sandbox::secrets`) for a run in `workspace`: kept between
+/// runs in a front end that lives long ([`keep_hidden_paths`]), looked for anew otherwise.
+fn hidden_by_rule(workspace: &Path, writable: &[PathBuf]) -> Vec<PathBuf> {
+    let states = other_states(workspace);
+    if let Some(kept) = KEPT.get().and_then(Option::as_ref) {
+        return kept.hidden(states, workspace, writable);
+    }
+    let host = txbox_sandbox::secrets::Host::gather(states);
+    txbox_sandbox::secrets::hidden(&host, workspace, writable, &txbox_sandbox::secrets::HostFs)
+}
+
+/// Where `p` really is (`std::fs::canonicalize`), kept like the hidden paths where they are.
+fn real_path(p: &Path) -> Option<PathBuf> {
+    match KEPT.get().and_then(Option::as_ref) {
+        Some(kept) => kept.real(p),
+        None => std::fs::canonicalize(p).ok(),
+    }
+}
+
+static KEPT: std::sync::OnceLock<Option<txbox_sandbox::secrets::watched::Watched>> = std::sync::OnceLock::new();
+
+/// Keep the hidden paths between this process's runs while nothing they depend on changes
+/// (`txbox_sandbox::secrets::watched`): for the front ends that serve many runs, where looking
+/// at a hundred paths per run is a tenth of the server's time per `true`; a one-shot `txbox
+/// run` would only pay for the watches.
+pub fn keep_hidden_paths() {
+    KEPT.get_or_init(txbox_sandbox::secrets::watched::Watched::new);
+}
+
 /// The package caches of a run: the installed tools' caches, per workspace, in the state
 /// directory (`STATE/caches`, hidden from commands), over the tools' default locations in the
 /// caller's environment (`crate::caches`), never in a path the sandbox hides (`hidden`).
@@ -108,14 +137,12 @@ pub(crate) fn execute(
     // The state directory and the directory of the key that authenticates it.
     spec.hide = env.state.hidden().to_vec();
     // The policy in force is neither readable for tricks nor writable for the command.
-    spec.hide.extend(policy_file.and_then(|p| std::fs::canonicalize(p).ok()));
+    spec.hide.extend(policy_file.and_then(real_path));
     // The operator's own secrets (the server's token file), where they really are.
-    spec.hide.extend(limits.hide.iter().filter_map(|p| std::fs::canonicalize(p).ok()));
+    spec.hide.extend(limits.hide.iter().filter_map(|p| real_path(p)));
     // Everything else by rule: other homes, host keys, credentials, sockets' places, other
     // state directories (txbox_sandbox::secrets).
-    let host = txbox_sandbox::secrets::Host::gather(other_states(&env.workspace));
-    let look = txbox_sandbox::secrets::HostFs;
-    spec.hide.extend(txbox_sandbox::secrets::hidden(&host, &env.workspace, &spec.writable, &look));
+    spec.hide.extend(hidden_by_rule(&env.workspace, &spec.writable));
     // Then the caches, never in a hidden path: `secrets::hidden` keeps every path above a
     // writable one visible, so a cache there would show it; refused instead, a cache does not
     // change what is hidden.

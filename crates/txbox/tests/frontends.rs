@@ -1465,3 +1465,208 @@ fn mcp_runs_at_most_max_running_calls_at_once() {
     let o = Command::new(binary()).args(["mcp", "--max-running", "0"]).stdin(Stdio::null()).output().unwrap();
     assert_eq!(o.status.code(), Some(2), "{}", describe(&o));
 }
+
+/// `POST /v1/run` of `script` (asserting 200), its stdout.
+fn run_out(srv: &Server, script: &str) -> String {
+    let (st, v) = http(srv.port, "POST", "/v1/run", auth(), Some(&json!({ "command": script })));
+    assert_eq!(st, 200, "{script}: {v}");
+    v["stdout"].as_str().unwrap_or_default().to_string()
+}
+
+/// A server keeps what it hides between runs only while nothing it was made from changed
+/// (`txbox_sandbox::secrets::watched`): a secret the host links from the home between two runs
+/// is hidden where it really is from the next run on, one re-pointed where it points now, and
+/// what no longer leads to a secret is visible again.
+#[test]
+fn serve_hides_secrets_linked_between_its_runs() {
+    let s = Scratch::new("http-linked-later");
+    let (home, dot) = (s.root.join("home"), s.root.join("dot"));
+    for d in ["ssh", "ssh2"] {
+        std::fs::create_dir_all(dot.join(d)).unwrap();
+        std::fs::write(dot.join(d).join("id"), "LINKED KEY\n").unwrap();
+    }
+    std::fs::create_dir_all(&home).unwrap();
+    let srv = serve_env(&s, &[&s.ws], Some(&s.state), &[("HOME", home.to_str().unwrap())]);
+    let cat = |d: &str| run_out(&srv, &format!("cat {} 2>/dev/null; echo", dot.join(d).join("id").display()));
+    // Nothing leads there: readable, and again (from what the server kept).
+    for _ in 0..3 {
+        assert!(cat("ssh").contains("LINKED KEY"));
+    }
+    std::os::unix::fs::symlink(dot.join("ssh"), home.join(".ssh")).unwrap();
+    for _ in 0..2 {
+        assert!(!cat("ssh").contains("LINKED KEY"), "linked from ~/.ssh after the last run, not hidden");
+    }
+    std::fs::remove_file(home.join(".ssh")).unwrap();
+    std::os::unix::fs::symlink(dot.join("ssh2"), home.join(".ssh")).unwrap();
+    assert!(!cat("ssh2").contains("LINKED KEY"), "~/.ssh re-pointed after the last run, not hidden");
+    assert!(cat("ssh").contains("LINKED KEY"), "no longer linked, still hidden");
+    // Through a link further on the way (`~/.ssh -> mid/ssh`, `mid -> dot`): re-pointing that
+    // one moves the secret too.
+    // (In a directory that nothing else leads through.)
+    let (mid, dot2) = (s.root.join("elsewhere/mid"), s.root.join("dot2"));
+    std::fs::create_dir_all(dot2.join("ssh")).unwrap();
+    std::fs::create_dir_all(s.root.join("elsewhere")).unwrap();
+    std::fs::write(dot2.join("ssh/id"), "LINKED KEY\n").unwrap();
+    std::os::unix::fs::symlink(&dot, &mid).unwrap();
+    std::fs::remove_file(home.join(".ssh")).unwrap();
+    std::os::unix::fs::symlink(mid.join("ssh"), home.join(".ssh")).unwrap();
+    assert!(!cat("ssh").contains("LINKED KEY") && cat("ssh2").contains("LINKED KEY"));
+    std::fs::remove_file(&mid).unwrap();
+    std::os::unix::fs::symlink(&dot2, &mid).unwrap();
+    let cat2 = run_out(&srv, &format!("cat {} 2>/dev/null; echo", dot2.join("ssh/id").display()));
+    assert!(!cat2.contains("LINKED KEY"), "the link on the way re-pointed after the last run, not hidden");
+    assert!(cat("ssh").contains("LINKED KEY"), "no longer linked, still hidden");
+    // A secret that appears later behind a link on the way (`~/.config -> elsewhere/config`,
+    // no `gh` in it yet): a watch on `~` alone would not see it.
+    let config = s.root.join("elsewhere/config");
+    std::fs::create_dir_all(&config).unwrap();
+    std::os::unix::fs::symlink(&config, home.join(".config")).unwrap();
+    std::fs::create_dir_all(dot.join("gh")).unwrap();
+    std::fs::write(dot.join("gh/hosts.yml"), "LINKED KEY\n").unwrap();
+    let gh = || run_out(&srv, &format!("cat {} 2>/dev/null; echo", dot.join("gh/hosts.yml").display()));
+    for _ in 0..2 {
+        assert!(gh().contains("LINKED KEY"));
+    }
+    std::os::unix::fs::symlink(dot.join("gh"), config.join("gh")).unwrap();
+    assert!(!gh().contains("LINKED KEY"), "linked behind ~/.config's link after the last run, not hidden");
+    // A watched directory replaced by another of the same name (a new `~/.aws` renamed over
+    // the empty one): what changes in the new one is seen too.
+    for d in ["aws1", "aws2", "aws3"] {
+        std::fs::write(dot.join(d), "LINKED KEY\n").unwrap();
+    }
+    let aws = |d: &str| run_out(&srv, &format!("cat {} 2>/dev/null; echo", dot.join(d).display()));
+    std::fs::create_dir_all(home.join(".aws")).unwrap();
+    assert!(aws("aws1").contains("LINKED KEY") && aws("aws1").contains("LINKED KEY"));
+    std::fs::create_dir_all(home.join("aws-new")).unwrap();
+    std::os::unix::fs::symlink(dot.join("aws2"), home.join("aws-new/credentials")).unwrap();
+    std::fs::rename(home.join("aws-new"), home.join(".aws")).unwrap();
+    assert!(!aws("aws2").contains("LINKED KEY") && aws("aws1").contains("LINKED KEY"));
+    std::fs::remove_file(home.join(".aws/credentials")).unwrap();
+    std::os::unix::fs::symlink(dot.join("aws3"), home.join(".aws/credentials")).unwrap();
+    assert!(!aws("aws3").contains("LINKED KEY"), "re-linked in a ~/.aws made anew, not hidden");
+}
+
+/// A link into the workspace that the last command made (the caller works in their home,
+/// which is the workspace) is followed by the next run: what it leads to is hidden from then on.
+#[test]
+fn serve_hides_where_a_link_the_last_command_made_leads() {
+    let s = Scratch::new("http-linked-by-command");
+    let srv = serve_env(&s, &[&s.ws], Some(&s.state), &[("HOME", s.ws.to_str().unwrap())]);
+    assert!(run_out(&srv, "mkdir keys && echo IN KEYS > keys/k && cat keys/k").contains("IN KEYS"));
+    assert!(run_out(&srv, "cat keys/k").contains("IN KEYS"));
+    assert!(run_out(&srv, "ln -s keys .aws && echo linked").contains("linked"));
+    assert!(s.ws.join(".aws").is_symlink(), "the link was not committed");
+    assert!(!run_out(&srv, "cat keys/k 2>/dev/null; echo").contains("IN KEYS"), "~/.aws's real place not hidden");
+}
+
+/// What the host mounts between two runs counts too (a mount changes what a path leads to
+/// without a change in any directory): a directory with a link to a secret mounted over
+/// `~/.config` hides the secret from the next run on; unmounted, it is visible again.
+#[test]
+fn serve_hides_what_a_mount_made_between_its_runs_leads_to() {
+    if !is_root() {
+        return;
+    }
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(&self.0).status();
+        }
+    }
+    let s = Scratch::new("http-mounted-later");
+    let (home, dot, cfg) = (s.root.join("home"), s.root.join("dot"), s.root.join("cfg"));
+    std::fs::create_dir_all(dot.join("gh")).unwrap();
+    std::fs::write(dot.join("gh/hosts.yml"), "GH TOKEN\n").unwrap();
+    std::fs::create_dir_all(home.join(".config")).unwrap();
+    std::fs::create_dir_all(&cfg).unwrap();
+    std::os::unix::fs::symlink(dot.join("gh"), cfg.join("gh")).unwrap();
+    let srv = serve_env(&s, &[&s.ws], Some(&s.state), &[("HOME", home.to_str().unwrap())]);
+    let cat = || run_out(&srv, &format!("cat {} 2>/dev/null; echo", dot.join("gh/hosts.yml").display()));
+    for _ in 0..2 {
+        assert!(cat().contains("GH TOKEN"));
+    }
+    let target = home.join(".config");
+    assert!(Command::new("mount").arg("--bind").arg(&cfg).arg(&target).status().unwrap().success());
+    let mounted = Unmount(target);
+    assert!(!cat().contains("GH TOKEN"), "~/.config/gh linked by a mount after the last run, not hidden");
+    drop(mounted);
+    assert!(cat().contains("GH TOKEN"), "unmounted, still hidden");
+}
+
+/// A server reads its umask once (`warm::client::pin_umask`): every command gets the one the
+/// server was started with, cold and warm, run after run (two servers, two umasks).
+#[test]
+fn serve_gives_every_command_its_own_umask() {
+    for mask in ["027", "077"] {
+        let s = Scratch::new("http-umask");
+        let token_file = s.root.join("token");
+        std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
+        let port = free_port();
+        let child = Command::new("sh")
+            .arg("-c")
+            .arg(format!("umask {mask}; exec \"$0\" \"$@\""))
+            .arg(binary())
+            .arg("--state-dir")
+            .arg(&s.state)
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--token-file"])
+            .arg(&token_file)
+            .arg("-C")
+            .arg(&s.ws)
+            .env_remove("TXBOX_TOKEN")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let srv = Server { child, port };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "txbox serve did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        for _ in 0..3 {
+            assert_eq!(run_out(&srv, "umask").trim(), format!("0{mask}"));
+        }
+    }
+}
+
+/// The server's token file is hidden where it really is now: its directory swapped for a link
+/// to another between two runs (the server resolves the name it was given at start; each run
+/// resolves that again), the file now there is hidden from the next run on, and the one moved
+/// aside, no longer the token file, is not.
+#[test]
+fn the_servers_token_file_is_hidden_where_its_path_leads_now() {
+    let s = Scratch::new("http-token-relinked");
+    for d in ["a", "b"] {
+        std::fs::create_dir_all(s.root.join(d)).unwrap();
+        std::fs::write(s.root.join(d).join("token"), format!("{TOKEN}\n")).unwrap();
+    }
+    let port = free_port();
+    let child = Command::new(binary())
+        .arg("--state-dir")
+        .arg(&s.state)
+        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--token-file"])
+        .arg(s.root.join("a/token"))
+        .arg("-C")
+        .arg(&s.ws)
+        .env_remove("TXBOX_TOKEN")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let srv = Server { child, port };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "txbox serve did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let cat = |d: &str| run_out(&srv, &format!("cat {} 2>/dev/null; echo", s.root.join(d).join("token").display()));
+    for _ in 0..2 {
+        assert!(!cat("a").contains(TOKEN) && cat("b").contains(TOKEN));
+    }
+    std::fs::rename(s.root.join("a"), s.root.join("a-old")).unwrap();
+    std::os::unix::fs::symlink(s.root.join("b"), s.root.join("a")).unwrap();
+    assert!(!cat("b").contains(TOKEN), "the token file's directory swapped after the last run, not hidden");
+    assert!(cat("a-old").contains(TOKEN));
+}

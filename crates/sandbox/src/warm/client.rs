@@ -242,9 +242,24 @@ fn environment() -> Vec<OsString> {
         .collect()
 }
 
-/// The process's umask, read without changing it (another thread may be creating files).
+/// The process's umask, read without changing it (another thread may be creating files), or
+/// as it was pinned ([`pin_umask`]).
 fn umask() -> u32 {
+    PINNED_UMASK.get().copied().unwrap_or_else(umask_now)
+}
+
+fn umask_now() -> u32 {
     status_head().and_then(|s| umask_in(&s)).unwrap_or(0o022)
+}
+
+static PINNED_UMASK: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+
+/// Read the umask once for every later request of this process: for a server that never
+/// changes its own (nothing in txbox calls `umask(2)` but a test, and no other process can
+/// change this one's), where reading `/proc/self/status` for each run is a procfs open and
+/// the whole status text made. A process that changes its umask must not call this.
+pub fn pin_umask() {
+    PINNED_UMASK.get_or_init(umask_now);
 }
 
 /// The start of `/proc/self/status`, where `Umask:` is (its second line): one read, not the
