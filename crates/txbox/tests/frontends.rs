@@ -45,8 +45,7 @@ fn serve_with(s: &Scratch, workspaces: &[&Path], state_dir: Option<&Path>) -> Se
 fn serve_env(s: &Scratch, workspaces: &[&Path], state_dir: Option<&Path>, env: &[(&str, &str)]) -> Server {
     let token_file = s.root.join("token");
     std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
-    for _ in 0..5 {
-        let port = free_port();
+    start_server(|port| {
         let mut cmd = Command::new(binary());
         cmd.arg("serve").arg("--listen").arg(format!("127.0.0.1:{port}")).arg("--token-file").arg(&token_file);
         for w in workspaces {
@@ -55,11 +54,21 @@ fn serve_env(s: &Scratch, workspaces: &[&Path], state_dir: Option<&Path>, env: &
         if let Some(d) = state_dir {
             cmd.arg("--state-dir").arg(d);
         }
-        cmd.envs(env.iter().copied());
-        let child = cmd
-            .env_remove("TXBOX_TOKEN")
+        cmd.envs(env.iter().copied())
             // Undo data must not yield to a shared disk running low during the undo tests.
-            .env("TXBOX_RETAIN_MIN_FREE", "0")
+            .env("TXBOX_RETAIN_MIN_FREE", "0");
+        cmd
+    })
+}
+
+/// A `txbox serve` made by `make` for a free port, waited for until it accepts: another port if
+/// the one picked was taken meanwhile (the server exits). The token comes from the command
+/// (`--token-file`), never from this process's `TXBOX_TOKEN`.
+fn start_server(make: impl Fn(u16) -> Command) -> Server {
+    for _ in 0..5 {
+        let port = free_port();
+        let child = make(port)
+            .env_remove("TXBOX_TOKEN")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -746,10 +755,9 @@ fn claude_code_hook_routes_bash_through_txbox() {
 fn serve_args(s: &Scratch, extra: &[&str]) -> Server {
     let token_file = s.root.join("token");
     std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
-    for _ in 0..5 {
-        let port = free_port();
-        let child = Command::new(binary())
-            .arg("--state-dir")
+    start_server(|port| {
+        let mut cmd = Command::new(binary());
+        cmd.arg("--state-dir")
             .arg(&s.state)
             .arg("serve")
             .arg("--listen")
@@ -759,27 +767,9 @@ fn serve_args(s: &Scratch, extra: &[&str]) -> Server {
             .arg("-C")
             .arg(&s.ws)
             .args(extra)
-            .env_remove("TXBOX_TOKEN")
-            .env_remove("TXBOX_CONFIG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut server = Server { child, port };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline {
-            if server.child.try_wait().unwrap().is_some() {
-                break;
-            }
-            if TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return server;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = server.child.kill();
-    }
-    panic!("txbox serve {extra:?} did not start");
+            .env_remove("TXBOX_CONFIG");
+        cmd
+    })
 }
 
 /// The server's token file is hidden from the commands it runs, by its path and through a link
@@ -1601,29 +1591,19 @@ fn serve_gives_every_command_its_own_umask() {
         let s = Scratch::new("http-umask");
         let token_file = s.root.join("token");
         std::fs::write(&token_file, format!("{TOKEN}\n")).unwrap();
-        let port = free_port();
-        let child = Command::new("sh")
-            .arg("-c")
-            .arg(format!("umask {mask}; exec \"$0\" \"$@\""))
-            .arg(binary())
-            .arg("--state-dir")
-            .arg(&s.state)
-            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--token-file"])
-            .arg(&token_file)
-            .arg("-C")
-            .arg(&s.ws)
-            .env_remove("TXBOX_TOKEN")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let srv = Server { child, port };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "txbox serve did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let srv = start_server(|port| {
+            let mut cmd = Command::new("sh");
+            cmd.arg("-c")
+                .arg(format!("umask {mask}; exec \"$0\" \"$@\""))
+                .arg(binary())
+                .arg("--state-dir")
+                .arg(&s.state)
+                .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--token-file"])
+                .arg(&token_file)
+                .arg("-C")
+                .arg(&s.ws);
+            cmd
+        });
         for _ in 0..3 {
             assert_eq!(run_out(&srv, "umask").trim(), format!("0{mask}"));
         }
@@ -1641,26 +1621,16 @@ fn the_servers_token_file_is_hidden_where_its_path_leads_now() {
         std::fs::create_dir_all(s.root.join(d)).unwrap();
         std::fs::write(s.root.join(d).join("token"), format!("{TOKEN}\n")).unwrap();
     }
-    let port = free_port();
-    let child = Command::new(binary())
-        .arg("--state-dir")
-        .arg(&s.state)
-        .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--token-file"])
-        .arg(s.root.join("a/token"))
-        .arg("-C")
-        .arg(&s.ws)
-        .env_remove("TXBOX_TOKEN")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let srv = Server { child, port };
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while TcpStream::connect(("127.0.0.1", port)).is_err() {
-        assert!(Instant::now() < deadline, "txbox serve did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let srv = start_server(|port| {
+        let mut cmd = Command::new(binary());
+        cmd.arg("--state-dir")
+            .arg(&s.state)
+            .args(["serve", "--listen", &format!("127.0.0.1:{port}"), "--token-file"])
+            .arg(s.root.join("a/token"))
+            .arg("-C")
+            .arg(&s.ws);
+        cmd
+    });
     let cat = |d: &str| run_out(&srv, &format!("cat {} 2>/dev/null; echo", s.root.join(d).join("token").display()));
     for _ in 0..2 {
         assert!(!cat("a").contains(TOKEN) && cat("b").contains(TOKEN));
