@@ -409,6 +409,31 @@ proptest! {
     }
 }
 
+/// brush-parser panics on some unterminated constructs (its tokenizer unwraps the next
+/// character at the end of the text): found by `heredoc_and_static_pieces_never_panic` in CI.
+/// The judge survives them and refuses the string (nothing says what bash would run of it),
+/// whether it is the whole string, a line after a denied command, or a string a command runs.
+#[test]
+fn a_parser_that_fails_on_a_string_refuses_it_and_survives() {
+    let p = Policy::builtin();
+    let crash = "<<'<(echo rm)'>(sh)$((>(sh)\n<(echo rm)";
+    for s in [
+        crash.to_string(),
+        format!("git push --force origin main\n{crash}"),
+        format!("bash -c $'{}'", crash.replace('\'', "\\'").replace('\n', "\\n")),
+        format!("echo ok; {crash}"),
+    ] {
+        let e = p.evaluate_str(&s, &ctx());
+        assert_eq!(e.decision.action, Action::Deny, "{s:?}: {:?}", e.decision);
+        assert_eq!(e.decision.rule.as_deref(), Some("engine.unjudgeable"), "{s:?}: {:?}", e.decision);
+    }
+    // And judging goes on as before afterwards, on this thread and others.
+    assert_eq!(p.evaluate_str("ls -la", &ctx()).decision.action, Action::Allow);
+    let q = p.clone();
+    let other = std::thread::spawn(move || q.evaluate_str(crash, &ctx()).decision.action);
+    assert!(matches!(other.join(), Ok(Action::Deny)));
+}
+
 /// Whatever bash would run of a string must have been judged: where the extraction stops short
 /// of it, the string is refused, never let through because the rest was harmless. Each variant
 /// hides a command a rule denies behind the point where judging stopped.

@@ -175,7 +175,7 @@ impl Kept {
     }
 
     /// [`parse`] of `text`, taken from the kept parses when it is one of them.
-    fn parse(&self, text: &str) -> Result<ast::Program, String> {
+    fn parse(&self, text: &str) -> Result<ast::Program, Unparsed> {
         let found = {
             let mut kept = self.0.borrow_mut();
             kept.iter().position(|(t, _)| t == text).map(|k| kept.remove(k).1)
@@ -210,7 +210,9 @@ impl Extractor<'_> {
             return Err(ParseFail { why: e, ours: true });
         }
         let tokens = self.nesting_room(text).map_err(|why| ParseFail { why, ours: true })?;
-        Ok((self.kept.parse(text).map_err(|why| ParseFail { why, ours: false })?, tokens))
+        // A parser that failed on the text says nothing of what bash would run of it: refused,
+        // as the extractor's own bounds are.
+        Ok((self.kept.parse(text).map_err(|u| ParseFail { why: u.why, ours: u.crashed })?, tokens))
     }
 
     /// Note that the extraction stops short of what bash would run (the first reason kept).
@@ -235,7 +237,8 @@ impl Extractor<'_> {
 }
 
 /// Why a text was not parsed: brush-parser's error (`ours: false`), or a bound or trap of this
-/// extractor that refused it before parsing (`ours: true`: bash would run it).
+/// extractor that refused it before parsing, or brush-parser failing on it (`ours: true`: bash
+/// would run it, or some of it).
 struct ParseFail {
     why: String,
     ours: bool,
@@ -398,13 +401,52 @@ static BYTE_CLASS: [u8; 256] = {
     t
 };
 
-/// Parse a shell string into a program (callers check [`parser_trap`] first).
-pub(crate) fn parse(text: &str) -> Result<ast::Program, String> {
+/// Why a text gave no program: brush-parser's syntax error, or brush-parser itself failing
+/// (`crashed`: it panicked, as its tokenizer does on some unterminated constructs), where
+/// nothing says what bash would make of the text.
+pub(crate) struct Unparsed {
+    pub(crate) why: String,
+    pub(crate) crashed: bool,
+}
+
+/// Parse a shell string into a program (callers check [`parser_trap`] first). A panic inside
+/// brush-parser is caught and returned (`Unparsed::crashed`): a hostile string must not take
+/// down the process judging it (the CLI, or a server's judging thread), and its message is
+/// kept off the caller's terminal.
+pub(crate) fn parse(text: &str) -> Result<ast::Program, Unparsed> {
     #[cfg(test)]
     tests::PARSES.with(|n| n.set(n.get() + 1));
+    quiet_parser_panics();
     let opts = brush_parser::ParserOptions::default();
-    let mut parser = brush_parser::Parser::new(std::io::Cursor::new(text), &opts);
-    parser.parse_program().map_err(|e| e.to_string())
+    PARSING.with(|p| p.set(true));
+    let parsed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        brush_parser::Parser::new(std::io::Cursor::new(text), &opts).parse_program()
+    }));
+    PARSING.with(|p| p.set(false));
+    match parsed {
+        Ok(Ok(program)) => Ok(program),
+        Ok(Err(e)) => Err(Unparsed { why: e.to_string(), crashed: false }),
+        Err(_) => Err(Unparsed { why: "the shell parser failed on this string".into(), crashed: true }),
+    }
+}
+
+thread_local! {
+    /// Whether this thread is inside brush-parser (its panics are caught and reported).
+    static PARSING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// Install, once, a panic hook that says nothing for a panic inside brush-parser (caught by
+/// [`parse`]) and hands every other panic to the hook that was there.
+fn quiet_parser_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let earlier = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            if !PARSING.with(std::cell::Cell::get) {
+                earlier(info);
+            }
+        }));
+    });
 }
 
 /// Extract every command of a shell string.
