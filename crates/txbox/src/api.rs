@@ -546,10 +546,8 @@ impl Api {
             Some(f) => Policy::load(f).map_err(|e| ApiError::usage(e.to_string()))?,
             None => Policy::builtin(),
         };
-        // A front end over this serves many runs: what they hide is kept between them.
-        crate::execute::keep_hidden_paths();
-        // Nor does the umask change (`warm::client::pin_umask`).
-        txbox_sandbox::warm::client::pin_umask();
+        // A front end over this serves many runs: what they would each look up again is kept.
+        crate::execute::serving_many_runs();
         Ok(Api { workspaces: ws, state_dir, policy, policy_file, ceiling })
     }
 

@@ -79,12 +79,23 @@ pub fn withheld(name: &OsStr, value: &OsStr) -> bool {
 /// The environment for a command, as `KEY=VALUE` entries: this process's, minus credentials,
 /// plus those named in `pass` (by exact name) that are set.
 ///
-/// The filter's answer for the last environment is kept (the token shapes' checks of every
-/// value are most of its cost, paid again for every run of a server whose environment does
-/// not change): the environment is read each time and compared whole.
+/// In a process that serves many runs ([`remember`]), the filter's answer for the last
+/// environment is kept (the token shapes' checks of every value are most of its cost, paid
+/// again for every run of a server whose environment does not change): the environment is
+/// read each time and compared whole. A one-run process filters once and keeps nothing.
 pub fn for_command(pass: &[String]) -> Vec<OsString> {
+    if !REMEMBER.load(std::sync::atomic::Ordering::Relaxed) {
+        return filter(std::env::vars_os(), pass);
+    }
     static LAST: Last = std::sync::Mutex::new(None);
     remembered(&LAST, std::env::vars_os().collect(), pass)
+}
+
+static REMEMBER: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Keep the filter's last answer from now on (a front end that serves many runs).
+pub fn remember() {
+    REMEMBER.store(true, std::sync::atomic::Ordering::Relaxed);
 }
 
 type Vars = Vec<(OsString, OsString)>;

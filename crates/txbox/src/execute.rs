@@ -75,7 +75,7 @@ fn other_states(workspace: &Path) -> Vec<PathBuf> {
 }
 
 /// The paths hidden by rule (`txbox_sandbox::secrets`) for a run in `workspace`: kept between
-/// runs in a front end that lives long ([`keep_hidden_paths`]), looked for anew otherwise.
+/// runs in a front end that lives long ([`serving_many_runs`]), looked for anew otherwise.
 fn hidden_by_rule(workspace: &Path, writable: &[PathBuf]) -> Vec<PathBuf> {
     let states = other_states(workspace);
     if let Some(kept) = KEPT.get().and_then(Option::as_ref) {
@@ -95,12 +95,16 @@ fn real_path(p: &Path) -> Option<PathBuf> {
 
 static KEPT: std::sync::OnceLock<Option<txbox_sandbox::secrets::watched::Watched>> = std::sync::OnceLock::new();
 
-/// Keep the hidden paths between this process's runs while nothing they depend on changes
-/// (`txbox_sandbox::secrets::watched`): for the front ends that serve many runs, where looking
-/// at a hundred paths per run is a tenth of the server's time per `true`; a one-shot `txbox
-/// run` would only pay for the watches.
-pub fn keep_hidden_paths() {
+/// This process serves many runs (`serve`, `mcp`): keep between them what each would look up
+/// again and what cannot change meanwhile unseen: the hidden paths while nothing they depend
+/// on changes (`txbox_sandbox::secrets::watched`: looking at a hundred paths per run is a tenth
+/// of the server's time per `true`), the environment filter's answer for an unchanged
+/// environment, the umask (`warm::client::pin_umask`). A one-shot `txbox run` keeps nothing:
+/// it would only pay for the watches and the copies.
+pub fn serving_many_runs() {
     KEPT.get_or_init(txbox_sandbox::secrets::watched::Watched::new);
+    crate::environ::remember();
+    txbox_sandbox::warm::client::pin_umask();
 }
 
 /// The package caches of a run: the installed tools' caches, per workspace, in the state
