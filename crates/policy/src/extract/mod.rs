@@ -257,6 +257,13 @@ fn runs_in_part(text: &str) -> bool {
 pub(crate) fn parser_trap(text: &str) -> Option<String> {
     let b = text.as_bytes();
     let (mut opens, mut closes) = (PairCount::new(b, *b"(("), PairCount::new(b, *b"))"));
+    parser_trap_by(text, |i| opens.upto(i) > closes.upto(i))
+}
+
+/// [`parser_trap`], told by `in_arithmetic(i)` whether the `<<` at byte `i` is a shift inside
+/// `$(( ))` / `(( ))` (more `((` than `))` before it).
+fn parser_trap_by(text: &str, mut in_arithmetic: impl FnMut(usize) -> bool) -> Option<String> {
+    let b = text.as_bytes();
     let mut from = 0;
     while let Some(k) = text[from..].find("<<") {
         let i = from + k;
@@ -266,8 +273,7 @@ pub(crate) fn parser_trap(text: &str) -> Option<String> {
             continue;
         }
         from = i + 2;
-        // A shift inside `$(( ))` / `(( ))`.
-        if opens.upto(i) > closes.upto(i) {
+        if in_arithmetic(i) {
             continue;
         }
         let mut j = i + 2;
@@ -732,53 +738,7 @@ mod tests {
 
     /// [`parser_trap`] as first written, each prefix's `((` and `))` counted anew.
     fn parser_trap_reference(text: &str) -> Option<String> {
-        let b = text.as_bytes();
-        let mut from = 0;
-        while let Some(k) = text[from..].find("<<") {
-            let i = from + k;
-            // Operators are read greedily: `<<<` is a here-string, what follows it starts anew.
-            if b.get(i + 2) == Some(&b'<') {
-                from = i + 3;
-                continue;
-            }
-            from = i + 2;
-            // A shift inside `$(( ))` / `(( ))`.
-            let before = &text[..i];
-            if before.matches("((").count() > before.matches("))").count() {
-                continue;
-            }
-            let mut j = i + 2;
-            while matches!(b.get(j), Some(b'-' | b' ' | b'\t')) {
-                j += 1;
-            }
-            if b.get(j).is_none_or(|c| matches!(c, b'(' | b')' | b'<' | b'>' | b'|' | b';' | b'&' | b'\n')) {
-                return Some("a here-document operator must be followed by its delimiter word".into());
-            }
-            // An empty delimiter (`<<""`, `<<''`) or one holding an expansion (`<<$(x)`): valid for
-            // bash, but brush-parser 0.4 can exhaust memory on them; refused (so: a transaction).
-            // The delimiter word: unquoted bytes and quoted runs, up to a metacharacter.
-            let mut end = j;
-            while let Some(&c) = b.get(end) {
-                match c {
-                    b' ' | b'\t' | b'\n' | b';' | b'|' | b'&' | b'<' | b'>' => break,
-                    b'"' | b'\'' => match b[end + 1..].iter().position(|x| *x == c) {
-                        Some(k) => end += k + 2,
-                        None => return Some("an unterminated here-document delimiter".into()),
-                    },
-                    b'\\' => end += 2,
-                    _ => end += 1,
-                }
-            }
-            let word = &b[j..end.min(b.len())];
-            if word.starts_with(b"\"\"")
-                || word.starts_with(b"''")
-                || word.windows(2).any(|w| matches!(w, b"$(" | b"${"))
-                || word.contains(&b'`')
-            {
-                return Some("an empty or expanding here-document delimiter is not supported".into());
-            }
-        }
-        None
+        parser_trap_by(text, |i| text[..i].matches("((").count() > text[..i].matches("))").count())
     }
 
     proptest::proptest! {
