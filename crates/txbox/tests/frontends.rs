@@ -1536,6 +1536,38 @@ fn serve_hides_secrets_linked_between_its_runs() {
     assert!(!aws("aws3").contains("LINKED KEY"), "re-linked in a ~/.aws made anew, not hidden");
 }
 
+/// Events lost to a full inotify queue: the kernel drops every event after the queue's bound
+/// and queues one overflow instead. Among the lost ones here: a watched directory (`~/.aws`)
+/// moved away and a new one made in its place. A server that took the overflow for an ordinary
+/// change would look again but keep its watch on the old directory. It would then miss a link
+/// made later in the new one, and keep serving a list that leaves the secret readable.
+#[test]
+fn serve_hides_secrets_after_its_watch_queue_overflowed() {
+    let s = Scratch::new("http-overflow");
+    let (home, dot) = (s.root.join("home"), s.root.join("dot"));
+    std::fs::create_dir_all(home.join(".aws")).unwrap();
+    std::fs::create_dir_all(&dot).unwrap();
+    std::fs::write(dot.join("aws"), "LINKED KEY\n").unwrap();
+    let srv = serve_env(&s, &[&s.ws], Some(&s.state), &[("HOME", home.to_str().unwrap())]);
+    let cat = || run_out(&srv, &format!("cat {} 2>/dev/null; echo", dot.join("aws").display()));
+    for _ in 0..2 {
+        assert!(cat().contains("LINKED KEY"), "nothing leads there yet");
+    }
+    // More events than the queue holds (16384 by default; read the bound, in case it is larger).
+    let bound: usize = std::fs::read_to_string("/proc/sys/fs/inotify/max_queued_events")
+        .ok()
+        .and_then(|t| t.trim().parse().ok())
+        .unwrap_or(16384);
+    for i in 0..bound + 64 {
+        std::os::unix::fs::symlink("x", home.join(format!("f{i}"))).unwrap();
+    }
+    std::fs::rename(home.join(".aws"), home.join("aws-old")).unwrap();
+    std::fs::create_dir(home.join(".aws")).unwrap();
+    assert!(cat().contains("LINKED KEY"), "nothing leads there yet");
+    std::os::unix::fs::symlink(dot.join("aws"), home.join(".aws/credentials")).unwrap();
+    assert!(!cat().contains("LINKED KEY"), "linked in a ~/.aws made while events were lost, not hidden");
+}
+
 /// A link into the workspace that the last command made (the caller works in their home,
 /// which is the workspace) is followed by the next run: what it leads to is hidden from then on.
 #[test]
