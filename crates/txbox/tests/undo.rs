@@ -128,6 +128,74 @@ fn setup(who: As, name: &str) -> Scratch {
     s
 }
 
+/// A workspace root whose owner `begin` cannot give the run's own root without privileges: one
+/// the caller owns in another group (made by root and handed over with `chown USER`, as images
+/// and CI jobs do), and one of another user's in the caller's group (shared, group-writable).
+/// That difference is not a change. Before, every run there committed the root's attributes,
+/// even `true`: a durable commit and an undo entry per read, and `undo` undid that instead of
+/// the last real change.
+#[test]
+fn reads_in_a_workspace_whose_root_owner_cannot_be_mirrored_commit_nothing() {
+    let Some(uid) = test_user() else {
+        eprintln!("SKIP: not root, cannot make a workspace root in a group the test user is not in");
+        return;
+    };
+    let who = As::User(uid);
+    for (name, owner, mode) in
+        [("foreign-group", format!("{uid}:0"), 0o755), ("foreign-owner", format!("0:{uid}"), 0o775)]
+    {
+        let s = setup(who, name);
+        std::fs::write(s.ws.join("a"), "a\n").unwrap();
+        assert!(std::process::Command::new("chown").arg(&owner).arg(&s.ws).status().unwrap().success());
+        std::fs::set_permissions(&s.ws, std::os::unix::fs::PermissionsExt::from_mode(mode)).unwrap();
+        let kept = || {
+            std::fs::read_dir(s.state.join("kept"))
+                .map(|d| d.flatten().filter(|e| e.path().is_dir()).count())
+                .unwrap_or(0)
+        };
+        run_ok(who, &s, "echo new > g");
+        assert_eq!(kept(), 1, "{name}: the write is kept for undo");
+        for read in ["cat g", "true", "ls -la"] {
+            let v = run_ok(who, &s, read);
+            assert_eq!(v["changes"], serde_json::json!({"added": [], "modified": [], "deleted": []}), "{name}");
+        }
+        assert_eq!(kept(), 1, "{name}: a read was committed and kept for undo");
+        let (out, _) = undo(who, &s, &[]);
+        assert!(out.status.success(), "{name}: {}", describe(&out));
+        assert!(!s.ws.join("g").exists(), "{name}: undo did not undo the last real change");
+        let md = std::fs::metadata(&s.ws).unwrap();
+        assert_eq!(format!("{}:{}", md.uid(), md.gid()), owner, "{name}: the root's owner changed");
+    }
+    // A group the caller is in (here a supplementary one) is given to the run's root: reads
+    // commit nothing either (unmirrored, that group would count as the command's change).
+    let s = setup(who, "member-group");
+    assert!(std::process::Command::new("chown").arg(format!("{uid}:0")).arg(&s.ws).status().unwrap().success());
+    let run = |script: &str| {
+        let out = std::process::Command::new("setpriv")
+            .args([format!("--reuid={uid}"), format!("--regid={uid}"), "--groups=0".into(), "--".into()])
+            .arg(binary())
+            .env("HOME", &s.root)
+            .env("TXBOX_RETAIN_MIN_FREE", "0")
+            .arg("--state-dir")
+            .arg(&s.state)
+            .args(["--json", "run", "-C"])
+            .arg(&s.ws)
+            .args(["-c", script])
+            .current_dir(&s.ws)
+            .output()
+            .unwrap();
+        let v = json_of(&out);
+        assert_eq!(v["outcome"], "committed", "{script}: {}", describe(&out));
+        v
+    };
+    for _ in 0..3 {
+        let v = run("ls -la");
+        assert_eq!(v["changes"], serde_json::json!({"added": [], "modified": [], "deleted": []}));
+    }
+    let kept = std::fs::read_dir(s.state.join("kept")).map(|d| d.flatten().filter(|e| e.path().is_dir()).count());
+    assert_eq!(kept.unwrap_or(0), 0, "a read was committed and kept for undo");
+}
+
 #[test]
 fn undo_restores_every_kind_of_change_exactly_and_undoing_it_redoes() {
     for who in identities() {

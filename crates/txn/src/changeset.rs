@@ -535,9 +535,20 @@ impl Classifier<'_> {
     fn dir_meta(&mut self, p: &Path, u: &Metadata, l: &Metadata) -> Result<(), ClassifyError> {
         let upath = meta::join(self.upper, p);
         let lpath = meta::join(self.lower, p);
+        // The root's owner is the one `begin` could give it (`check::root_owner_changed`).
+        let owner_changed = if p.as_os_str().is_empty() {
+            let groups = crate::check::member_groups();
+            crate::check::root_owner_changed(
+                (u.uid(), u.gid()),
+                (l.uid(), l.gid()),
+                &crate::check::Privileges::current(),
+                |g| groups.contains(&g),
+            )
+        } else {
+            u.uid() != l.uid() || u.gid() != l.gid()
+        };
         let visible = (u.mode() & meta::COMMIT_MODE_MASK) != (l.mode() & meta::COMMIT_MODE_MASK)
-            || u.uid() != l.uid()
-            || u.gid() != l.gid()
+            || owner_changed
             || meta::committed_xattrs_of_upper(&upath).at(&upath)?
                 != meta::committed_xattrs_of_lower(&lpath).at(&lpath)?;
         // Only allowlisted attributes are copied onto the workspace directory.

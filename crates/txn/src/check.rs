@@ -68,6 +68,37 @@ pub struct Attrs {
     pub mode: u32,
 }
 
+/// The groups this process is in: its effective group and its supplementary groups (read once,
+/// like [`Privileges::current`]).
+pub fn member_groups() -> &'static [u32] {
+    static G: OnceLock<Vec<u32>> = OnceLock::new();
+    G.get_or_init(|| {
+        let mut g: Vec<u32> = rustix::process::getgroups().unwrap_or_default().iter().map(|g| g.as_raw()).collect();
+        g.push(rustix::process::getegid().as_raw());
+        g
+    })
+}
+
+/// Whether the upper root's owner and group `up` differ from the workspace root's `ws` by the
+/// command's doing. Pure.
+///
+/// `begin` gives the upper root the workspace root's owner and group where it can
+/// (`session::mirror_root`): both with `CAP_CHOWN`; without it, the group when this process is
+/// a member of it (`member`), and the owner stays ours. What it could not give is not a
+/// change: otherwise every run in a workspace whose root belongs to another user or group
+/// commits the root's attributes. It would hold its own durable commit and an undo entry, even
+/// for `true`, and `txbox undo` would undo that commit instead of the last real change.
+pub fn root_owner_changed(up: (u32, u32), ws: (u32, u32), p: &Privileges, member: impl Fn(u32) -> bool) -> bool {
+    if p.chown {
+        return up != ws;
+    }
+    // Without CAP_CHOWN the upper root is ours from the start, and a command cannot give it away.
+    let uid_changed = up.0 != ws.0 && up.0 != p.euid;
+    // `begin` set the workspace's group if it could; otherwise the upper root kept ours.
+    let gid_changed = if member(ws.1) { up.1 != ws.1 } else { up.1 != p.egid };
+    uid_changed || gid_changed
+}
+
 /// What a `dirmeta` step changes on a workspace directory.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct DirMetaPlan {
@@ -385,6 +416,30 @@ mod tests {
 
     fn a(uid: u32, gid: u32, mode: u32) -> Attrs {
         Attrs { uid, gid, mode }
+    }
+
+    #[test]
+    fn a_root_owner_begin_could_not_mirror_is_not_a_change() {
+        let member = |g: u32| g == 1000 || g == 50;
+        let changed = |up, ws, p: &Privileges| root_owner_changed(up, ws, p, member);
+        // Mirrored, or the same owner: nothing changed.
+        assert!(!changed((1000, 1000), (1000, 1000), &user()));
+        assert!(!changed((1000, 50), (1000, 50), &user()));
+        // Another owner, or a group we are not in: begin could not give them; the upper root
+        // kept ours.
+        assert!(!changed((1000, 1000), (1000, 0), &user()));
+        assert!(!changed((1000, 1000), (7, 7), &user()));
+        // A group we are in was mirrored: the command moved it back to ours.
+        assert!(changed((1000, 1000), (1000, 50), &user()));
+        // The command gave the root another of our groups.
+        assert!(changed((1000, 50), (1000, 0), &user()));
+        assert!(changed((1000, 50), (1000, 1000), &user()));
+        // An owner that is neither ours nor the workspace's.
+        assert!(changed((9, 1000), (7, 1000), &user()));
+        // With CAP_CHOWN begin mirrors both: any difference is the command's.
+        assert!(changed((0, 0), (1000, 1000), &root()));
+        assert!(changed((1000, 0), (1000, 1000), &root()));
+        assert!(!changed((1000, 1000), (1000, 1000), &root()));
     }
 
     #[test]

@@ -82,11 +82,21 @@ pub fn create_step(steps: &Path, n: u32, workspace: &Path) -> Result<(PathBuf, P
 /// Give an upper root (fresh, or a spare an earlier run left, possibly for another workspace)
 /// the workspace root's mode, owner and times: overlay shows the upper root's attributes as
 /// the merged root's, and an untouched root must not look changed (nor be chowned at commit).
+/// Without root the owner stays ours, and the group is the workspace's only if this process is
+/// in it; `check::root_owner_changed` tells such a difference from a command's.
 pub fn mirror_root(upper: &Path, ws_md: &std::fs::Metadata) -> io::Result<()> {
     set_dir_attrs(ws_md, upper)?;
     let up = std::fs::symlink_metadata(upper)?;
-    if rustix::process::geteuid().is_root() && (up.uid(), up.gid()) != (ws_md.uid(), ws_md.gid()) {
-        std::os::unix::fs::lchown(upper, Some(ws_md.uid()), Some(ws_md.gid()))?;
+    if (up.uid(), up.gid()) == (ws_md.uid(), ws_md.gid()) {
+        return Ok(());
+    }
+    if rustix::process::geteuid().is_root() {
+        return std::os::unix::fs::lchown(upper, Some(ws_md.uid()), Some(ws_md.gid()));
+    }
+    if up.gid() != ws_md.gid() && crate::check::member_groups().contains(&ws_md.gid()) {
+        // A filesystem that refuses it leaves the root looking changed, as before: not a
+        // reason to refuse the run.
+        let _ = std::os::unix::fs::lchown(upper, None, Some(ws_md.gid()));
     }
     Ok(())
 }

@@ -300,13 +300,15 @@ fn mirror_root(upper: &OwnedFd, workspace: &OwnedFd) -> Result<(), StepError> {
             .map_err(at("mirror the workspace root's mode"))?;
     }
     if (up.st_uid, up.st_gid) != (ws.st_uid, ws.st_gid) {
-        // Only root may give it away; otherwise the run's own root differs and the view is
-        // not handed over.
-        let _ = rustix::fs::fchown(
-            upper,
-            Some(rustix::fs::Uid::from_raw(ws.st_uid)),
-            Some(rustix::fs::Gid::from_raw(ws.st_gid)),
-        );
+        // Only root may give it away; without root the group alone, if we are in it (as `begin`
+        // does for the run's own root, txn's `session::mirror_root`). Where the two still
+        // differ, the view is not handed over.
+        let give = |uid: Option<u32>| {
+            rustix::fs::fchown(upper, uid.map(rustix::fs::Uid::from_raw), Some(rustix::fs::Gid::from_raw(ws.st_gid)))
+        };
+        if give(Some(ws.st_uid)).is_err() && up.st_gid != ws.st_gid {
+            let _ = give(None);
+        }
     }
     Ok(())
 }
