@@ -417,6 +417,52 @@ fn a_workspace_root_of_someone_else_commits_or_refuses_whole() {
     }
 }
 
+/// Unprivileged: an object of another user's inside the workspace (a group-writable directory
+/// or file that root left, as images and package installs do) cannot be copied up into the
+/// user's upper layer. The sandbox's user namespace maps only the user, and overlayfs gives a
+/// copy its owner. Writing into it fails inside the sandbox (EOVERFLOW, "Value too large for
+/// defined data type") where natively the group may write, and so does deleting an entry of
+/// such a directory; the run rolls back whole, and the next one works. Deleting such an object
+/// from a directory of the user's own works (a whiteout). Pinned: docs/DEVIATIONS.md.
+#[test]
+fn objects_of_another_user_cannot_be_written_through_an_unprivileged_sandbox() {
+    let Some(uid) = test_user() else {
+        eprintln!("SKIP: not root, cannot give the workspace objects of another user");
+        return;
+    };
+    let who = As::User(uid);
+    let s = Scratch::new("unmapped");
+    std::fs::create_dir_all(s.root.join("home")).unwrap();
+    std::fs::create_dir_all(s.ws.join("shared")).unwrap();
+    std::fs::write(s.ws.join("shared/grp"), "root's\n").unwrap();
+    std::fs::write(s.ws.join("mine"), "mine\n").unwrap();
+    std::fs::write(s.ws.join("roots"), "root's\n").unwrap();
+    for p in [s.root.join("home"), s.state.clone(), s.ws.clone()] {
+        give(who, &p);
+    }
+    for (path, mode) in [("shared", 0o775), ("shared/grp", 0o664), ("roots", 0o664)] {
+        std::os::unix::fs::chown(s.ws.join(path), Some(0), Some(uid)).unwrap();
+        std::fs::set_permissions(s.ws.join(path), std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+    let p = Place { home: s.root.join("home"), ..Place::of(&s) };
+    for script in [
+        "echo mine2 > mine; echo new > shared/f",
+        "echo mine2 > mine; echo more >> shared/grp",
+        "echo more >> roots",
+        "echo mine2 > mine; rm shared/grp",
+    ] {
+        let old = digest(&p.ws, &[]);
+        let (out, j) = run_at(who, &p, "", &[], script);
+        assert_eq!(j["outcome"], "rolled_back", "`{script}`: {}", describe(&out));
+        assert!(j["stderr"].as_str().is_some_and(|e| e.contains("Value too large")), "`{script}`: {j}");
+        assert!(digest(&p.ws, &[]) == old, "`{script}`: the workspace changed");
+        next_run_works(who, &p, script);
+    }
+    let (out, j) = run_at(who, &p, "", &[], "rm roots");
+    assert_eq!(j["outcome"], "committed", "{}", describe(&out));
+    assert!(!p.ws.join("roots").exists());
+}
+
 /// As root: a file made immutable (chattr +i) while the command runs, after it deleted it, is
 /// refused before the commit point instead of failing half-applied. (Made immutable before, the
 /// sandbox refuses the deletion itself, as the host would: rolled back.)
