@@ -203,3 +203,52 @@ rm -r newfile newdir existing renamed_dir existing_seen_before
         }
     }
 }
+
+/// A workspace root's own extended attributes (a `user.*` name, a default POSIX ACL, as shared
+/// project directories carry) stay through runs that do not touch them. Before, `begin` gave
+/// the run's upper root none of them, so the root looked changed: the first run, `true`
+/// included, committed the root's attributes and removed them from the workspace.
+#[test]
+fn a_workspace_roots_own_attributes_survive_runs_that_leave_them() {
+    // A default ACL: user::rwx, group::r-x, other::r-x.
+    let acl: &[u8] = &[
+        2, 0, 0, 0, 1, 0, 7, 0, 255, 255, 255, 255, 4, 0, 5, 0, 255, 255, 255, 255, 0x20, 0, 5, 0, 255, 255, 255, 255,
+    ];
+    for who in identities() {
+        for cold in [false, true] {
+            let what = format!("{who:?} cold={cold}");
+            let s = Scratch::new("xattr-root");
+            std::fs::write(s.ws.join("a"), "a").unwrap();
+            if let As::User(uid) = who {
+                s.chown(uid);
+            }
+            let flags = rustix::fs::XattrFlags::empty();
+            rustix::fs::lsetxattr(s.ws.as_path(), "user.project", b"kept", flags).unwrap();
+            rustix::fs::lsetxattr(s.ws.as_path(), "system.posix_acl_default", acl, flags).unwrap();
+            let attrs = || {
+                let get = |n: &str| {
+                    let mut v = vec![0u8; 256];
+                    rustix::fs::lgetxattr(s.ws.as_path(), n, &mut v).map(|k| v[..k].to_vec()).ok()
+                };
+                (get("user.project"), get("system.posix_acl_default"))
+            };
+            let kept = || {
+                std::fs::read_dir(s.state.join("kept")).map_or(0, |d| d.flatten().filter(|e| e.path().is_dir()).count())
+            };
+            for script in ["true", "cat a", "ls -la"] {
+                let (out, j) = run(who, &s, script, cold);
+                assert_eq!(j["outcome"], "committed", "{what} `{script}`: {}", describe(&out));
+                assert_eq!(attrs(), (Some(b"kept".to_vec()), Some(acl.to_vec())), "{what} `{script}`");
+            }
+            assert_eq!(kept(), 0, "{what}: a read was committed and kept for undo");
+            // A change of entries commits the root's mtime, and its attributes stay.
+            let (out, j) = run(who, &s, "echo b > b", cold);
+            assert_eq!(j["outcome"], "committed", "{what}: {}", describe(&out));
+            assert_eq!(attrs(), (Some(b"kept".to_vec()), Some(acl.to_vec())), "{what}: after a write");
+            // A command that changes them is committed as it did.
+            let (out, j) = run(who, &s, "python3 -c \"import os; os.setxattr('.', 'user.project', b'new')\"", cold);
+            assert_eq!(j["outcome"], "committed", "{what}: {}", describe(&out));
+            assert_eq!(attrs().0, Some(b"new".to_vec()), "{what}: the command's change");
+        }
+    }
+}

@@ -75,7 +75,7 @@ pub fn create_step(steps: &Path, n: u32, workspace: &Path) -> Result<(PathBuf, P
     let ws_md = std::fs::metadata(workspace).map_err(at(workspace, "stat workspace"))?;
     std::fs::DirBuilder::new().mode(0o700).create(&upper).map_err(at(&upper, "create upper"))?;
     std::fs::DirBuilder::new().mode(0o700).create(&work).map_err(at(&work, "create work"))?;
-    mirror_root(&upper, &ws_md).map_err(at(&upper, "mirror workspace root"))?;
+    mirror_root(&upper, workspace, &ws_md).map_err(at(&upper, "mirror workspace root"))?;
     Ok((upper, work))
 }
 
@@ -83,9 +83,12 @@ pub fn create_step(steps: &Path, n: u32, workspace: &Path) -> Result<(PathBuf, P
 /// the workspace root's mode, owner and times: overlay shows the upper root's attributes as
 /// the merged root's, and an untouched root must not look changed (nor be chowned at commit).
 /// Without root the owner stays ours, and the group is the workspace's only if this process is
-/// in it; `check::root_owner_changed` tells such a difference from a command's.
-pub fn mirror_root(upper: &Path, ws_md: &std::fs::Metadata) -> io::Result<()> {
+/// in it; `check::root_owner_changed` tells such a difference from a command's. The extended
+/// attributes a commit carries (`user.*`, POSIX ACLs) are mirrored too: the root's own would
+/// otherwise look removed, and the first commit would remove them from the workspace.
+pub fn mirror_root(upper: &Path, workspace: &Path, ws_md: &std::fs::Metadata) -> io::Result<()> {
     set_dir_attrs(ws_md, upper)?;
+    mirror_xattrs(upper, workspace)?;
     let up = std::fs::symlink_metadata(upper)?;
     if (up.uid(), up.gid()) == (ws_md.uid(), ws_md.gid()) {
         return Ok(());
@@ -97,6 +100,26 @@ pub fn mirror_root(upper: &Path, ws_md: &std::fs::Metadata) -> io::Result<()> {
         // A filesystem that refuses it leaves the root looking changed, as before: not a
         // reason to refuse the run.
         let _ = std::os::unix::fs::lchown(upper, None, Some(ws_md.gid()));
+    }
+    Ok(())
+}
+
+/// Give `upper` exactly the extended attributes of `workspace` that a commit carries: those it
+/// lacks, and none of its own (a spare kept from another workspace's run may have some).
+fn mirror_xattrs(upper: &Path, workspace: &Path) -> io::Result<()> {
+    let want = meta::committed_xattrs_of_lower(workspace)?;
+    let have = meta::committed_xattrs_of_upper(upper)?;
+    if want == have {
+        return Ok(());
+    }
+    for (name, _) in have.iter().filter(|(n, _)| !want.iter().any(|(w, _)| w == n)) {
+        match rustix::fs::lremovexattr(upper, name.as_os_str()) {
+            Ok(()) | Err(rustix::io::Errno::NODATA) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    for (name, value) in want.iter().filter(|w| !have.contains(w)) {
+        rustix::fs::lsetxattr(upper, name.as_os_str(), value, rustix::fs::XattrFlags::empty())?;
     }
     Ok(())
 }

@@ -1388,7 +1388,8 @@ pub fn new_tx_id() -> String {
 
 impl TxDir {
     /// Create `tx/<id>/{upper,work}` for `workspace`. The upper root copies the workspace root's
-    /// mode and owner, because overlay shows the upper root's attributes as the merged root's.
+    /// mode, owner and committed extended attributes, because overlay shows the upper root's
+    /// attributes as the merged root's.
     pub fn create(state: &StateDir, workspace: &Path, kind: TxKind) -> Result<TxDir, StateError> {
         let id = new_tx_id();
         let dir = state.tx_dir(&id);
@@ -1415,9 +1416,9 @@ impl TxDir {
             std::fs::DirBuilder::new().mode(ws_md.mode() & 0o7777).create(&upper).map_err(at(&upper, "create"))?;
             std::fs::DirBuilder::new().mode(0o700).create(&work).map_err(at(&work, "create"))?;
         }
-        // Mode (exactly: DirBuilder's is filtered by the umask), times and owner of the
-        // workspace root, so an untouched root is not a change.
-        crate::session::mirror_root(&upper, &ws_md).map_err(at(&upper, "mirror workspace root"))?;
+        // Mode (exactly: DirBuilder's is filtered by the umask), times, owner and extended
+        // attributes of the workspace root, so an untouched root is not a change.
+        crate::session::mirror_root(&upper, workspace, &ws_md).map_err(at(&upper, "mirror workspace root"))?;
         let trash = dir.join(layout::TRASH);
         Ok(TxDir { id, dir, upper, work, trash, _owner: owner })
     }

@@ -161,9 +161,12 @@ impl Premount {
         let (Some(up_dir), Some(up_name), Some(work_dir), Some(work_name)) = names else {
             return Err(NotHanded::Unfit(Box::new(self)));
         };
+        // A run whose root carries extended attributes (`begin` mirrors the workspace root's)
+        // mounts its own upper: the premounted one has none.
         let fits = spec.layers.is_empty()
             && up_dir == work_dir
-            && self.root == (theirs.st_mode & 0o7777, theirs.st_uid, theirs.st_gid);
+            && self.root == (theirs.st_mode & 0o7777, theirs.st_uid, theirs.st_gid)
+            && only_uuid(upper);
         let tx = up_dir.strip_prefix(state_path).ok().and_then(|rel| open_beneath(state, rel).ok());
         let Some(tx) = tx.filter(|_| fits) else { return Err(NotHanded::Unfit(Box::new(self))) };
         // The times `begin` gave the run's upper root (the workspace root's), or the root would
@@ -281,9 +284,11 @@ fn clean(upper: &OwnedFd, work: &OwnedFd) -> bool {
 }
 
 /// Whether the directory's extended attributes are at most overlayfs's uuid of an instance.
+/// `dir` may be an `O_PATH` handle (a client's), which cannot list them: it is opened anew.
 fn only_uuid(dir: &OwnedFd) -> bool {
+    let Ok(dir) = rustix::fs::openat(dir, ".", dir_flags(), Mode::empty()) else { return false };
     let mut buf = vec![0u8; 4096];
-    let Ok(n) = rustix::fs::flistxattr(dir, &mut buf) else { return false };
+    let Ok(n) = rustix::fs::flistxattr(&dir, &mut buf) else { return false };
     buf[..n]
         .split(|b| *b == 0)
         .filter(|name| !name.is_empty())
@@ -446,7 +451,7 @@ mod tests {
     }
 
     /// A session's step (layers beneath its upper) or a run whose upper root differs from the
-    /// premount's gets a view of its own: nothing is renamed.
+    /// premount's (mode, extended attributes) gets a view of its own: nothing is renamed.
     #[test]
     fn a_request_the_premount_does_not_fit_keeps_its_own_directories() {
         let d = Dirs::new("unfit");
@@ -459,6 +464,16 @@ mod tests {
         assert_eq!((d.ino("tx/a/upper"), d.ino("tx/a/work")), (run_upper, run_work));
 
         std::fs::set_permissions(d.state.join("tx/a/upper"), std::fs::Permissions::from_mode(0o700)).unwrap();
+        let (spec, upper, work) = d.run(&[]);
+        let p = d.mount(&mut Recorder::default()).unwrap();
+        assert!(matches!(p.hand_over(&spec, &state, &d.state, &upper, &work), Err(NotHanded::Unfit(_))));
+        assert_eq!((d.ino("tx/a/upper"), d.ino("tx/a/work")), (run_upper, run_work));
+
+        // An upper root that mirrors the workspace root's extended attributes: the premount's
+        // has none, and the view would show the root without them.
+        std::fs::set_permissions(d.state.join("tx/a/upper"), std::fs::Permissions::from_mode(0o750)).unwrap();
+        let flags = rustix::fs::XattrFlags::empty();
+        rustix::fs::setxattr(d.state.join("tx/a/upper").as_path(), "user.project", b"kept", flags).unwrap();
         let (spec, upper, work) = d.run(&[]);
         let p = d.mount(&mut Recorder::default()).unwrap();
         assert!(matches!(p.hand_over(&spec, &state, &d.state, &upper, &work), Err(NotHanded::Unfit(_))));
