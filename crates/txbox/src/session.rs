@@ -107,7 +107,8 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
         .checked_add(1)
         .ok_or_else(|| EngineError::Usage(format!("transaction {}: no step numbers left", req.tx)))?;
     r.step = Some(n);
-    let (upper, work) = session::create_step(&steps, n, &env.workspace)?;
+    let below = layers.last().map(|(_, p)| p.as_path());
+    let (upper, work) = session::create_step(&steps, n, &env.workspace, below)?;
     let lower: Vec<PathBuf> = layers.iter().rev().map(|(_, p)| p.clone()).collect();
     let layers = Layers { lower, upper: &upper, work: &work };
     let limits = crate::limits::with_defaults(&limits, &env.workspace);

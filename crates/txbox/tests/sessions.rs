@@ -3,6 +3,8 @@
 
 mod common;
 
+use std::os::unix::fs::MetadataExt;
+
 use common::*;
 use proptest::prelude::*;
 
@@ -58,6 +60,49 @@ fn steps_are_savepoints_and_failed_steps_are_undone_alone() {
         let out = txbox(who, &s, &["commit", &tx]);
         assert_ne!(out.status.code(), Some(0), "a committed transaction cannot commit again");
         assert!(String::from_utf8_lossy(&out.stderr).contains("unknown transaction"), "{}", describe(&out));
+    }
+}
+
+/// What a step did to directories' own attributes is seen by the next step and committed: the
+/// workspace root's mode and extended attributes, and a directory's extended attributes set in
+/// a later step than the one that made it. Before, each step's upper root mirrored the
+/// workspace root (the next step saw the root as it was before the session), and joining the
+/// steps' layers copied a directory's mode and times but not its extended attributes: both
+/// changes were lost at commit.
+#[test]
+fn directory_attributes_a_step_sets_are_seen_by_the_next_and_committed() {
+    for who in identities() {
+        let s = Scratch::new("step-attrs");
+        if let As::User(uid) = who {
+            s.chown(uid);
+        }
+        std::fs::set_permissions(&s.ws, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let tx = begin(who, &s);
+        assert_eq!(exec(who, &s, &tx, "chmod 750 . && mkdir d"), 0);
+        let set = "python3 -c \"import os; [os.setxattr(p, 'user.step', b'2') for p in ('.', 'd')]\"";
+        assert_eq!(exec(who, &s, &tx, set), 0);
+        let check = "test \"$(stat -c %a .)\" = 750 && python3 -c \"import os, sys; \
+                     sys.exit(any(os.getxattr(p, 'user.step') != b'2' for p in ('.', 'd')))\"";
+        assert_eq!(exec(who, &s, &tx, check), 0, "{who:?}: the next step does not see what the last two did");
+        // Root gives the directory away in a later step too.
+        let owner = (who == As::Me && is_root()).then_some((4321, 4321));
+        if owner.is_some() {
+            assert_eq!(exec(who, &s, &tx, "chown 4321:4321 d"), 0);
+        }
+        let out = txbox(who, &s, &["commit", &tx]);
+        assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+        let mode = std::fs::metadata(&s.ws).unwrap().mode() & 0o7777;
+        assert_eq!(mode, 0o750, "{who:?}: the root's mode");
+        if let Some(o) = owner {
+            let md = std::fs::metadata(s.ws.join("d")).unwrap();
+            assert_eq!((md.uid(), md.gid()), o, "d's owner");
+        }
+        for p in [s.ws.clone(), s.ws.join("d")] {
+            let mut v = vec![0u8; 16];
+            let n = rustix::fs::lgetxattr(p.as_path(), "user.step", &mut v)
+                .unwrap_or_else(|e| panic!("{who:?} {p:?}: {e}"));
+            assert_eq!(&v[..n], b"2", "{who:?} {p:?}");
+        }
     }
 }
 

@@ -65,17 +65,24 @@ pub fn layers(steps: &Path) -> Result<Vec<(u32, PathBuf)>, LayerError> {
     Ok(out)
 }
 
-/// Create the directories of step `n` in `steps`; the upper root mirrors the workspace root's
-/// attributes.
-pub fn create_step(steps: &Path, n: u32, workspace: &Path) -> Result<(PathBuf, PathBuf), LayerError> {
+/// Create the directories of step `n` in `steps`. The upper root mirrors the root as the
+/// steps below show it: the topmost earlier layer's (`below`, which mirrored the one before it
+/// and holds what its step did to the root), or the workspace root's for the first step.
+pub fn create_step(
+    steps: &Path,
+    n: u32,
+    workspace: &Path,
+    below: Option<&Path>,
+) -> Result<(PathBuf, PathBuf), LayerError> {
     let step = steps.join(n.to_string());
     std::fs::DirBuilder::new().mode(0o700).create(&step).map_err(at(&step, "create step"))?;
     let upper = step.join(crate::layout::UPPER);
     let work = step.join(crate::layout::WORK);
-    let ws_md = std::fs::metadata(workspace).map_err(at(workspace, "stat workspace"))?;
+    let root = below.unwrap_or(workspace);
+    let root_md = std::fs::metadata(root).map_err(at(root, "stat the root below"))?;
     std::fs::DirBuilder::new().mode(0o700).create(&upper).map_err(at(&upper, "create upper"))?;
     std::fs::DirBuilder::new().mode(0o700).create(&work).map_err(at(&work, "create work"))?;
-    mirror_root(&upper, workspace, &ws_md).map_err(at(&upper, "mirror workspace root"))?;
+    mirror_root(&upper, root, &root_md).map_err(at(&upper, "mirror the root below"))?;
     Ok((upper, work))
 }
 
@@ -104,22 +111,27 @@ pub fn mirror_root(upper: &Path, workspace: &Path, ws_md: &std::fs::Metadata) ->
     Ok(())
 }
 
-/// Give `upper` exactly the extended attributes of `workspace` that a commit carries: those it
-/// lacks, and none of its own (a spare kept from another workspace's run may have some).
-fn mirror_xattrs(upper: &Path, workspace: &Path) -> io::Result<()> {
-    let want = meta::committed_xattrs_of_lower(workspace)?;
-    let have = meta::committed_xattrs_of_upper(upper)?;
-    if want == have {
+/// Give `upper` exactly the extended attributes of `root` (the workspace root, or an earlier
+/// layer's upper root) that a commit carries: those it lacks, and none of its own (a spare kept
+/// from another workspace's run may have some).
+fn mirror_xattrs(upper: &Path, root: &Path) -> io::Result<()> {
+    sync_xattrs(upper, &meta::committed_xattrs_of_lower(root)?)
+}
+
+/// Make the committed extended attributes of `dir` (a layer's directory) exactly `want`.
+fn sync_xattrs(dir: &Path, want: &[(std::ffi::OsString, Vec<u8>)]) -> io::Result<()> {
+    let have = meta::committed_xattrs_of_upper(dir)?;
+    if have.as_slice() == want {
         return Ok(());
     }
     for (name, _) in have.iter().filter(|(n, _)| !want.iter().any(|(w, _)| w == n)) {
-        match rustix::fs::lremovexattr(upper, name.as_os_str()) {
+        match rustix::fs::lremovexattr(dir, name.as_os_str()) {
             Ok(()) | Err(rustix::io::Errno::NODATA) => {}
             Err(e) => return Err(e.into()),
         }
     }
     for (name, value) in want.iter().filter(|w| !have.contains(w)) {
-        rustix::fs::lsetxattr(upper, name.as_os_str(), value, rustix::fs::XattrFlags::empty())?;
+        rustix::fs::lsetxattr(dir, name.as_os_str(), value, rustix::fs::XattrFlags::empty())?;
     }
     Ok(())
 }
@@ -178,8 +190,17 @@ fn squash_dir(bottom: &Path, top: &Path, rel: &Path) -> Result<(), LayerError> {
     Ok(())
 }
 
+/// Give directory `to` (of the layer below) the attributes of `from` (the same directory in the
+/// layer above, copied up from it): mode, times, owner, and the extended attributes a commit
+/// carries. Overlay's own names stay each layer's.
 fn copy_dir_attrs(from: &Path, to: &Path) -> io::Result<()> {
-    set_dir_attrs(&std::fs::symlink_metadata(from)?, to)
+    let md = std::fs::symlink_metadata(from)?;
+    let to_md = std::fs::symlink_metadata(to)?;
+    if (md.uid(), md.gid()) != (to_md.uid(), to_md.gid()) {
+        std::os::unix::fs::lchown(to, Some(md.uid()), Some(md.gid()))?;
+    }
+    set_dir_attrs(&md, to)?;
+    sync_xattrs(to, &meta::committed_xattrs_of_upper(from)?)
 }
 
 /// Copy a layer as hard links (files, symlinks and whiteouts share inodes; directories are new
