@@ -268,6 +268,98 @@ fn workspace_check(state_dir: Option<&Path>, ws: &Path) -> Check {
     }
 }
 
+/// Objects of a workspace an unprivileged sandbox cannot change: its user namespace maps only
+/// the caller's uid and gid, and overlayfs gives a copy its owner and group, so writing one
+/// whose owner or group is another fails inside with EOVERFLOW (docs/DEVIATIONS.md).
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Foreign {
+    looked: usize,
+    /// Owned by another user.
+    owner: usize,
+    /// Ours, in another group.
+    group: usize,
+    /// The first few of either, for the message.
+    first: Vec<PathBuf>,
+}
+
+impl Foreign {
+    /// Pure: tally `(path, uid, gid)` for a caller `euid`/`egid`.
+    fn tally(entries: impl Iterator<Item = (PathBuf, u32, u32)>, euid: u32, egid: u32) -> Foreign {
+        let mut f = Foreign::default();
+        for (p, uid, gid) in entries {
+            f.looked += 1;
+            if uid != euid {
+                f.owner += 1;
+            } else if gid != egid {
+                f.group += 1;
+            } else {
+                continue;
+            }
+            if f.first.len() < 3 {
+                f.first.push(p);
+            }
+        }
+        f
+    }
+}
+
+/// At most this many entries of a workspace are looked at by `doctor -C`.
+const OWNERSHIP_BOUND: usize = 200_000;
+
+/// The workspace's entries (not following symlinks), up to [`OWNERSHIP_BOUND`], relative to it.
+fn entries(ws: &Path) -> impl Iterator<Item = (PathBuf, u32, u32)> + '_ {
+    use std::os::unix::fs::MetadataExt;
+    let mut todo = vec![ws.to_path_buf()];
+    let mut out = Vec::new();
+    while let Some(d) = todo.pop() {
+        let Ok(rd) = std::fs::read_dir(&d) else { continue };
+        for e in rd.flatten() {
+            let Ok(md) = e.metadata() else { continue };
+            let p = e.path();
+            if md.is_dir() {
+                todo.push(p.clone());
+            }
+            out.push((p.strip_prefix(ws).map(Path::to_path_buf).unwrap_or(p), md.uid(), md.gid()));
+            if out.len() >= OWNERSHIP_BOUND {
+                return out.into_iter();
+            }
+        }
+    }
+    out.into_iter()
+}
+
+/// `doctor -C DIR` as an unprivileged caller: whether the workspace holds objects its sandbox
+/// cannot change. None for root, whose sandbox maps every owner.
+fn ownership_check(ws: &Path) -> Option<Check> {
+    let (euid, egid) = (rustix::process::geteuid(), rustix::process::getegid());
+    if euid.is_root() {
+        return None;
+    }
+    let f = Foreign::tally(entries(ws), euid.as_raw(), egid.as_raw());
+    let ok = f.owner == 0 && f.group == 0;
+    let detail = if ok {
+        format!("{} entries, all yours in your group", f.looked)
+    } else {
+        let first: Vec<String> = f.first.iter().map(|p| p.display().to_string()).collect();
+        format!(
+            "of {} entries, {} belong to another user and {} to another group (e.g. {}): a command cannot \
+             change them in an unprivileged sandbox (EOVERFLOW, \"Value too large for defined data type\")",
+            f.looked,
+            f.owner,
+            f.group,
+            first.join(", ")
+        )
+    };
+    let fix = (!ok).then(|| {
+        let mut fix = format!("chgrp -R {} {}", egid.as_raw(), ws.display());
+        if f.owner > 0 {
+            fix.push_str("; objects of other users need their owner changed (chown, as root) or txbox run as root");
+        }
+        fix
+    });
+    Some(Check { name: "ownership", ok, essential: false, detail, fix })
+}
+
 /// `dir`: the workspace `-C` named (its filesystem's default write limit, its state
 /// directory), else the current directory.
 pub fn run(json: bool, state_dir: Option<&Path>, workspace: Option<&Path>) -> Result<i32> {
@@ -275,6 +367,7 @@ pub fn run(json: bool, state_dir: Option<&Path>, workspace: Option<&Path>) -> Re
     let mut all = checks(workspace.unwrap_or(&cwd));
     if let Some(ws) = workspace {
         all.push(workspace_check(state_dir, ws));
+        all.extend(ownership_check(ws));
     }
     all.push(live_probe());
     let healthy = all.iter().all(|c| c.ok || !c.essential);
@@ -300,4 +393,23 @@ pub fn run(json: bool, state_dir: Option<&Path>, workspace: Option<&Path>) -> Re
         );
     }
     Ok(if healthy { 0 } else { 1 })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn foreign_owners_and_groups_are_counted_apart() {
+        let e = |p: &str, u, g| (PathBuf::from(p), u, g);
+        let f = Foreign::tally(
+            [e("a", 1000, 1000), e("b", 1000, 0), e("c", 0, 1000), e("d", 0, 0)].into_iter(),
+            1000,
+            1000,
+        );
+        assert_eq!((f.looked, f.owner, f.group), (4, 2, 1));
+        assert_eq!(f.first, [PathBuf::from("b"), PathBuf::from("c"), PathBuf::from("d")]);
+        let f = Foreign::tally([e("a", 1000, 1000)].into_iter(), 1000, 1000);
+        assert_eq!((f.owner, f.group, f.first.len()), (0, 0, 0));
+    }
 }

@@ -417,9 +417,10 @@ fn a_workspace_root_of_someone_else_commits_or_refuses_whole() {
     }
 }
 
-/// Unprivileged: an object of another user's inside the workspace (a group-writable directory
-/// or file that root left, as images and package installs do) cannot be copied up into the
-/// user's upper layer. The sandbox's user namespace maps only the user, and overlayfs gives a
+/// Unprivileged: an object of another user's, or of the user's in another group, inside the
+/// workspace (a group-writable directory or file that root left, as images and package installs
+/// do; what `chown -R USER` leaves of root's files) cannot be copied up into the user's upper
+/// layer; `doctor -C` names such objects and the fix. The sandbox's user namespace maps only the user, and overlayfs gives a
 /// copy its owner. Writing into it fails inside the sandbox (EOVERFLOW, "Value too large for
 /// defined data type") where natively the group may write, and so does deleting an entry of
 /// such a directory; the run rolls back whole, and the next one works. Deleting such an object
@@ -437,6 +438,7 @@ fn objects_of_another_user_cannot_be_written_through_an_unprivileged_sandbox() {
     std::fs::write(s.ws.join("shared/grp"), "root's\n").unwrap();
     std::fs::write(s.ws.join("mine"), "mine\n").unwrap();
     std::fs::write(s.ws.join("roots"), "root's\n").unwrap();
+    std::fs::write(s.ws.join("in-root-group"), "mine, group root\n").unwrap();
     for p in [s.root.join("home"), s.state.clone(), s.ws.clone()] {
         give(who, &p);
     }
@@ -444,12 +446,27 @@ fn objects_of_another_user_cannot_be_written_through_an_unprivileged_sandbox() {
         std::os::unix::fs::chown(s.ws.join(path), Some(0), Some(uid)).unwrap();
         std::fs::set_permissions(s.ws.join(path), std::fs::Permissions::from_mode(mode)).unwrap();
     }
+    // The user's own file in another group (what `chown -R USER` leaves of root's files).
+    std::os::unix::fs::chown(s.ws.join("in-root-group"), Some(uid), Some(0)).unwrap();
     let p = Place { home: s.root.join("home"), ..Place::of(&s) };
+    // `doctor -C` names them and the fix.
+    let out = txbox_at(who, &p, "", &[], &["--json", "doctor", "-C", p.ws.to_str().unwrap()]);
+    let d: serde_json::Value =
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", describe(&out)));
+    let check = d["checks"].as_array().and_then(|c| c.iter().find(|c| c["name"] == "ownership")).cloned();
+    let check = check.unwrap_or_else(|| panic!("no ownership check: {d}"));
+    assert_eq!(check["ok"], false, "{check}");
+    assert!(
+        check["detail"].as_str().is_some_and(|t| t.contains("3 belong to another user and 1 to another group")),
+        "{check}"
+    );
+    assert!(check["fix"].as_str().is_some_and(|t| t.starts_with(&format!("chgrp -R {uid} "))), "{check}");
     for script in [
         "echo mine2 > mine; echo new > shared/f",
         "echo mine2 > mine; echo more >> shared/grp",
         "echo more >> roots",
         "echo mine2 > mine; rm shared/grp",
+        "echo more >> in-root-group",
     ] {
         let old = digest(&p.ws, &[]);
         let (out, j) = run_at(who, &p, "", &[], script);
