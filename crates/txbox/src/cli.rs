@@ -120,6 +120,14 @@ enum Sub {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true, num_args = 0..)]
         args: Vec<OsString>,
     },
+    /// PreToolUse hook for Claude Code's Bash tool (JSON event on stdin): rewrite the call into
+    /// `txbox sh -c`, so the tool runs it as a transaction. Exits 2 (the call is blocked) when
+    /// it cannot; configure it as `txbox hook || exit 2`.
+    Hook {
+        /// Answer "ask" (Claude Code prompts) instead of "allow".
+        #[arg(long)]
+        ask: bool,
+    },
     /// Show the audit log.
     Log(LogArgs),
     /// Finish (roll forward) or discard transactions interrupted by a crash.
@@ -543,6 +551,7 @@ fn dispatch(cli: Cli) -> Result<i32> {
         Sub::Undo(a) => cmd_undo(state_dir, json, a),
         Sub::Gc(a) => cmd_gc(state_dir, json, a),
         Sub::Sh { args } => crate::shim::main(state_dir, args),
+        Sub::Hook { ask } => Ok(crate::hook::main(ask)),
         Sub::Log(a) => cmd_log(state_dir, json, a),
         Sub::Recover(a) => cmd_recover(state_dir, json, a),
         Sub::Demo { dir } => crate::demo::run(dir.as_deref()),

@@ -3,6 +3,7 @@
 mod cli;
 mod demo;
 mod doctor;
+mod hook;
 mod mcp;
 mod serve;
 mod shim;

@@ -677,78 +677,107 @@ fn mcp_lists_tools_and_runs_transactions() {
     m.finish();
 }
 
-/// `examples/claude-code/txbox-bash-hook` fed what Claude Code 2.1.197 sends a PreToolUse hook
-/// (captured from a real run), and its rewritten command run as Claude Code's Bash tool would.
+/// The PreToolUse hook of `examples/claude-code/settings.json` (`txbox hook || exit 2`, run by a
+/// shell as Claude Code runs hooks), and the `txbox-bash-hook` wrapper kept for settings that
+/// name it, each fed what Claude Code 2.1.197 sends a PreToolUse hook (captured from a real
+/// run), and the rewritten command run as Claude Code's Bash tool would.
 #[test]
 fn claude_code_hook_routes_bash_through_txbox() {
-    if Command::new("python3").arg("-c").arg("").status().map(|s| !s.success()).unwrap_or(true) {
-        eprintln!("SKIP: the example hook needs python3, which is not installed");
-        return;
-    }
     let s = Scratch::new("cc-hook");
-    let hook = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/claude-code/txbox-bash-hook");
+    let examples = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/claude-code");
+    let settings: Value =
+        serde_json::from_str(&std::fs::read_to_string(examples.join("settings.json")).unwrap()).unwrap();
+    let configured = settings["hooks"]["PreToolUse"][0]["hooks"][0]["command"].as_str().unwrap().to_string();
+    assert_eq!(configured, "txbox hook || exit 2");
+    let wrapper = examples.join("txbox-bash-hook").display().to_string();
     let bin_dir = binary().parent().unwrap().to_path_buf();
     let path = format!("{}:{}", bin_dir.display(), std::env::var("PATH").unwrap_or_default());
-    let run_hook = |command: &str, path: &str| {
-        let event = json!({
-            "session_id": "ba98a14c-f30e-46ce-9081-7fd16bea1a4b",
-            "transcript_path": "/home/dev/.claude/projects/p/ba98a14c-f30e-46ce-9081-7fd16bea1a4b.jsonl",
-            "cwd": s.ws, "prompt_id": "3079fa93-20bb-433d-b22f-d68a00edddfb", "permission_mode": "default",
-            "effort": {"level": "high"}, "hook_event_name": "PreToolUse", "tool_name": "Bash",
-            "tool_input": {"command": command, "description": "a step"}, "tool_use_id": "toolu_0003"
-        });
-        let mut child = Command::new(&hook)
-            .env("PATH", path)
-            .env("CLAUDE_PROJECT_DIR", &s.ws)
-            .env_remove("TXBOX_WORKSPACE")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child.stdin.take().unwrap().write_all(event.to_string().as_bytes()).unwrap();
-        child.wait_with_output().unwrap()
-    };
-    // What the Bash tool then runs: the rewritten command, in the session's directory.
-    let bash_tool = |command: &str| {
-        let out = run_hook(command, &path);
-        assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-        let o = &v["hookSpecificOutput"];
+    for hook in [configured.as_str(), wrapper.as_str()] {
+        let run_hook = |input: &[u8], path: &str| {
+            let mut child = Command::new("sh")
+                .arg("-c")
+                .arg(hook)
+                .env("PATH", path)
+                .env("CLAUDE_PROJECT_DIR", &s.ws)
+                .env_remove("TXBOX_WORKSPACE")
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            // A hook that blocks without reading (no txbox on PATH) closes its end first.
+            let _ = child.stdin.take().unwrap().write_all(input);
+            child.wait_with_output().unwrap()
+        };
+        let event = |command: &str| {
+            json!({
+                "session_id": "ba98a14c-f30e-46ce-9081-7fd16bea1a4b",
+                "transcript_path": "/home/dev/.claude/projects/p/ba98a14c-f30e-46ce-9081-7fd16bea1a4b.jsonl",
+                "cwd": s.ws, "prompt_id": "3079fa93-20bb-433d-b22f-d68a00edddfb", "permission_mode": "default",
+                "effort": {"level": "high"}, "hook_event_name": "PreToolUse", "tool_name": "Bash",
+                "tool_input": {"command": command, "description": "a step"}, "tool_use_id": "toolu_0003"
+            })
+            .to_string()
+        };
+        // What the Bash tool then runs: the rewritten command, in the session's directory.
+        let bash_tool = |command: &str| {
+            let out = run_hook(event(command).as_bytes(), &path);
+            assert_eq!(out.status.code(), Some(0), "{hook}: {}", describe(&out));
+            let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+            let o = &v["hookSpecificOutput"];
+            assert_eq!(
+                (o["hookEventName"].as_str(), o["permissionDecision"].as_str()),
+                (Some("PreToolUse"), Some("allow")),
+                "{v}"
+            );
+            assert_eq!(o["updatedInput"]["description"], "a step", "other tool input must be kept: {v}");
+            let wrapped = o["updatedInput"]["command"].as_str().unwrap();
+            assert!(wrapped.contains(&format!(" {} sh -c ", binary().display())), "{wrapped}");
+            Command::new("bash")
+                .arg("-c")
+                .arg(wrapped)
+                .current_dir(&s.ws)
+                .env("TXBOX_STATE_DIR", &s.state)
+                .output()
+                .unwrap()
+        };
+        let out = bash_tool("echo \"it's\" > a.txt; echo out; echo err >&2");
         assert_eq!(
-            (o["hookEventName"].as_str(), o["permissionDecision"].as_str()),
-            (Some("PreToolUse"), Some("allow")),
-            "{v}"
+            (out.status.code(), out.stdout.as_slice(), out.stderr.as_slice()),
+            (Some(0), &b"out\n"[..], &b"err\n"[..]),
+            "{}",
+            describe(&out)
         );
-        assert_eq!(o["updatedInput"]["description"], "a step", "other tool input must be kept: {v}");
-        let wrapped = o["updatedInput"]["command"].as_str().unwrap();
-        Command::new("bash")
-            .arg("-c")
-            .arg(wrapped)
-            .current_dir(&s.ws)
-            .env("TXBOX_STATE_DIR", &s.state)
-            .output()
-            .unwrap()
-    };
-    let out = bash_tool("echo \"it's\" > a.txt; echo out; echo err >&2");
-    assert_eq!(
-        (out.status.code(), out.stdout.as_slice(), out.stderr.as_slice()),
-        (Some(0), &b"out\n"[..], &b"err\n"[..]),
-        "{}",
-        describe(&out)
-    );
-    assert_eq!(std::fs::read_to_string(s.ws.join("a.txt")).unwrap(), "it's\n");
-    let out = bash_tool("echo x > b.txt; rm a.txt; exit 3");
-    assert_eq!(out.status.code(), Some(3), "{}", describe(&out));
-    assert!(s.ws.join("a.txt").exists() && !s.ws.join("b.txt").exists(), "the failed command was not rolled back");
-    let out = bash_tool("touch c.txt; rm -rf ~");
-    assert_eq!(out.status.code(), Some(126), "{}", describe(&out));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("denied by rule"), "{}", describe(&out));
-    assert!(!s.ws.join("c.txt").exists());
-    // Without txbox on PATH the hook blocks the call (exit 2) rather than let it run unsandboxed.
-    let out = run_hook("echo unsandboxed > d.txt", "/usr/bin:/bin");
-    assert_eq!(out.status.code(), Some(2), "{}", describe(&out));
-    assert!(out.stdout.is_empty() && !out.stderr.is_empty(), "{}", describe(&out));
+        assert_eq!(std::fs::read_to_string(s.ws.join("a.txt")).unwrap(), "it's\n");
+        // The command reaches txbox as it was written: quotes, substitutions, lines.
+        let hostile = "printf '%s\\n' \"$(echo sub)\" '$(not run)' \"'\" > q.txt\nprintf 'line2\\n' >> q.txt";
+        let out = bash_tool(hostile);
+        assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+        assert_eq!(std::fs::read_to_string(s.ws.join("q.txt")).unwrap(), "sub\n$(not run)\n'\nline2\n");
+        let out = bash_tool("echo x > b.txt; rm a.txt; exit 3");
+        assert_eq!(out.status.code(), Some(3), "{}", describe(&out));
+        assert!(s.ws.join("a.txt").exists() && !s.ws.join("b.txt").exists(), "the failed command was not rolled back");
+        let out = bash_tool("touch c.txt; rm -rf ~");
+        assert_eq!(out.status.code(), Some(126), "{}", describe(&out));
+        assert!(String::from_utf8_lossy(&out.stderr).contains("denied by rule"), "{}", describe(&out));
+        assert!(!s.ws.join("c.txt").exists());
+        for f in ["a.txt", "q.txt"] {
+            std::fs::remove_file(s.ws.join(f)).unwrap();
+        }
+        // Whatever cannot be rewritten blocks the call (exit 2, a reason, no answer) rather than
+        // let it run unsandboxed: no txbox on PATH, input that is not an event, a NUL.
+        for (input, path) in [
+            (event("echo unsandboxed > d.txt"), "/usr/bin:/bin"),
+            ("not json".to_string(), path.as_str()),
+            (json!({"tool_input": {}}).to_string(), path.as_str()),
+            (event("echo a\u{0}b > d.txt"), path.as_str()),
+        ] {
+            let out = run_hook(input.as_bytes(), path);
+            assert_eq!(out.status.code(), Some(2), "{hook} {input}: {}", describe(&out));
+            assert!(out.stdout.is_empty() && !out.stderr.is_empty(), "{}", describe(&out));
+        }
+        assert!(!s.ws.join("d.txt").exists());
+    }
 }
 
 /// A `txbox serve` with extra arguments (ceilings, connection limits).
