@@ -36,7 +36,7 @@ def free_port():
 class Server:
     """`txbox serve` for `workspaces`, stopped on exit."""
 
-    def __init__(self, ctx, workspaces):
+    def __init__(self, ctx, workspaces, env=None):
         self.port = free_port()
         self.token = secrets.token_hex(16)
         tok = ctx.scratch.fresh("api-token")
@@ -51,7 +51,7 @@ class Server:
         for w in workspaces:
             argv += ["-C", w]
         self.log = open(os.path.join(tok, "serve.log"), "w")
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=self.log, stderr=subprocess.STDOUT, env=env)
         deadline = time.time() + 30
         while time.time() < deadline:
             try:
@@ -85,6 +85,29 @@ class Server:
 
     def __exit__(self, *exc):
         self.stop()
+
+
+class Runner:
+    """One kept-alive connection to the server, running shell commands in one workspace as an
+    HTTP agent would: `POST /v1/run {"command", "workspace"}`."""
+
+    def __init__(self, server, workspace):
+        self.conn = server.connect()
+        self.headers = {"Authorization": f"Bearer {server.token}", "Content-Type": "application/json"}
+        self.workspace = workspace
+
+    def run(self, command):
+        """(seconds, the transaction's exit code, its result)."""
+        body = json.dumps({"command": command, "workspace": self.workspace})
+        t0 = time.perf_counter()
+        self.conn.request("POST", "/v1/run", body=body, headers=self.headers)
+        r = self.conn.getresponse()
+        data = r.read()
+        dt = time.perf_counter() - t0
+        if r.status != 200:
+            raise BenchError(f"POST /v1/run answered {r.status}: {data[:300]!r}")
+        result = json.loads(data)
+        return dt, result.get("exit_code"), result
 
 
 class Client:

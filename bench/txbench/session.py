@@ -9,7 +9,7 @@ build/test loop, then housekeeping. The first 20 commands are a session on their
 """
 import os
 
-from . import project
+from . import api, project
 from .timing import BenchError, ratio, run_timed
 
 PY = "cd python && python3 -m unittest"
@@ -321,40 +321,62 @@ def tree_differences(a, b):
 
 
 def replay_round(ctx, cmds, round_index):
-    """Replay `cmds` on two fresh identical trees, natively and through `txbox run -c`,
-    command by command (A B, then B A, ...). Returns per-command seconds and exit codes."""
-    native_tree, txbox_tree = ctx.scratch.fresh("session-native"), ctx.scratch.fresh("session-txbox")
-    project.create(native_tree)
-    project.create(txbox_tree)
+    """Replay `cmds` on three fresh identical trees, natively, through `txbox run -c` and over
+    the HTTP API (`POST /v1/run` to a `txbox serve` started for the round with the same
+    environment, on a kept-alive connection), command by command, the order rotated at each
+    command. Returns per-command seconds and exit codes, and the trees' differences from the
+    native one."""
+    trees = {name: ctx.scratch.fresh(f"session-{name}") for name in ("native", "txbox", "api")}
+    for t in trees.values():
+        project.create(t)
     env = dict(os.environ, **project.GIT_ENV, LC_ALL="C")
-    run_timed([ctx.txbox, "run", "--", "true"], txbox_tree, env=env)  # state directory created untimed
+    run_timed([ctx.txbox, "run", "--", "true"], trees["txbox"], env=env)  # state directory created untimed
     steps = []
-    for i, cmd in enumerate(cmds):
-        def native():
-            return run_timed(["bash", "-c", cmd], native_tree, env=env, expect=None)
+    with api.Server(ctx, [trees["api"]], env=env) as server:
+        runner = api.Runner(server, trees["api"])
+        runner.run("true")  # its first transaction starts the warm server, untimed
+        for i, cmd in enumerate(cmds):
+            got = {}
 
-        def txbox():
-            return run_timed([ctx.txbox, "run", "-c", cmd], txbox_tree, env=env, expect=None, capture=True)
+            def native():
+                n = run_timed(["bash", "-c", cmd], trees["native"], env=env, expect=None)
+                got["native"] = (n.seconds, n.returncode)
 
-        if (i + round_index) % 2 == 0:
-            n, t = native(), txbox()
-        else:
-            t, n = txbox(), native()
-        if t.returncode in (125, 126) and n.returncode not in (125, 126):
-            raise BenchError(f"txbox could not run session command {i + 1} (exit {t.returncode}):\n"
-                             f"  {cmd}\n  | {t.stderr.strip()[-500:]}")
-        steps.append({"cmd": cmd, "native_s": n.seconds, "txbox_s": t.seconds,
-                      "native_rc": n.returncode, "txbox_rc": t.returncode})
-    return steps, tree_differences(native_tree, txbox_tree)
+            def cli():
+                t = run_timed([ctx.txbox, "run", "-c", cmd], trees["txbox"], env=env, expect=None, capture=True)
+                if t.returncode in (125, 126):
+                    got["txbox_why"] = t.stderr.strip()[-500:]
+                got["txbox"] = (t.seconds, t.returncode)
+
+            def http():
+                seconds, code, result = runner.run(cmd)
+                if code in (125, 126):
+                    got["api_why"] = str(result.get("error") or result.get("decision") or result)[-500:]
+                got["api"] = (seconds, code)
+
+            order = [native, cli, http]
+            k = (i + round_index) % len(order)
+            for f in order[k:] + order[:k]:
+                f()
+            for way in ("txbox", "api"):
+                if got[way][1] in (125, 126) and got["native"][1] not in (125, 126):
+                    raise BenchError(f"txbox ({way}) could not run session command {i + 1} (exit {got[way][1]}):\n"
+                                     f"  {cmd}\n  | {got.get(way + '_why', '')}")
+            steps.append({"cmd": cmd, "native_s": got["native"][0], "txbox_s": got["txbox"][0], "api_s": got["api"][0],
+                          "native_rc": got["native"][1], "txbox_rc": got["txbox"][1], "api_rc": got["api"][1]})
+        runner.conn.close()
+    return steps, {way: tree_differences(trees["native"], trees[way]) for way in ("txbox", "api")}
 
 
 def session(ctx):
     """The replayed agent session: total wall time of the whole command list natively
-    (`bash -c` in the tree) and through `txbox run -c` (one transaction per command, default
-    options), interleaved command by command on two identical fresh trees; the median over
-    rounds. `overhead_pct` = (txbox - native) / native; `per_tx_ms` = the added time divided by
-    the number of commands. Correctness checks: every command exits with the same status both
-    ways, and both trees end identical (see tree_listing)."""
+    (`bash -c` in the tree), through `txbox run -c` (one transaction and one txbox process per
+    command, default options) and over the HTTP API (one transaction per `POST /v1/run`, as an
+    MCP or HTTP agent runs it: no process per command), interleaved command by command on three
+    identical fresh trees; the median over rounds (each way's own). `overhead_pct` = (txbox -
+    native) / native; `per_tx_ms` = the added time divided by the number of commands; `api` the
+    same over HTTP. Correctness checks: every command exits with the same status all three ways,
+    and the trees end identical (see tree_listing)."""
     cmds = commands(ctx.cfg.session_commands)
     rounds = []
     for r in range(ctx.cfg.session_rounds):
@@ -362,12 +384,18 @@ def session(ctx):
         rounds.append({
             "native_s": sum(s["native_s"] for s in steps),
             "txbox_s": sum(s["txbox_s"] for s in steps),
-            "exit_mismatches": [s["cmd"] for s in steps if s["native_rc"] != s["txbox_rc"]],
-            "tree_differences": diffs,
+            "api_s": sum(s["api_s"] for s in steps),
+            "exit_mismatches": [s["cmd"] for s in steps if not s["native_rc"] == s["txbox_rc"] == s["api_rc"]],
+            "tree_differences": sorted(set(diffs["txbox"]) | set(diffs["api"])),
             "steps": steps,
         })
-    mid = sorted(rounds, key=lambda r: r["txbox_s"] - r["native_s"])[len(rounds) // 2]
+
+    def middle(way):
+        return sorted(rounds, key=lambda r: r[way + "_s"] - r["native_s"])[len(rounds) // 2]
+
+    mid, mid_api = middle("txbox"), middle("api")
     added = mid["txbox_s"] - mid["native_s"]
+    added_api = mid_api["api_s"] - mid_api["native_s"]
     slowest = sorted(mid["steps"], key=lambda s: s["txbox_s"] - s["native_s"], reverse=True)[:5]
     return {
         "commands": len(cmds),
@@ -377,6 +405,12 @@ def session(ctx):
         "txbox_s": mid["txbox_s"],
         "overhead_pct": 100 * ratio(added, mid["native_s"]),
         "per_tx_ms": 1e3 * added / len(cmds),
+        "api": {
+            "native_s": mid_api["native_s"],
+            "txbox_s": mid_api["api_s"],
+            "overhead_pct": 100 * ratio(added_api, mid_api["native_s"]),
+            "per_tx_ms": 1e3 * added_api / len(cmds),
+        },
         "most_added": [{"cmd": describe(s["cmd"]), "added_ms": 1e3 * (s["txbox_s"] - s["native_s"])} for s in slowest],
         "identical": all(not r["exit_mismatches"] and not r["tree_differences"] for r in rounds),
         "exit_mismatches": sorted({c for r in rounds for c in r["exit_mismatches"]}),
