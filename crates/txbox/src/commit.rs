@@ -185,6 +185,9 @@ pub(crate) struct Target<'a> {
     /// A failed command: commit only what lies in kept directories; a hold or a denial of it
     /// keeps nothing (nobody is asked about a failed command's build output).
     pub kept_only: bool,
+    /// Where a run's root started (`TxDir::root_base`): a run held for a person keeps it, as a
+    /// session's steps do. None for a session (its fingerprints have it).
+    pub root_base: Option<txbox_txn::session::RootBase>,
 }
 
 /// Commits with at least this many steps show progress on a terminal.
@@ -287,7 +290,7 @@ pub(crate) fn commit_upper(
     if !holds.iter().all(approved) {
         // A run keeps its base from now on as a session does: what each path holds now.
         let fps = if run_base && !t.kept_only {
-            let mut fps = Fingerprints::default();
+            let mut fps = Fingerprints { root: t.root_base, ..Fingerprints::default() };
             fps.record_layer(1, t.upper, &env.workspace).map_err(|e| other(&e))?;
             Some(fps)
         } else {

@@ -127,6 +127,7 @@ pub fn run(req: &RunRequest) -> Result<RunResult, EngineError> {
         approved: None,
         keep: &req.keep,
         kept_only,
+        root_base: Some(tx.root_base),
     };
 
     // 5. Decide: commit only a command that ran to completion with status 0. A failed one

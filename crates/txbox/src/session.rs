@@ -8,7 +8,7 @@ use std::time::Instant;
 use serde::Serialize;
 use txbox_policy::{Action, Decision, Policy};
 use txbox_txn::layout::{Status, TxKind};
-use txbox_txn::session;
+use txbox_txn::session::{self, Fingerprints};
 use txbox_txn::state::{remove_tree, TxMeta};
 use txbox_txn::{ChangeSet, CrashHook, StateDir};
 
@@ -108,7 +108,12 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
         .ok_or_else(|| EngineError::Usage(format!("transaction {}: no step numbers left", req.tx)))?;
     r.step = Some(n);
     let below = layers.last().map(|(_, p)| p.as_path());
-    let (upper, work) = session::create_step(&steps, n, &env.workspace, below)?;
+    // The root's base: whether a kept step changed the root decides where this step's comes from.
+    let mut fps = match below {
+        Some(_) => state.load_fingerprints(&req.tx)?,
+        None => Fingerprints::default(),
+    };
+    let (upper, work, root_base) = session::create_step(&steps, n, &env.workspace, below, fps.root.as_ref())?;
     let lower: Vec<PathBuf> = layers.iter().rev().map(|(_, p)| p.clone()).collect();
     let layers = Layers { lower, upper: &upper, work: &work };
     let limits = crate::limits::with_defaults(&limits, &env.workspace);
@@ -127,9 +132,16 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
     state.set_last_step(&req.tx, n)?;
     // A step over the write limit is never kept, even for review: the limit protects the disk.
     if ok || (req.keep_on_failure && r.limit_exceeded.as_deref() != Some("write")) {
-        // The base of every path this step touched, for conflict detection at commit.
-        let mut fps = state.load_fingerprints(&req.tx)?;
+        // The base of every path this step touched, for conflict detection at commit, and the
+        // root's (moved with the workspace root while no step changed it).
+        if below.is_none() {
+            // Kept fingerprints of steps rolled back all belong to layers that are gone.
+            fps = Fingerprints::default();
+        }
         fps.record_layer(n, &upper, &env.workspace)?;
+        if root_base.is_some() {
+            fps.root = root_base;
+        }
         state.save_fingerprints(&req.tx, &fps)?;
         r.outcome = Outcome::Pending;
         r.rollback_reason = None;
@@ -229,6 +241,8 @@ fn commit_as(state: &StateDir, tx: &str, policy: &Policy, approving: bool) -> Re
     let mut hook = CrashHook::from_env();
     let mut retention = None;
     if let Some(upper) = squash(&layers)? {
+        // A root no step changed takes the workspace root's attributes as they are now.
+        session::rebase_root(&upper, &env.workspace, fps.root.as_ref())?;
         let trash = tx_dir.join(txbox_txn::layout::TRASH);
         let target = Target {
             id: tx,
@@ -241,6 +255,7 @@ fn commit_as(state: &StateDir, tx: &str, policy: &Policy, approving: bool) -> Re
             // for conflicts like any path (docs/DEVIATIONS.md).
             keep: &txbox_txn::keep::KeepRules::none(),
             kept_only: false,
+            root_base: None,
         };
         let settled = settle(
             &mut r,
@@ -328,7 +343,16 @@ pub fn with_diff<T>(
             session::link_copy(&upper, &dst)?;
             copies.push((n, dst));
         }
-        let cs = match squash(&copies)? {
+        let squashed = squash(&copies)?;
+        if let Some(upper) = &squashed {
+            // As at commit: a root no step changed is the workspace root as it is now.
+            let root = match state.load_fingerprints(tx) {
+                Ok(fps) => fps.root,
+                Err(_) => None,
+            };
+            session::rebase_root(upper, &env.workspace, root.as_ref())?;
+        }
+        let cs = match squashed {
             Some(upper) => txbox_txn::classify(&upper, &env.workspace, &env.exclude)
                 .map(|cs| (cs, upper))
                 .map_err(|e| EngineError::Internal(format!("transaction {tx}: classifying its layers: {e}")))?,

@@ -131,6 +131,38 @@ fn what_the_workspace_config_points_to_is_judged_too() {
     }
 }
 
+/// A run held for a person may wait long: a change made meanwhile to the workspace root's own
+/// attributes is the host's, and the approval does not undo it (the run did not touch the
+/// root); a root the run changed and the host changed too is a conflict.
+#[test]
+fn an_approval_keeps_what_the_host_did_to_the_workspace_root_meanwhile() {
+    for who in identities() {
+        let s = repo(who, "held-root");
+        native(who, &s.ws, "chmod 755 .");
+        let (out, j) = run(who, &s, "printf '#!/bin/sh\\nid\\n' > .git/hooks/pre-commit");
+        assert_eq!(j["outcome"], "held", "{}", describe(&out));
+        let tx = j["tx"].as_str().unwrap().to_string();
+        native(who, &s.ws, "chmod 750 .");
+        let out = txbox(who, &s, &["approve", &tx]);
+        assert!(out.status.success(), "{who:?}: {}", describe(&out));
+        assert!(s.ws.join(".git/hooks/pre-commit").exists());
+        let mode = std::os::unix::fs::MetadataExt::mode(&std::fs::metadata(&s.ws).unwrap()) & 0o7777;
+        assert_eq!(mode, 0o750, "{who:?}: the approval undid the host's chmod");
+
+        let (out, j) = run(who, &s, "chmod 700 . && echo x >> .git/hooks/pre-commit");
+        assert_eq!(j["outcome"], "held", "{}", describe(&out));
+        let tx = j["tx"].as_str().unwrap().to_string();
+        native(who, &s.ws, "chmod 770 .");
+        let out = txbox(who, &s, &["--json", "approve", &tx]);
+        assert_eq!(out.status.code(), Some(3), "{who:?}: {}", describe(&out));
+        let j: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(j["conflicts"], json!(["."]), "{who:?}: {j}");
+        let mode = std::os::unix::fs::MetadataExt::mode(&std::fs::metadata(&s.ws).unwrap()) & 0o7777;
+        assert_eq!(mode, 0o770, "{who:?}");
+        native(who, &s.ws, "chmod 755 .");
+    }
+}
+
 /// `diff` and `list` show what is held and why; `exec` refuses to add to it and `commit`
 /// holds it again; `approve` commits exactly what a native run would have left; `rollback`
 /// drops it.

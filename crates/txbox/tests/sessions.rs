@@ -106,6 +106,129 @@ fn directory_attributes_a_step_sets_are_seen_by_the_next_and_committed() {
     }
 }
 
+/// Set the user.* name `name` to `value` on `path` (as the caller of the test: the test user's
+/// own files are set through `native`).
+fn set_name(who: As, dir: &std::path::Path, path: &str, name: &str, value: &str) {
+    native(who, dir, &format!("python3 -c \"import os; os.setxattr('{path}', '{name}', b'{value}')\""));
+}
+
+fn name_of(path: &std::path::Path, name: &str) -> Option<Vec<u8>> {
+    let mut v = vec![0u8; 64];
+    rustix::fs::lgetxattr(path, name, &mut v).ok().map(|n| v[..n].to_vec())
+}
+
+/// A directory whose mode takes away its owner's write permission and which carries a user.*
+/// name: an ordinary user can set such a name only while the directory is writable, so every
+/// copy of the directory's attributes (the run's upper root, a session's next step, the squash
+/// at commit) sets the names first and the mode last. Before, as the unprivileged user, every
+/// run in such a workspace failed (125), and the session's commit failed after its status said
+/// "committing", so the next command discarded the whole session.
+#[test]
+fn directories_without_owner_write_keep_their_names_through_runs_and_sessions() {
+    for who in identities() {
+        let s = Scratch::new("ro-named");
+        if let As::User(uid) = who {
+            s.chown(uid);
+        }
+        native(who, &s.ws, "echo a > f");
+        set_name(who, &s.ws, ".", "user.x", "root");
+        native(who, &s.ws, "chmod 555 .");
+        let ws = s.ws.to_str().unwrap().to_string();
+        let out = txbox(who, &s, &["run", "-C", &ws, "--", "cat", "f"]);
+        assert_eq!((out.status.code(), out.stdout.as_slice()), (Some(0), &b"a\n"[..]), "{who:?}: {}", describe(&out));
+        assert_eq!(std::fs::metadata(&s.ws).unwrap().mode() & 0o7777, 0o555);
+        assert_eq!(name_of(&s.ws, "user.x").as_deref(), Some(&b"root"[..]), "{who:?}");
+        native(who, &s.ws, "chmod 755 . && mkdir d e");
+        // A run names a directory and takes its owner's write permission away: committed
+        // whole. Before, as the unprivileged user, the commit stopped after its commit point
+        // (the mode set, the name refused) and recovery could never finish it: every later
+        // command on the workspace failed.
+        let named = "python3 -c \"import os; os.setxattr('d', 'user.x', b'run')\" && chmod 555 d";
+        let out = txbox(who, &s, &["run", "-C", &ws, "-c", named]);
+        assert_eq!(out.status.code(), Some(0), "{who:?}: {}", describe(&out));
+        let d = s.ws.join("d");
+        assert_eq!(std::fs::metadata(&d).unwrap().mode() & 0o7777, 0o555, "{who:?}");
+        assert_eq!(name_of(&d, "user.x").as_deref(), Some(&b"run"[..]), "{who:?}");
+        let out = txbox(who, &s, &["recover", "-C", &ws]);
+        assert_eq!(out.status.code(), Some(0), "{who:?}: {}", describe(&out));
+        native(who, &s.ws, "chmod 755 d");
+        // The same in a session's later step, beside other work; then the root left without
+        // owner write and with a name of its own: the next step works, and the commit lands.
+        let tx = begin(who, &s);
+        assert_eq!(exec(who, &s, &tx, "echo keep > e/work.txt"), 0);
+        let named = "python3 -c \"import os; os.setxattr('d', 'user.x', b'd')\" && chmod 555 d";
+        assert_eq!(exec(who, &s, &tx, named), 0, "{who:?}");
+        let root = "python3 -c \"import os; os.setxattr('.', 'user.x', b'step')\" && chmod 555 .";
+        assert_eq!(exec(who, &s, &tx, root), 0, "{who:?}");
+        assert_eq!(exec(who, &s, &tx, "test \"$(cat e/work.txt)\" = keep"), 0, "{who:?}: the next step");
+        let out = txbox(who, &s, &["commit", &tx]);
+        assert_eq!(out.status.code(), Some(0), "{who:?}: {}", describe(&out));
+        assert_eq!(std::fs::read_to_string(s.ws.join("e/work.txt")).unwrap(), "keep\n");
+        assert_eq!(std::fs::metadata(&d).unwrap().mode() & 0o7777, 0o555, "{who:?}");
+        assert_eq!(name_of(&d, "user.x").as_deref(), Some(&b"d"[..]), "{who:?}");
+        assert_eq!(std::fs::metadata(&s.ws).unwrap().mode() & 0o7777, 0o555, "{who:?}");
+        assert_eq!(name_of(&s.ws, "user.x").as_deref(), Some(&b"step"[..]), "{who:?}");
+        native(who, &s.ws, "chmod 755 . d");
+    }
+}
+
+/// The workspace root's attributes changed on the host while a session is open are the host's:
+/// a later step sees them, and the commit keeps them, when no step changed the root. Before,
+/// every step copied the root from the first, so the commit put the first step's attributes
+/// back: a `chmod 750` of the workspace made meanwhile was reopened to 755, a name removed,
+/// and the result did not even list the root as changed. A root both sides changed is a
+/// conflict (exit 3, nothing applied).
+#[test]
+fn the_workspace_roots_attributes_changed_meanwhile_are_not_undone() {
+    for who in identities() {
+        let s = Scratch::new("root-meanwhile");
+        if let As::User(uid) = who {
+            s.chown(uid);
+        }
+        std::fs::set_permissions(&s.ws, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let tx = begin(who, &s);
+        assert_eq!(exec(who, &s, &tx, "echo x > new1"), 0);
+        native(who, &s.ws, "chmod 750 .");
+        set_name(who, &s.ws, ".", "user.team", "a");
+        let sees = "test \"$(stat -c %a .)\" = 750 && python3 -c \"import os, sys; \
+                    sys.exit(os.getxattr('.', 'user.team') != b'a')\" && echo y > new2";
+        assert_eq!(exec(who, &s, &tx, sees), 0, "{who:?}: the next step does not see the host's change");
+        // And again after it: the base moved with the workspace root.
+        native(who, &s.ws, "chmod 770 .");
+        assert_eq!(exec(who, &s, &tx, "test \"$(stat -c %a .)\" = 770"), 0, "{who:?}");
+        let out = txbox(who, &s, &["--json", "diff", &tx]);
+        let d: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", describe(&out)));
+        assert_eq!(d["modified"], serde_json::json!([]), "{who:?}: {d}");
+        let out = txbox(who, &s, &["commit", &tx]);
+        assert_eq!(out.status.code(), Some(0), "{who:?}: {}", describe(&out));
+        assert_eq!(std::fs::metadata(&s.ws).unwrap().mode() & 0o7777, 0o770, "{who:?}: the host's mode was undone");
+        assert_eq!(name_of(&s.ws, "user.team").as_deref(), Some(&b"a"[..]), "{who:?}: the host's name was removed");
+        assert!(s.ws.join("new1").exists() && s.ws.join("new2").exists());
+
+        // Both changed the root: refused, nothing applied.
+        let tx = begin(who, &s);
+        assert_eq!(exec(who, &s, &tx, "chmod 700 . && echo z > new3"), 0);
+        assert_eq!(exec(who, &s, &tx, "test \"$(stat -c %a .)\" = 700"), 0, "{who:?}: the step's own change");
+        native(who, &s.ws, "chmod 750 .");
+        let before = digest(&s.ws, &[]);
+        let out = txbox(who, &s, &["--json", "commit", &tx]);
+        assert_eq!(out.status.code(), Some(3), "{who:?}: {}", describe(&out));
+        let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(j["conflicts"], serde_json::json!(["."]), "{who:?}: {j}");
+        assert!(digest(&s.ws, &[]) == before, "{who:?}: a refused commit changed the workspace");
+        assert_eq!(std::fs::metadata(&s.ws).unwrap().mode() & 0o7777, 0o750);
+
+        // The session changed the root and the host did not: the session's change lands.
+        let tx = begin(who, &s);
+        assert_eq!(exec(who, &s, &tx, "chmod 710 ."), 0);
+        assert_eq!(exec(who, &s, &tx, "echo w > new4"), 0);
+        let out = txbox(who, &s, &["commit", &tx]);
+        assert_eq!(out.status.code(), Some(0), "{who:?}: {}", describe(&out));
+        assert_eq!(std::fs::metadata(&s.ws).unwrap().mode() & 0o7777, 0o710, "{who:?}");
+        native(who, &s.ws, "chmod 755 .");
+    }
+}
+
 #[test]
 fn first_committer_wins_and_disjoint_transactions_land() {
     let s = Scratch::new("conflict");

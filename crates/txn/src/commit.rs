@@ -575,12 +575,29 @@ fn copy_dir_meta(ws: &mut Beneath, upper_dir: &Path, rel: &Path, privs: &check::
         rustix::fs::fchown(&fd, Some(rustix::process::Uid::from_raw(uid)), Some(rustix::process::Gid::from_raw(gid)))
             .map_err(|e| io_err("chown dir", rel)(e.into()))?;
     }
+    // The names before the mode: without root, setting a `user.*` name on a directory takes
+    // write permission on it, which the new mode (0555, say) may not give. Where the directory
+    // has no owner write now, it is given it for as long as the names take (this runs after the
+    // commit point, and again in recovery: each order of these calls must succeed whenever the
+    // check before the commit point passed).
+    if plan.xattrs {
+        let now = rustix::fs::fstat(&fd).map_err(|e| io_err("stat dir", rel)(e.into()))?;
+        let lift = now.st_mode & 0o200 == 0 && cur_owner_is_us(&now, privs);
+        let chmod = |mode: u32| {
+            rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(mode))
+                .map_err(|e| io_err("chmod dir", rel)(e.into()))
+        };
+        if lift {
+            chmod((now.st_mode & 0o7777) | 0o200)?;
+        }
+        sync_xattrs(&fd, upper_dir, rel)?;
+        if lift && plan.chmod.is_none() {
+            chmod(now.st_mode & 0o7777)?;
+        }
+    }
     if let Some(mode) = plan.chmod {
         rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(mode))
             .map_err(|e| io_err("chmod dir", rel)(e.into()))?;
-    }
-    if plan.xattrs {
-        sync_xattrs(&fd, upper_dir, rel)?;
     }
     if plan.times {
         let ts = |s: i64, ns: i64| rustix::fs::Timespec { tv_sec: s, tv_nsec: ns as _ };
@@ -589,6 +606,12 @@ fn copy_dir_meta(ws: &mut Beneath, upper_dir: &Path, rel: &Path, privs: &check::
         rustix::fs::futimens(&fd, &times).map_err(|e| io_err("set dir times", rel)(e.into()))?;
     }
     Ok(())
+}
+
+/// Whether this process owns the directory `st` describes (or may act as its owner): then it may
+/// change its mode (a `chmod` the check before the commit point allowed).
+fn cur_owner_is_us(st: &rustix::fs::Stat, privs: &check::Privileges) -> bool {
+    st.st_uid == privs.euid || privs.fowner
 }
 
 /// Make the workspace directory's allowlisted xattrs (`meta::is_committed_name`) those of the

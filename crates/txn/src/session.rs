@@ -65,57 +65,139 @@ pub fn layers(steps: &Path) -> Result<Vec<(u32, PathBuf)>, LayerError> {
     Ok(out)
 }
 
-/// Create the directories of step `n` in `steps`. The upper root mirrors the root as the
-/// steps below show it: the topmost earlier layer's (`below`, which mirrored the one before it
-/// and holds what its step did to the root), or the workspace root's for the first step.
+/// Create the directories of step `n` in `steps`. The upper root mirrors the root as the steps
+/// below show it: the workspace root as it is now while no kept step changed it (the first
+/// step, or a layer `below` whose root is still `base.upper`), else the topmost earlier layer's
+/// (which holds what its step did to the root). Returns the step's directories and, when the
+/// root was mirrored from the workspace, the session's root base from now on.
 pub fn create_step(
     steps: &Path,
     n: u32,
     workspace: &Path,
     below: Option<&Path>,
-) -> Result<(PathBuf, PathBuf), LayerError> {
+    base: Option<&RootBase>,
+) -> Result<(PathBuf, PathBuf, Option<RootBase>), LayerError> {
     let step = steps.join(n.to_string());
     std::fs::DirBuilder::new().mode(0o700).create(&step).map_err(at(&step, "create step"))?;
     let upper = step.join(crate::layout::UPPER);
     let work = step.join(crate::layout::WORK);
-    let root = below.unwrap_or(workspace);
-    let root_md = std::fs::metadata(root).map_err(at(root, "stat the root below"))?;
     std::fs::DirBuilder::new().mode(0o700).create(&upper).map_err(at(&upper, "create upper"))?;
     std::fs::DirBuilder::new().mode(0o700).create(&work).map_err(at(&work, "create work"))?;
-    mirror_root(&upper, root, &root_md).map_err(at(&upper, "mirror the root below"))?;
-    Ok((upper, work))
+    let carried = match (below, base) {
+        (None, _) => None,
+        (Some(b), Some(base)) if root_digest(b, true).map_err(at(b, "read the root below"))? == base.upper => None,
+        // A session from before root bases were kept carries its root as it did then.
+        (Some(b), _) => Some(b),
+    };
+    match carried {
+        Some(b) => {
+            let md = std::fs::symlink_metadata(b).map_err(at(b, "stat the root below"))?;
+            let xattrs = meta::committed_xattrs_of_upper(b).map_err(at(b, "read the root below"))?;
+            mirror_root_as(&upper, &md, &xattrs).map_err(at(&upper, "mirror the root below"))?;
+            Ok((upper, work, None))
+        }
+        None => {
+            let base = mirror_root(&upper, workspace).map_err(at(&upper, "mirror the workspace root"))?;
+            Ok((upper, work, Some(base)))
+        }
+    }
+}
+
+/// Where a transaction's root started: digests ([`root_digest`]) of the workspace root's
+/// attributes when its upper root was made, and of the upper root [`mirror_root`] made of
+/// them. While a layer's root is still `upper`, the transaction has not changed the root, and
+/// a difference from the workspace root is someone else's change (made there meanwhile),
+/// which must neither show in the next step nor be undone by the commit ([`rebase_root`]);
+/// once it has, a workspace root that moved from `workspace` too is a conflict
+/// ([`Fingerprints::conflicts`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RootBase {
+    pub workspace: [u8; 32],
+    pub upper: [u8; 32],
+}
+
+/// A digest of a directory's own attributes as a commit compares them: mode, owner, group and
+/// the extended attributes a commit carries (`layer`: of a layer's directory, overlay's own
+/// names left out; else of the workspace's).
+pub fn root_digest(dir: &Path, layer: bool) -> io::Result<[u8; 32]> {
+    let md = std::fs::symlink_metadata(dir)?;
+    let xattrs = if layer { meta::committed_xattrs_of_upper(dir)? } else { meta::committed_xattrs_of_lower(dir)? };
+    Ok(digest_of(&md, &xattrs))
+}
+
+fn digest_of(md: &std::fs::Metadata, xattrs: &[(std::ffi::OsString, Vec<u8>)]) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    use std::os::unix::ffi::OsStrExt;
+    let mut h = Sha256::new();
+    h.update(format!("mode {:o} uid {} gid {}\n", md.mode() & 0o7777, md.uid(), md.gid()));
+    for (name, value) in xattrs {
+        h.update((name.len() as u64).to_le_bytes());
+        h.update(name.as_bytes());
+        h.update((value.len() as u64).to_le_bytes());
+        h.update(value);
+    }
+    h.finalize().into()
 }
 
 /// Give an upper root (fresh, or a spare an earlier run left, possibly for another workspace)
-/// the workspace root's mode, owner and times: overlay shows the upper root's attributes as
-/// the merged root's, and an untouched root must not look changed (nor be chowned at commit).
-/// Without root the owner stays ours, and the group is the workspace's only if this process is
-/// in it; `check::root_owner_changed` tells such a difference from a command's. The extended
-/// attributes a commit carries (`user.*`, POSIX ACLs) are mirrored too: the root's own would
-/// otherwise look removed, and the first commit would remove them from the workspace.
-pub fn mirror_root(upper: &Path, workspace: &Path, ws_md: &std::fs::Metadata) -> io::Result<()> {
-    set_dir_attrs(ws_md, upper)?;
-    mirror_xattrs(upper, workspace)?;
+/// the workspace root's mode, owner, times and the extended attributes a commit carries
+/// (`user.*`, POSIX ACLs): overlay shows the upper root's attributes as the merged root's, and
+/// an untouched root must not look changed (nor be chowned at commit, nor lose its names).
+/// Without `CAP_CHOWN` the owner stays ours, and the group is the workspace's if this process
+/// is in it, else ours; `check::root_owner_changed` tells such a difference from a command's.
+/// Returns the transaction's [`RootBase`].
+pub fn mirror_root(upper: &Path, workspace: &Path) -> io::Result<RootBase> {
+    let ws_md = std::fs::metadata(workspace)?;
+    let xattrs = meta::committed_xattrs_of_lower(workspace)?;
+    mirror_root_as(upper, &ws_md, &xattrs)?;
+    Ok(RootBase { workspace: digest_of(&ws_md, &xattrs), upper: root_digest(upper, true)? })
+}
+
+/// [`mirror_root`] from attributes read already (`md`, `xattrs`).
+fn mirror_root_as(upper: &Path, md: &std::fs::Metadata, xattrs: &[(std::ffi::OsString, Vec<u8>)]) -> io::Result<()> {
+    apply_dir_attrs(upper, md, xattrs)?;
     let up = std::fs::symlink_metadata(upper)?;
-    if (up.uid(), up.gid()) == (ws_md.uid(), ws_md.gid()) {
+    let p = crate::check::Privileges::current();
+    if p.chown {
+        if (up.uid(), up.gid()) != (md.uid(), md.gid()) {
+            std::os::unix::fs::lchown(upper, Some(md.uid()), Some(md.gid()))?;
+        }
         return Ok(());
     }
-    if rustix::process::geteuid().is_root() {
-        return std::os::unix::fs::lchown(upper, Some(ws_md.uid()), Some(ws_md.gid()));
-    }
-    if up.gid() != ws_md.gid() && crate::check::member_groups().contains(&ws_md.gid()) {
-        // A filesystem that refuses it leaves the root looking changed, as before: not a
-        // reason to refuse the run.
-        let _ = std::os::unix::fs::lchown(upper, None, Some(ws_md.gid()));
+    // What `check::root_owner_changed` expects of a root nobody changed. A filesystem that
+    // refuses it leaves the root looking changed: not a reason to refuse the run.
+    let gid = if crate::check::member_groups().contains(&md.gid()) { md.gid() } else { p.egid };
+    if up.gid() != gid {
+        let _ = std::os::unix::fs::lchown(upper, None, Some(gid));
     }
     Ok(())
 }
 
-/// Give `upper` exactly the extended attributes of `root` (the workspace root, or an earlier
-/// layer's upper root) that a commit carries: those it lacks, and none of its own (a spare kept
-/// from another workspace's run may have some).
-fn mirror_xattrs(upper: &Path, root: &Path) -> io::Result<()> {
-    sync_xattrs(upper, &meta::committed_xattrs_of_lower(root)?)
+/// At a session's commit (or `diff`): a root the session never changed (`base.upper` still)
+/// gets the workspace root's mode, owner and names as they are now, its times kept, so that a
+/// change made to the workspace root meanwhile is not undone. Without a base (a session from
+/// before bases were kept) nothing changes.
+pub fn rebase_root(upper: &Path, workspace: &Path, base: Option<&RootBase>) -> Result<(), LayerError> {
+    let Some(base) = base else { return Ok(()) };
+    if root_digest(upper, true).map_err(at(upper, "read the upper root"))? != base.upper {
+        return Ok(());
+    }
+    let md = std::fs::symlink_metadata(upper).map_err(at(upper, "stat the upper root"))?;
+    mirror_root(upper, workspace).map_err(at(upper, "mirror the workspace root"))?;
+    set_times(&md, upper).map_err(at(upper, "keep the upper root's times"))
+}
+
+/// Give directory `to` the mode and times `md` records and exactly the committed extended
+/// attributes `xattrs`, in an order an ordinary user can: the names while `to` is still
+/// writable by its owner (setting a `user.*` name on a directory needs write permission, which
+/// a mode like 0555 takes away), then the mode, then the times.
+fn apply_dir_attrs(to: &Path, md: &std::fs::Metadata, xattrs: &[(std::ffi::OsString, Vec<u8>)]) -> io::Result<()> {
+    let now = std::fs::symlink_metadata(to)?;
+    if now.mode() & 0o200 == 0 {
+        std::fs::set_permissions(to, std::fs::Permissions::from_mode((now.mode() & 0o7777) | 0o200))?;
+    }
+    sync_xattrs(to, xattrs)?;
+    set_dir_attrs(md, to)
 }
 
 /// Make the committed extended attributes of `dir` (a layer's directory) exactly `want`.
@@ -179,13 +261,28 @@ fn squash_dir(bottom: &Path, top: &Path, rel: &Path) -> Result<(), LayerError> {
         if bmd.is_some() {
             remove_tree(&b)?;
         }
-        std::fs::rename(&t, &b).map_err(at(&t, "move into lower layer"))?;
+        move_down(&t, &b, &tmd).map_err(at(&t, "move into lower layer"))?;
         // A plain directory over a whiteout (or a file) in the layer below hid everything
         // beneath it; now that it sits directly on the workspace it must say so itself.
         if tmd.is_dir() && bmd.is_some() {
             rustix::fs::lsetxattr(b.as_path(), "user.overlay.opaque", b"y", rustix::fs::XattrFlags::empty())
                 .map_err(|e| at(&b, "mark opaque")(e.into()))?;
         }
+    }
+    Ok(())
+}
+
+/// Rename `t` (of the layer above, whose metadata is `tmd`) to `b` (in the layer below). A
+/// directory changes parent, which takes write permission on it (its `..` entry changes): one
+/// without owner write (a command's `chmod 555 d`) gets it for the move, then its mode back.
+fn move_down(t: &Path, b: &Path, tmd: &std::fs::Metadata) -> io::Result<()> {
+    let lift = tmd.is_dir() && tmd.mode() & 0o200 == 0 && tmd.uid() == rustix::process::geteuid().as_raw();
+    if lift {
+        std::fs::set_permissions(t, std::fs::Permissions::from_mode((tmd.mode() & 0o7777) | 0o200))?;
+    }
+    std::fs::rename(t, b)?;
+    if lift {
+        std::fs::set_permissions(b, std::fs::Permissions::from_mode(tmd.mode() & 0o7777))?;
     }
     Ok(())
 }
@@ -199,8 +296,7 @@ fn copy_dir_attrs(from: &Path, to: &Path) -> io::Result<()> {
     if (md.uid(), md.gid()) != (to_md.uid(), to_md.gid()) {
         std::os::unix::fs::lchown(to, Some(md.uid()), Some(md.gid()))?;
     }
-    set_dir_attrs(&md, to)?;
-    sync_xattrs(to, &meta::committed_xattrs_of_upper(from)?)
+    apply_dir_attrs(to, &md, &meta::committed_xattrs_of_upper(from)?)
 }
 
 /// Copy a layer as hard links (files, symlinks and whiteouts share inodes; directories are new
@@ -230,6 +326,11 @@ pub fn link_copy(src: &Path, dst: &Path) -> Result<(), LayerError> {
 /// Give directory `to` the mode and times recorded in `md`.
 fn set_dir_attrs(md: &std::fs::Metadata, to: &Path) -> io::Result<()> {
     std::fs::set_permissions(to, std::fs::Permissions::from_mode(md.mode() & 0o7777))?;
+    set_times(md, to)
+}
+
+/// Give `to` the access and modification times recorded in `md`.
+fn set_times(md: &std::fs::Metadata, to: &Path) -> io::Result<()> {
     let ts = |s: i64, ns: i64| rustix::fs::Timespec { tv_sec: s, tv_nsec: ns as _ };
     let times = rustix::fs::Timestamps {
         last_access: ts(md.atime(), md.atime_nsec()),
@@ -308,6 +409,18 @@ impl Fingerprint {
     }
 }
 
+/// A digest as [`Fingerprints::render`] writes it.
+fn digest_from_hex(h: &str) -> Option<[u8; 32]> {
+    if h.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(h.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
 /// The base fingerprints of a transaction: path → what the workspace held there.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Fingerprints {
@@ -315,12 +428,17 @@ pub struct Fingerprints {
     /// The last step whose layer was fingerprinted: a kept layer above it (a step cut short
     /// between keeping its layer and saving these) has paths without a base.
     pub covers: u32,
+    /// The root's base (None: a transaction from before it was kept).
+    pub root: Option<RootBase>,
 }
 
 impl Fingerprints {
     /// The text stored (sealed) by `StateDir::save_fingerprints`.
     pub fn render(&self) -> String {
         let mut text = format!("covers {}\n", self.covers);
+        if let Some(r) = &self.root {
+            text.push_str(&format!("root {} {}\n", crate::hex::hex(&r.workspace), crate::hex::hex(&r.upper)));
+        }
         for (p, fp) in &self.paths {
             text.push_str(&format!("{} {}\n", path_to_hex(p), fp.render()));
         }
@@ -333,11 +451,19 @@ impl Fingerprints {
         let mut lines = text.lines();
         let covers = lines.next()?.strip_prefix("covers ")?.parse().ok()?;
         let mut paths = BTreeMap::new();
+        let mut root = None;
+        let mut lines = lines.peekable();
+        // A path line starts with hex digits: "root" cannot be one.
+        if let Some(r) = lines.peek().and_then(|l| l.strip_prefix("root ")) {
+            let (w, u) = r.split_once(' ')?;
+            root = Some(RootBase { workspace: digest_from_hex(w)?, upper: digest_from_hex(u)? });
+            lines.next();
+        }
         for line in lines {
             let (h, rest) = line.split_once(' ')?;
             paths.insert(path_from_hex(h)?, Fingerprint::parse(rest)?);
         }
-        Some(Fingerprints { paths, covers })
+        Some(Fingerprints { paths, covers, root })
     }
 
     /// Refuse to commit `layers` if one of them was kept without its fingerprints.
@@ -382,11 +508,21 @@ impl Fingerprints {
         Ok(())
     }
 
-    /// Paths of the change set whose workspace object changed since the base.
+    /// Paths of the change set whose workspace object changed since the base; the root when
+    /// the transaction changed its attributes and the workspace root's changed since its base
+    /// too (a root it did not change was [`rebase_root`]d: no change of it is in `cs`).
     pub fn conflicts(&self, cs: &ChangeSet, workspace: &Path) -> Result<Vec<PathBuf>, LayerError> {
         let mut out = Vec::new();
         for c in &cs.changes {
-            if matches!(c.op, ChangeOp::DirMeta { .. }) {
+            if let ChangeOp::DirMeta { visible } = c.op {
+                if let (true, true, Some(base)) = (visible, c.path.as_os_str().is_empty(), &self.root) {
+                    if root_digest(workspace, false).map_err(at(workspace, "read the workspace root"))?
+                        != base.workspace
+                    {
+                        // Named as a path: the workspace root itself.
+                        out.push(PathBuf::from("."));
+                    }
+                }
                 continue;
             }
             let Some(base) = self.paths.get(&c.path) else { continue };
@@ -441,6 +577,16 @@ mod tests {
         fps.paths.insert(PathBuf::from("gone"), Fingerprint::Absent);
         assert_eq!(Fingerprints::parse(&fps.render()), Some(fps.clone()));
         assert!(Fingerprints::parse("covers 1\nzz absent\n").is_none());
+        // With the root's base, which no path line can be mistaken for.
+        let with_root = Fingerprints { root: Some(RootBase { workspace: [7; 32], upper: [0xab; 32] }), ..fps.clone() };
+        assert!(with_root.render().lines().nth(1).is_some_and(|l| l.starts_with("root ")));
+        assert_eq!(Fingerprints::parse(&with_root.render()), Some(with_root.clone()));
+        assert!(Fingerprints::parse("covers 1\nroot 00 11\n").is_none());
+        // A root line only right after `covers`.
+        let late = format!("covers 1\n{}", with_root.render().lines().skip(1).collect::<Vec<_>>().join("\n"));
+        assert!(Fingerprints::parse(&late).is_some());
+        let misplaced = format!("{}\nroot {} {}\n", fps.render().trim_end(), "0".repeat(64), "0".repeat(64));
+        assert!(Fingerprints::parse(&misplaced).is_none());
         // Kept layers above what the fingerprints cover are refused.
         assert!(fps.check_covers(&[(1, d.clone()), (3, d.clone())]).is_ok());
         assert!(fps.check_covers(&[(4, d.clone())]).is_err());

@@ -17,7 +17,7 @@ use std::fs::File;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -1313,6 +1313,8 @@ pub struct TxDir {
     pub upper: PathBuf,
     pub work: PathBuf,
     pub trash: PathBuf,
+    /// Where its root started (`session::mirror_root`): a held run keeps it.
+    pub root_base: crate::session::RootBase,
     _owner: Lock,
 }
 
@@ -1411,16 +1413,17 @@ impl TxDir {
             &TxMeta { workspace: workspace.to_path_buf(), kind, name: None, strict_since: None },
             false,
         )?;
-        let ws_md = std::fs::metadata(workspace).map_err(at(workspace, "stat workspace"))?;
         if !reused {
-            std::fs::DirBuilder::new().mode(ws_md.mode() & 0o7777).create(&upper).map_err(at(&upper, "create"))?;
+            // Writable by us until its attributes are the workspace root's (a `user.*` name
+            // cannot be set on a directory of mode 0555 without root).
+            std::fs::DirBuilder::new().mode(0o700).create(&upper).map_err(at(&upper, "create"))?;
             std::fs::DirBuilder::new().mode(0o700).create(&work).map_err(at(&work, "create"))?;
         }
-        // Mode (exactly: DirBuilder's is filtered by the umask), times, owner and extended
-        // attributes of the workspace root, so an untouched root is not a change.
-        crate::session::mirror_root(&upper, workspace, &ws_md).map_err(at(&upper, "mirror workspace root"))?;
+        // Mode, times, owner and extended attributes of the workspace root, so an untouched
+        // root is not a change.
+        let root_base = crate::session::mirror_root(&upper, workspace).map_err(at(&upper, "mirror workspace root"))?;
         let trash = dir.join(layout::TRASH);
-        Ok(TxDir { id, dir, upper, work, trash, _owner: owner })
+        Ok(TxDir { id, dir, upper, work, trash, root_base, _owner: owner })
     }
 }
 

@@ -3,6 +3,7 @@ use super::*;
 use crate::journal::JournalStep;
 use crate::plan::Step;
 use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt;
 
 type R = Result<(), Box<dyn std::error::Error>>;
 
