@@ -306,9 +306,11 @@ impl Foreign {
 /// At most this many entries of a workspace are looked at by `doctor -C`.
 const OWNERSHIP_BOUND: usize = 200_000;
 
-/// The workspace's entries (not following symlinks), up to [`OWNERSHIP_BOUND`], relative to it.
-fn entries(ws: &Path) -> impl Iterator<Item = (PathBuf, u32, u32)> + '_ {
+/// The workspace's entries (not following symlinks, not crossing into another filesystem), up
+/// to [`OWNERSHIP_BOUND`], relative to it; and whether the bound cut the walk short.
+fn entries(ws: &Path) -> (Vec<(PathBuf, u32, u32)>, bool) {
     use std::os::unix::fs::MetadataExt;
+    let dev = std::fs::symlink_metadata(ws).map(|m| m.dev()).ok();
     let mut todo = vec![ws.to_path_buf()];
     let mut out = Vec::new();
     while let Some(d) = todo.pop() {
@@ -316,42 +318,61 @@ fn entries(ws: &Path) -> impl Iterator<Item = (PathBuf, u32, u32)> + '_ {
         for e in rd.flatten() {
             let Ok(md) = e.metadata() else { continue };
             let p = e.path();
-            if md.is_dir() {
+            // A mount inside (a network or FUSE filesystem, a large bind mount) is not walked.
+            if md.is_dir() && Some(md.dev()) == dev {
                 todo.push(p.clone());
             }
             out.push((p.strip_prefix(ws).map(Path::to_path_buf).unwrap_or(p), md.uid(), md.gid()));
             if out.len() >= OWNERSHIP_BOUND {
-                return out.into_iter();
+                return (out, true);
             }
         }
     }
-    out.into_iter()
+    (out, false)
 }
 
 /// `doctor -C DIR` as an unprivileged caller: whether the workspace holds objects its sandbox
 /// cannot change. None for root, whose sandbox maps every owner.
 fn ownership_check(ws: &Path) -> Option<Check> {
+    use std::os::unix::fs::MetadataExt;
     let (euid, egid) = (rustix::process::geteuid(), rustix::process::getegid());
     if euid.is_root() {
         return None;
     }
-    let f = Foreign::tally(entries(ws), euid.as_raw(), egid.as_raw());
+    let (all, cut) = entries(ws);
+    let f = Foreign::tally(all.into_iter(), euid.as_raw(), egid.as_raw());
     let ok = f.owner == 0 && f.group == 0;
-    let detail = if ok {
-        format!("{} entries, all yours in your group", f.looked)
+    let looked = if cut {
+        format!("the first {} entries (the walk stops there)", f.looked)
     } else {
-        let first: Vec<String> = f.first.iter().map(|p| p.display().to_string()).collect();
+        format!("{} entries", f.looked)
+    };
+    let detail = if ok {
+        format!("{looked}, all yours in your group")
+    } else {
+        let first: Vec<String> =
+            f.first.iter().map(|p| txbox::render::printable(&p.to_string_lossy()).into_owned()).collect();
         format!(
-            "of {} entries, {} belong to another user and {} to another group (e.g. {}): a command cannot \
+            "of {looked}, {} belong to another user and {} to another group (e.g. {}): a command cannot \
              change them in an unprivileged sandbox (EOVERFLOW, \"Value too large for defined data type\")",
-            f.looked,
             f.owner,
             f.group,
             first.join(", ")
         )
     };
     let fix = (!ok).then(|| {
-        let mut fix = format!("chgrp -R {} {}", egid.as_raw(), ws.display());
+        let quoted = crate::hook::quote(&txbox::render::printable(&ws.to_string_lossy()));
+        // A shared project directory (setgid, in a group of the caller's): its files are meant
+        // to be in that group, and taking them out of it would lock the team out.
+        let root_gid = std::fs::metadata(ws).map(|m| m.gid()).ok();
+        let shared = std::fs::metadata(ws).is_ok_and(|m| m.mode() & 0o2000 != 0)
+            && root_gid.is_some_and(|g| g != egid.as_raw() && txbox_txn::check::member_groups().contains(&g));
+        let mut fix = match root_gid.filter(|_| shared) {
+            Some(g) => {
+                format!("run txbox with the project's group as your own (`sg {g} -c 'txbox …'` or `newgrp {g}`)")
+            }
+            None => format!("chgrp -R -- {} {quoted}", egid.as_raw()),
+        };
         if f.owner > 0 {
             fix.push_str("; objects of other users need their owner changed (chown, as root) or txbox run as root");
         }

@@ -460,7 +460,7 @@ fn objects_of_another_user_cannot_be_written_through_an_unprivileged_sandbox() {
         check["detail"].as_str().is_some_and(|t| t.contains("3 belong to another user and 1 to another group")),
         "{check}"
     );
-    assert!(check["fix"].as_str().is_some_and(|t| t.starts_with(&format!("chgrp -R {uid} "))), "{check}");
+    assert!(check["fix"].as_str().is_some_and(|t| t.starts_with(&format!("chgrp -R -- {uid} "))), "{check}");
     for script in [
         "echo mine2 > mine; echo new > shared/f",
         "echo mine2 > mine; echo more >> shared/grp",
