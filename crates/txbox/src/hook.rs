@@ -2,7 +2,7 @@
 //! hook format). Reads the hook's event on stdin and answers with the call rewritten into
 //!
 //! ```text
-//! TXBOX_WORKSPACE=<workspace> <this txbox> sh -c '<the command the model asked for>'
+//! TXBOX_WORKSPACE=<workspace> <this txbox> sh -c -- '<the command the model asked for>'
 //! ```
 //!
 //! (`hookSpecificOutput.updatedInput`, every other field of the tool's input kept), so the
@@ -68,7 +68,8 @@ pub fn rewrite(event: &Value, setting: &Setting<'_>) -> Result<Value, HookError>
         .filter(|w| !w.is_empty())
         .or_else(|| event.get("cwd").and_then(Value::as_str).filter(|w| !w.is_empty()))
         .ok_or(HookError::NoWorkspace)?;
-    let wrapped = format!("TXBOX_WORKSPACE={} {} sh -c {}", quote(workspace), quote(setting.txbox), quote(command));
+    // `--`: a command that starts with `-` is the script all the same, as the Bash tool runs it.
+    let wrapped = format!("TXBOX_WORKSPACE={} {} sh -c -- {}", quote(workspace), quote(setting.txbox), quote(command));
     let mut updated = input.clone();
     updated.insert("command".into(), Value::String(wrapped));
     Ok(json!({
@@ -162,7 +163,7 @@ mod tests {
         assert_eq!(out["permissionDecision"], "allow");
         assert_eq!(
             out["updatedInput"]["command"],
-            "TXBOX_WORKSPACE=/home/u/project /usr/local/bin/txbox sh -c 'make test'"
+            "TXBOX_WORKSPACE=/home/u/project /usr/local/bin/txbox sh -c -- 'make test'"
         );
         assert_eq!(out["updatedInput"]["description"], "d");
         assert_eq!(out["updatedInput"]["timeout"], 120000);

@@ -732,7 +732,7 @@ fn claude_code_hook_routes_bash_through_txbox() {
             );
             assert_eq!(o["updatedInput"]["description"], "a step", "other tool input must be kept: {v}");
             let wrapped = o["updatedInput"]["command"].as_str().unwrap();
-            assert!(wrapped.contains(&format!(" {} sh -c ", binary().display())), "{wrapped}");
+            assert!(wrapped.contains(&format!(" {} sh -c -- ", binary().display())), "{wrapped}");
             Command::new("bash")
                 .arg("-c")
                 .arg(wrapped)
@@ -754,6 +754,11 @@ fn claude_code_hook_routes_bash_through_txbox() {
         let out = bash_tool(hostile);
         assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
         assert_eq!(std::fs::read_to_string(s.ws.join("q.txt")).unwrap(), "sub\n$(not run)\n'\nline2\n");
+        // A command that starts with `-` is a command, not options of the shell.
+        let out = bash_tool("-e 2>/dev/null; echo dash > dash.txt");
+        assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+        assert_eq!(std::fs::read_to_string(s.ws.join("dash.txt")).unwrap(), "dash\n");
+        std::fs::remove_file(s.ws.join("dash.txt")).unwrap();
         let out = bash_tool("echo x > b.txt; rm a.txt; exit 3");
         assert_eq!(out.status.code(), Some(3), "{}", describe(&out));
         assert!(s.ws.join("a.txt").exists() && !s.ws.join("b.txt").exists(), "the failed command was not rolled back");
