@@ -661,3 +661,42 @@ fn retired_directories_stay_bounded_under_sustained_load() {
         }
     }
 }
+
+/// A run that left nothing in its directory hands it to the next run (`.spare-N`), as an
+/// ordinary user too. Overlayfs leaves its own `work/work` at mode 0000, which only root can
+/// list: until the user's runs gave themselves read access to it, no unprivileged run ever
+/// left a spare, and each created its directories and retired them to be deleted (0.5–1 ms per
+/// run, docs/BENCHMARKS.md).
+#[test]
+fn finished_runs_hand_their_directory_to_the_next_as_any_user() {
+    for who in identities() {
+        let s = Scratch::for_who(who, "spare");
+        std::fs::write(s.ws.join("f"), "a\n").unwrap();
+        if let As::User(uid) = who {
+            s.chown(uid);
+        }
+        let ws = s.ws.to_str().unwrap().to_string();
+        let names = |d: &str| -> Vec<String> {
+            std::fs::read_dir(s.state.join(d))
+                .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+                .unwrap_or_default()
+        };
+        for _ in 0..3 {
+            let out = txbox(who, &s, &["run", "-C", &ws, "--", "cat", "f"]);
+            assert_eq!(out.status.code(), Some(0), "{who:?}: {}", describe(&out));
+            // The warm server lets a run's view go once idle (5 ms); the next run may then take it.
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let tx = names("tx");
+        assert!(tx.iter().any(|n| n.starts_with(".spare-")), "{who:?}: no spare left in tx/: {tx:?}");
+        assert!(
+            names("gone").is_empty(),
+            "{who:?}: runs that wrote nothing retired their directories: {:?}",
+            names("gone")
+        );
+        // A run in a directory taken over works as in a new one, and commits.
+        let out = txbox(who, &s, &["run", "-C", &ws, "-c", "echo b >> f"]);
+        assert_eq!(out.status.code(), Some(0), "{who:?}: {}", describe(&out));
+        assert_eq!(std::fs::read_to_string(s.ws.join("f")).unwrap(), "a\nb\n");
+    }
+}

@@ -1289,12 +1289,31 @@ fn reusable(dir: &Path) -> bool {
     let work = dir.join(layout::WORK);
     let clean_work = match names(&work) {
         Some(n) if n.is_empty() => true,
-        Some(n) if n == ["work"] => names(&work.join("work")).is_some_and(|w| w.is_empty()),
+        Some(n) if n == ["work"] => {
+            // overlayfs makes its own `work` mode 0000: without root it cannot be listed until
+            // its owner (this user, in a user namespace's mount) gives itself read access; the
+            // next mount replaces it anyway.
+            let inner = work.join("work");
+            names(&inner)
+                .or_else(|| readable_by_owner(&inner).then(|| names(&inner)).flatten())
+                .is_some_and(|w| w.is_empty())
+        }
         _ => false,
     };
     let real_dirs =
         [layout::UPPER, layout::WORK].iter().all(|d| std::fs::symlink_metadata(dir.join(d)).is_ok_and(|m| m.is_dir()));
     empty_upper && clean_work && real_dirs
+}
+
+/// Give a directory of this user's that its owner cannot read (overlayfs's `work/work`, 0000)
+/// read and search permission for its owner; false if it is not such a directory.
+fn readable_by_owner(dir: &Path) -> bool {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    let Ok(md) = std::fs::symlink_metadata(dir) else { return false };
+    md.is_dir()
+        && md.uid() == rustix::process::geteuid().as_raw()
+        && md.mode() & 0o500 != 0o500
+        && std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).is_ok()
 }
 
 /// A transaction recovery retired: its process was gone and it had no commit record.
