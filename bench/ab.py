@@ -5,6 +5,7 @@
     bench/ab.py --shell 'echo $RANDOM > f' before=/path/to/old/txbox after=target/release/txbox
     bench/ab.py --file f2 --shell 'cat f2' before=/path/to/old/txbox after=target/release/txbox
     bench/ab.py --env off:TXBOX_RETAIN_COUNT=0 on=target/release/txbox off=target/release/txbox
+    bench/ab.py --user txbox-test before=/path/to/old/txbox after=target/release/txbox   # unprivileged
 
 Each variant gets its own scratch workspace and state directory (`--state-dir`; a variant named
 `NAME:default` uses the default state directory instead, with HOME set to a scratch home), one
@@ -31,8 +32,16 @@ def main():
     ap.add_argument("--file", action="append", default=[], help="a small file put in each workspace first (repeatable)")
     ap.add_argument("--env", action="append", default=[], metavar="NAME:VAR=VALUE",
                     help="set VAR for variant NAME only (repeatable): one binary, two settings")
+    ap.add_argument("--user", help="run every variant as this user (through setpriv; the scratch "
+                    "areas are given to it; needs root): the unprivileged, user-namespace mode")
     args = ap.parse_args()
     root = tempfile.mkdtemp(prefix="txbox-ab-", dir="/var/tmp")
+    os.chmod(root, 0o755)
+    as_user = []
+    if args.user:
+        import pwd
+        pw = pwd.getpwnam(args.user)
+        as_user = ["setpriv", f"--reuid={pw.pw_uid}", f"--regid={pw.pw_gid}", "--clear-groups", "--"]
     variants = []
     for spec in args.variants:
         name, binary = spec.split("=", 1)
@@ -52,7 +61,9 @@ def main():
             if who == name:
                 var, value = assignment.split("=", 1)
                 env[var] = value
-        argv = [os.path.abspath(binary)]
+        if args.user:
+            subprocess.run(["chown", "-R", f"{pw.pw_uid}:{pw.pw_gid}", d], check=True)
+        argv = as_user + [os.path.abspath(binary)]
         if not default:
             argv += ["--state-dir", os.path.join(d, "state")]
         argv += ["run", "-C", os.path.join(d, "ws")]
