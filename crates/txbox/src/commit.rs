@@ -199,8 +199,8 @@ pub(crate) enum Base<'a> {
     /// that touched one of our paths (or an ancestor or descendant of one) is a conflict.
     Generation(u64),
     /// A session: what each path held when a step first touched it (also catches edits made
-    /// outside txbox).
-    Fingerprints(&'a Fingerprints),
+    /// outside txbox), and the root's base for its top step (`Fingerprints::root_of`).
+    Fingerprints(&'a Fingerprints, Option<txbox_txn::session::RootBase>),
 }
 
 fn overlapping(ours: &[PathBuf], theirs: &[PathBuf]) -> Vec<PathBuf> {
@@ -265,7 +265,7 @@ pub(crate) fn commit_upper(
         Base::Generation(g) => {
             overlapping(&ours, &env.state.commits_since(&env.workspace, g).map_err(|e| other(&e))?.1)
         }
-        Base::Fingerprints(f) => f.conflicts(&cs, &env.workspace).map_err(|e| other(&e))?,
+        Base::Fingerprints(f, root) => f.conflicts(&cs, &env.workspace, root.as_ref()).map_err(|e| other(&e))?,
     };
     paths.retain(|p| !in_kept(p));
     paths.sort();
@@ -290,7 +290,8 @@ pub(crate) fn commit_upper(
     if !holds.iter().all(approved) {
         // A run keeps its base from now on as a session does: what each path holds now.
         let fps = if run_base && !t.kept_only {
-            let mut fps = Fingerprints { root: t.root_base, ..Fingerprints::default() };
+            let mut fps = Fingerprints::default();
+            fps.roots.extend(t.root_base.map(|b| (1, b)));
             fps.record_layer(1, t.upper, &env.workspace).map_err(|e| other(&e))?;
             Some(fps)
         } else {

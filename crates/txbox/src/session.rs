@@ -113,7 +113,9 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
         Some(_) => state.load_fingerprints(&req.tx)?,
         None => Fingerprints::default(),
     };
-    let (upper, work, root_base) = session::create_step(&steps, n, &env.workspace, below, fps.root.as_ref())?;
+    let base = fps.root_of(&layers);
+    let kept: Vec<u32> = layers.iter().map(|(m, _)| *m).collect();
+    let (upper, work, root_base) = session::create_step(&steps, n, &env.workspace, below, base.as_ref())?;
     let lower: Vec<PathBuf> = layers.iter().rev().map(|(_, p)| p.clone()).collect();
     let layers = Layers { lower, upper: &upper, work: &work };
     let limits = crate::limits::with_defaults(&limits, &env.workspace);
@@ -139,8 +141,10 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
             fps = Fingerprints::default();
         }
         fps.record_layer(n, &upper, &env.workspace)?;
-        if root_base.is_some() {
-            fps.root = root_base;
+        // Only the kept steps' bases, and this one's.
+        fps.roots.retain(|k, _| kept.contains(k));
+        if let Some(b) = root_base {
+            fps.roots.insert(n, b);
         }
         state.save_fingerprints(&req.tx, &fps)?;
         r.outcome = Outcome::Pending;
@@ -240,9 +244,10 @@ fn commit_as(state: &StateDir, tx: &str, policy: &Policy, approving: bool) -> Re
     let mut auditor = CommitAudit::new(&env, &command, &r, started);
     let mut hook = CrashHook::from_env();
     let mut retention = None;
+    let root = fps.root_of(&layers);
     if let Some(upper) = squash(&layers)? {
         // A root no step changed takes the workspace root's attributes as they are now.
-        session::rebase_root(&upper, &env.workspace, fps.root.as_ref())?;
+        session::rebase_root(&upper, &env.workspace, root.as_ref())?;
         let trash = tx_dir.join(txbox_txn::layout::TRASH);
         let target = Target {
             id: tx,
@@ -259,7 +264,7 @@ fn commit_as(state: &StateDir, tx: &str, policy: &Policy, approving: bool) -> Re
         };
         let settled = settle(
             &mut r,
-            commit_upper(&env, &target, Base::Fingerprints(&fps), meta.strict_since, &mut auditor, &mut hook),
+            commit_upper(&env, &target, Base::Fingerprints(&fps, root), meta.strict_since, &mut auditor, &mut hook),
         );
         retention = Some(settled.retention).filter(|r| r.retained);
     }
@@ -338,18 +343,16 @@ pub fn with_diff<T>(
         .map_err(|e| EngineError::Internal(format!("creating {}: {e}", scratch.display())))?;
     let result = (|| {
         let mut copies = Vec::new();
-        for (n, upper) in session::layers(&state.steps_root(tx, &env.workspace)?)? {
+        let layers = session::layers(&state.steps_root(tx, &env.workspace)?)?;
+        // As at commit: a root no step changed is the workspace root as it is now.
+        let root = state.load_fingerprints(tx).ok().and_then(|fps| fps.root_of(&layers));
+        for (n, upper) in layers {
             let dst = scratch.join(n.to_string());
             session::link_copy(&upper, &dst)?;
             copies.push((n, dst));
         }
         let squashed = squash(&copies)?;
         if let Some(upper) = &squashed {
-            // As at commit: a root no step changed is the workspace root as it is now.
-            let root = match state.load_fingerprints(tx) {
-                Ok(fps) => fps.root,
-                Err(_) => None,
-            };
             session::rebase_root(upper, &env.workspace, root.as_ref())?;
         }
         let cs = match squashed {

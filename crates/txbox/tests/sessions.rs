@@ -205,7 +205,23 @@ fn the_workspace_roots_attributes_changed_meanwhile_are_not_undone() {
         assert_eq!(name_of(&s.ws, "user.team").as_deref(), Some(&b"a"[..]), "{who:?}: the host's name was removed");
         assert!(s.ws.join("new1").exists() && s.ws.join("new2").exists());
 
+        // Back to a savepoint from before the host's change: the steps after it see the
+        // workspace root as it is, and the commit keeps it (the base in effect for that step).
+        native(who, &s.ws, "chmod 755 .");
+        let tx = begin(who, &s);
+        assert_eq!(exec(who, &s, &tx, "echo a > a1"), 0);
+        native(who, &s.ws, "chmod 750 .");
+        assert_eq!(exec(who, &s, &tx, "echo b > b1"), 0);
+        let out = txbox(who, &s, &["rollback", &tx, "--to", "1"]);
+        assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+        assert_eq!(exec(who, &s, &tx, "test \"$(stat -c %a .)\" = 750 && echo c > c1"), 0, "{who:?}");
+        let out = txbox(who, &s, &["commit", &tx]);
+        assert_eq!(out.status.code(), Some(0), "{who:?}: {}", describe(&out));
+        assert_eq!(std::fs::metadata(&s.ws).unwrap().mode() & 0o7777, 0o750, "{who:?}: undone after rollback --to");
+        assert!(s.ws.join("a1").exists() && !s.ws.join("b1").exists() && s.ws.join("c1").exists());
+
         // Both changed the root: refused, nothing applied.
+        native(who, &s.ws, "chmod 755 .");
         let tx = begin(who, &s);
         assert_eq!(exec(who, &s, &tx, "chmod 700 . && echo z > new3"), 0);
         assert_eq!(exec(who, &s, &tx, "test \"$(stat -c %a .)\" = 700"), 0, "{who:?}: the step's own change");

@@ -67,9 +67,11 @@ pub fn layers(steps: &Path) -> Result<Vec<(u32, PathBuf)>, LayerError> {
 
 /// Create the directories of step `n` in `steps`. The upper root mirrors the root as the steps
 /// below show it: the workspace root as it is now while no kept step changed it (the first
-/// step, or a layer `below` whose root is still `base.upper`), else the topmost earlier layer's
-/// (which holds what its step did to the root). Returns the step's directories and, when the
-/// root was mirrored from the workspace, the session's root base from now on.
+/// step, or a layer `below` whose root is still `base.upper`, `base` being the base in effect
+/// when that step was made), else the topmost earlier layer's (which holds what its step did
+/// to the root). Returns the step's directories and the base in effect for it: a new one when
+/// the root was mirrored from the workspace, else `base` (None: a session from before bases
+/// were kept).
 pub fn create_step(
     steps: &Path,
     n: u32,
@@ -94,7 +96,7 @@ pub fn create_step(
             let md = std::fs::symlink_metadata(b).map_err(at(b, "stat the root below"))?;
             let xattrs = meta::committed_xattrs_of_upper(b).map_err(at(b, "read the root below"))?;
             mirror_root_as(&upper, &md, &xattrs).map_err(at(&upper, "mirror the root below"))?;
-            Ok((upper, work, None))
+            Ok((upper, work, base.copied()))
         }
         None => {
             let base = mirror_root(&upper, workspace).map_err(at(&upper, "mirror the workspace root"))?;
@@ -428,16 +430,18 @@ pub struct Fingerprints {
     /// The last step whose layer was fingerprinted: a kept layer above it (a step cut short
     /// between keeping its layer and saving these) has paths without a base.
     pub covers: u32,
-    /// The root's base (None: a transaction from before it was kept).
-    pub root: Option<RootBase>,
+    /// The root's base in effect when each kept step was made (a run held for a person: step
+    /// 1's, from `begin`). Per step, because `rollback --to N` makes step N the top again.
+    /// Empty for a transaction from before bases were kept.
+    pub roots: BTreeMap<u32, RootBase>,
 }
 
 impl Fingerprints {
     /// The text stored (sealed) by `StateDir::save_fingerprints`.
     pub fn render(&self) -> String {
         let mut text = format!("covers {}\n", self.covers);
-        if let Some(r) = &self.root {
-            text.push_str(&format!("root {} {}\n", crate::hex::hex(&r.workspace), crate::hex::hex(&r.upper)));
+        for (n, r) in &self.roots {
+            text.push_str(&format!("root {n} {} {}\n", crate::hex::hex(&r.workspace), crate::hex::hex(&r.upper)));
         }
         for (p, fp) in &self.paths {
             text.push_str(&format!("{} {}\n", path_to_hex(p), fp.render()));
@@ -451,19 +455,23 @@ impl Fingerprints {
         let mut lines = text.lines();
         let covers = lines.next()?.strip_prefix("covers ")?.parse().ok()?;
         let mut paths = BTreeMap::new();
-        let mut root = None;
+        let mut roots = BTreeMap::new();
         let mut lines = lines.peekable();
         // A path line starts with hex digits: "root" cannot be one.
-        if let Some(r) = lines.peek().and_then(|l| l.strip_prefix("root ")) {
-            let (w, u) = r.split_once(' ')?;
-            root = Some(RootBase { workspace: digest_from_hex(w)?, upper: digest_from_hex(u)? });
+        while let Some(r) = lines.peek().and_then(|l| l.strip_prefix("root ")) {
+            let mut w = r.split(' ');
+            let (n, ws, up) = (w.next()?.parse().ok()?, w.next()?, w.next()?);
+            if w.next().is_some() {
+                return None;
+            }
+            roots.insert(n, RootBase { workspace: digest_from_hex(ws)?, upper: digest_from_hex(up)? });
             lines.next();
         }
         for line in lines {
             let (h, rest) = line.split_once(' ')?;
             paths.insert(path_from_hex(h)?, Fingerprint::parse(rest)?);
         }
-        Some(Fingerprints { paths, covers, root })
+        Some(Fingerprints { paths, covers, roots })
     }
 
     /// Refuse to commit `layers` if one of them was kept without its fingerprints.
@@ -508,14 +516,25 @@ impl Fingerprints {
         Ok(())
     }
 
+    /// The root's base in effect for the top kept step of `layers`.
+    pub fn root_of(&self, layers: &[(u32, PathBuf)]) -> Option<RootBase> {
+        layers.last().and_then(|(n, _)| self.roots.get(n)).copied()
+    }
+
     /// Paths of the change set whose workspace object changed since the base; the root when
-    /// the transaction changed its attributes and the workspace root's changed since its base
-    /// too (a root it did not change was [`rebase_root`]d: no change of it is in `cs`).
-    pub fn conflicts(&self, cs: &ChangeSet, workspace: &Path) -> Result<Vec<PathBuf>, LayerError> {
+    /// the transaction changed its attributes and the workspace root's changed since `root`
+    /// (the base in effect for the top step, [`root_of`](Self::root_of)) too (a root it did not
+    /// change was [`rebase_root`]d: no change of it is in `cs`).
+    pub fn conflicts(
+        &self,
+        cs: &ChangeSet,
+        workspace: &Path,
+        root: Option<&RootBase>,
+    ) -> Result<Vec<PathBuf>, LayerError> {
         let mut out = Vec::new();
         for c in &cs.changes {
             if let ChangeOp::DirMeta { visible } = c.op {
-                if let (true, true, Some(base)) = (visible, c.path.as_os_str().is_empty(), &self.root) {
+                if let (true, true, Some(base)) = (visible, c.path.as_os_str().is_empty(), root) {
                     if root_digest(workspace, false).map_err(at(workspace, "read the workspace root"))?
                         != base.workspace
                     {
@@ -577,15 +596,22 @@ mod tests {
         fps.paths.insert(PathBuf::from("gone"), Fingerprint::Absent);
         assert_eq!(Fingerprints::parse(&fps.render()), Some(fps.clone()));
         assert!(Fingerprints::parse("covers 1\nzz absent\n").is_none());
-        // With the root's base, which no path line can be mistaken for.
-        let with_root = Fingerprints { root: Some(RootBase { workspace: [7; 32], upper: [0xab; 32] }), ..fps.clone() };
-        assert!(with_root.render().lines().nth(1).is_some_and(|l| l.starts_with("root ")));
-        assert_eq!(Fingerprints::parse(&with_root.render()), Some(with_root.clone()));
-        assert!(Fingerprints::parse("covers 1\nroot 00 11\n").is_none());
-        // A root line only right after `covers`.
-        let late = format!("covers 1\n{}", with_root.render().lines().skip(1).collect::<Vec<_>>().join("\n"));
-        assert!(Fingerprints::parse(&late).is_some());
-        let misplaced = format!("{}\nroot {} {}\n", fps.render().trim_end(), "0".repeat(64), "0".repeat(64));
+        // With the root's bases per step, which no path line can be mistaken for.
+        let mut with_root = fps.clone();
+        with_root.roots.insert(1, RootBase { workspace: [7; 32], upper: [0xab; 32] });
+        with_root.roots.insert(3, RootBase { workspace: [1; 32], upper: [2; 32] });
+        let text = with_root.render();
+        assert!(text.lines().nth(1).is_some_and(|l| l.starts_with("root 1 ")), "{text}");
+        assert_eq!(Fingerprints::parse(&text), Some(with_root.clone()));
+        assert_eq!(with_root.root_of(&[(1, d.clone()), (3, d.clone())]), with_root.roots.get(&3).copied());
+        assert_eq!(with_root.root_of(&[(1, d.clone())]), with_root.roots.get(&1).copied());
+        assert_eq!(with_root.root_of(&[(2, d.clone())]), None);
+        for bad in ["covers 1\nroot 1 00 11\n", "covers 1\nroot x 00 11\n", "covers 1\nroot 1\n"] {
+            assert!(Fingerprints::parse(bad).is_none(), "{bad}");
+        }
+        // Root lines only right after `covers`.
+        let z = "0".repeat(64);
+        let misplaced = format!("{}\nroot 1 {z} {z}\n", fps.render().trim_end());
         assert!(Fingerprints::parse(&misplaced).is_none());
         // Kept layers above what the fingerprints cover are refused.
         assert!(fps.check_covers(&[(1, d.clone()), (3, d.clone())]).is_ok());
