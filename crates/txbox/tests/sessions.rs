@@ -172,6 +172,91 @@ fn directories_without_owner_write_keep_their_names_through_runs_and_sessions() 
     }
 }
 
+/// An access ACL sets the owner's mode bits from its owner entry: one that gives the owner no
+/// write, set before a `user.*` name, took away the write permission the name needs. The names
+/// go first and the ACLs last, at commit (after the commit point, where this stopped the commit
+/// and wedged recovery) and in a session's layers (where it failed the squash and lost the
+/// session). The ACL is the one an attacking command would set: owner r-x, itself rwx by name,
+/// mask r-x.
+#[test]
+fn an_acl_that_takes_owner_write_away_does_not_stop_a_commit() {
+    let acl = "import os, struct\n\
+               os.setxattr('src', 'user.x', b'1')\n\
+               ents = [(1, 5, 2**32 - 1), (2, 7, os.getuid()), (4, 5, 2**32 - 1), (0x10, 5, 2**32 - 1), (0x20, 5, 2**32 - 1)]\n\
+               os.setxattr('src', 'system.posix_acl_access', struct.pack('<I', 2) + b''.join(struct.pack('<HHI', *e) for e in ents))\n";
+    for who in identities() {
+        let s = Scratch::new("acl-order");
+        std::fs::create_dir_all(s.ws.join("src")).unwrap();
+        std::fs::create_dir_all(s.ws.join("e")).unwrap();
+        std::fs::write(s.root.join("acl.py"), acl).unwrap();
+        if let As::User(uid) = who {
+            s.chown(uid);
+        }
+        let ws = s.ws.to_str().unwrap().to_string();
+        let script = s.root.join("acl.py").to_str().unwrap().to_string();
+        let out = txbox(who, &s, &["run", "-C", &ws, "--", "python3", &script]);
+        assert_eq!(out.status.code(), Some(0), "{who:?}: {}", describe(&out));
+        let out = txbox(who, &s, &["recover", "-C", &ws]);
+        assert_eq!(out.status.code(), Some(0), "{who:?}: recovery is stuck: {}", describe(&out));
+        let src = s.ws.join("src");
+        assert_eq!(std::fs::metadata(&src).unwrap().mode() & 0o777, 0o555, "{who:?}");
+        assert_eq!(name_of(&src, "user.x").as_deref(), Some(&b"1"[..]), "{who:?}");
+        assert!(name_of(&src, "system.posix_acl_access").is_some(), "{who:?}");
+        // The same in a session's step, between others.
+        native(
+            who,
+            &s.ws,
+            "chmod 755 src && python3 -c \"import os; os.removexattr('src', 'system.posix_acl_access'); \
+                               os.removexattr('src', 'user.x')\"",
+        );
+        let tx = begin(who, &s);
+        assert_eq!(exec(who, &s, &tx, "echo a > e/a"), 0);
+        assert_eq!(txbox(who, &s, &["exec", &tx, "--", "python3", &script]).status.code(), Some(0), "{who:?}");
+        assert_eq!(exec(who, &s, &tx, "echo b > e/b"), 0);
+        let out = txbox(who, &s, &["commit", &tx]);
+        assert_eq!(out.status.code(), Some(0), "{who:?}: {}", describe(&out));
+        assert_eq!(std::fs::metadata(&src).unwrap().mode() & 0o777, 0o555, "{who:?}");
+        assert_eq!(name_of(&src, "user.x").as_deref(), Some(&b"1"[..]), "{who:?}");
+        assert!(s.ws.join("e/a").exists() && s.ws.join("e/b").exists());
+        native(who, &s.ws, "chmod 755 src");
+    }
+}
+
+/// A directory a step left without owner write holds entries a later step changes: the squash
+/// moves entries into and out of such directories (it failed there, after the session's status
+/// said committing, and the next command discarded the session). Root commits it; an ordinary
+/// user's commit cannot move entries out of such a directory (docs/DEVIATIONS.md) and is
+/// refused before anything changes, the workspace left usable.
+#[test]
+fn a_step_may_change_entries_of_a_directory_an_earlier_step_made_read_only() {
+    for who in identities() {
+        let s = Scratch::new("ro-below");
+        std::fs::create_dir_all(s.ws.join("d")).unwrap();
+        std::fs::write(s.ws.join("d/x"), "0\n").unwrap();
+        if let As::User(uid) = who {
+            s.chown(uid);
+        }
+        let tx = begin(who, &s);
+        assert_eq!(exec(who, &s, &tx, "echo 1 > d/x && chmod 555 d"), 0);
+        assert_eq!(exec(who, &s, &tx, "echo 2 > d/x"), 0);
+        let out = txbox(who, &s, &["commit", &tx]);
+        let mode = std::fs::metadata(s.ws.join("d")).unwrap().mode() & 0o777;
+        let x = std::fs::read_to_string(s.ws.join("d/x")).unwrap();
+        if who == As::Me && is_root() {
+            assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+            assert_eq!((mode, x.as_str()), (0o555, "2\n"));
+        } else {
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(err.contains("nothing was applied") && err.contains("cannot be written"), "{}", describe(&out));
+            assert_eq!((mode, x.as_str()), (0o755, "0\n"), "{who:?}: the refused commit changed the workspace");
+        }
+        let ws = s.ws.to_str().unwrap().to_string();
+        let out = txbox(who, &s, &["run", "-C", &ws, "-c", "cat d/x"]);
+        assert_eq!(out.status.code(), Some(0), "{who:?}: the workspace is not usable after: {}", describe(&out));
+        native(who, &s.ws, "chmod 755 d");
+    }
+}
+
 /// The workspace root's attributes changed on the host while a session is open are the host's:
 /// a later step sees them, and the commit keeps them, when no step changed the root. Before,
 /// every step copied the root from the first, so the commit put the first step's attributes

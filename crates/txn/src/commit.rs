@@ -624,15 +624,19 @@ fn sync_xattrs(fd: &OwnedFd, upper_dir: &Path, rel: &Path) -> Result<(), CommitE
         Err(_) => Vec::new(),
     };
     use std::os::unix::ffi::OsStrExt;
-    for name in &have {
-        let n = OsStr::from_bytes(name);
-        if !want.iter().any(|(w, _)| w.as_os_str() == n) && meta::is_committed_name(n) {
-            rustix::fs::fremovexattr(fd, n).map_err(|e| io_err("remove xattr", rel)(e.into()))?;
+    // The other names first, the ACLs last: setting an access ACL sets the owner's mode bits
+    // from it, and one without owner write would refuse every `user.*` name after it.
+    for acls in [false, true] {
+        for name in &have {
+            let n = OsStr::from_bytes(name);
+            if meta::is_acl(n) == acls && !want.iter().any(|(w, _)| w.as_os_str() == n) && meta::is_committed_name(n) {
+                rustix::fs::fremovexattr(fd, n).map_err(|e| io_err("remove xattr", rel)(e.into()))?;
+            }
         }
-    }
-    for (name, value) in &want {
-        rustix::fs::fsetxattr(fd, name.as_os_str(), value, rustix::fs::XattrFlags::empty())
-            .map_err(|e| io_err("set xattr", rel)(e.into()))?;
+        for (name, value) in want.iter().filter(|(n, _)| meta::is_acl(n) == acls) {
+            rustix::fs::fsetxattr(fd, name.as_os_str(), value, rustix::fs::XattrFlags::empty())
+                .map_err(|e| io_err("set xattr", rel)(e.into()))?;
+        }
     }
     Ok(())
 }

@@ -107,6 +107,20 @@ pub fn classify_xattr(name: &OsStr) -> XattrClass {
     }
 }
 
+/// Whether `name` is a POSIX ACL. Setting the access ACL also sets the owner's, group's and
+/// others' mode bits from it, so whoever sets names on a directory sets the ACLs last: an ACL
+/// that gives the owner no write would take away the write permission that setting a `user.*`
+/// name on a directory needs ([`acls_last`]).
+pub fn is_acl(name: &OsStr) -> bool {
+    POSIX_ACLS.contains(&name.as_bytes())
+}
+
+/// Names in the order to set (or remove) them: every other name first, the ACLs last.
+pub fn acls_last<T>(mut names: Vec<(OsString, T)>) -> Vec<(OsString, T)> {
+    names.sort_by_key(|(n, _)| is_acl(n));
+    names
+}
+
 /// Whether a name is on the commit allowlist (the name as the command sees it).
 pub fn is_committed_name(name: &OsStr) -> bool {
     let b = name.as_bytes();

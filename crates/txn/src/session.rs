@@ -202,20 +202,24 @@ fn apply_dir_attrs(to: &Path, md: &std::fs::Metadata, xattrs: &[(std::ffi::OsStr
     set_dir_attrs(md, to)
 }
 
-/// Make the committed extended attributes of `dir` (a layer's directory) exactly `want`.
+/// Make the committed extended attributes of `dir` (a layer's directory) exactly `want`: the
+/// other names first, the ACLs last (`meta::acls_last`: an ACL can take the owner's write
+/// permission away, which a `user.*` name on a directory needs).
 fn sync_xattrs(dir: &Path, want: &[(std::ffi::OsString, Vec<u8>)]) -> io::Result<()> {
     let have = meta::committed_xattrs_of_upper(dir)?;
     if have.as_slice() == want {
         return Ok(());
     }
-    for (name, _) in have.iter().filter(|(n, _)| !want.iter().any(|(w, _)| w == n)) {
-        match rustix::fs::lremovexattr(dir, name.as_os_str()) {
-            Ok(()) | Err(rustix::io::Errno::NODATA) => {}
-            Err(e) => return Err(e.into()),
+    for acls in [false, true] {
+        for (name, _) in have.iter().filter(|(n, _)| meta::is_acl(n) == acls && !want.iter().any(|(w, _)| w == n)) {
+            match rustix::fs::lremovexattr(dir, name.as_os_str()) {
+                Ok(()) | Err(rustix::io::Errno::NODATA) => {}
+                Err(e) => return Err(e.into()),
+            }
         }
-    }
-    for (name, value) in want.iter().filter(|w| !have.contains(w)) {
-        rustix::fs::lsetxattr(dir, name.as_os_str(), value, rustix::fs::XattrFlags::empty())?;
+        for (name, value) in want.iter().filter(|w| meta::is_acl(&w.0) == acls && !have.contains(w)) {
+            rustix::fs::lsetxattr(dir, name.as_os_str(), value, rustix::fs::XattrFlags::empty())?;
+        }
     }
     Ok(())
 }
@@ -240,11 +244,27 @@ pub fn squash_pair(bottom: &Path, top: &Path) -> Result<(), LayerError> {
 
 fn squash_dir(bottom: &Path, top: &Path, rel: &Path) -> Result<(), LayerError> {
     let tdir = meta::join(top, rel);
-    let mut names: Vec<_> = std::fs::read_dir(&tdir)
-        .map_err(at(&tdir, "list layer"))?
+    // Entries leave `tdir` and enter (or replace entries of) the same directory below: both
+    // must be writable by their owner for that, whatever mode a step left them at (`chmod 555
+    // d`). `tdir` gets its mode back below, before the caller copies its attributes to the
+    // directory below (copy_dir_attrs), which gives that one its final mode.
+    let bdir = meta::join(bottom, rel);
+    writable_by_owner(&bdir).map_err(at(&bdir, "make writable for the squash"))?;
+    let restore = writable_by_owner(&tdir).map_err(at(&tdir, "make writable for the squash"))?;
+    squash_entries(bottom, top, rel, &tdir)?;
+    if let Some(mode) = restore {
+        std::fs::set_permissions(&tdir, std::fs::Permissions::from_mode(mode))
+            .map_err(at(&tdir, "give back its mode after the squash"))?;
+    }
+    Ok(())
+}
+
+fn squash_entries(bottom: &Path, top: &Path, rel: &Path, tdir: &Path) -> Result<(), LayerError> {
+    let mut names: Vec<_> = std::fs::read_dir(tdir)
+        .map_err(at(tdir, "list layer"))?
         .map(|e| e.map(|e| e.file_name()))
         .collect::<Result<_, _>>()
-        .map_err(at(&tdir, "list layer"))?;
+        .map_err(at(tdir, "list layer"))?;
     names.sort();
     for name in names {
         let p = rel.join(&name);
@@ -272,6 +292,17 @@ fn squash_dir(bottom: &Path, top: &Path, rel: &Path) -> Result<(), LayerError> {
         }
     }
     Ok(())
+}
+
+/// Give a directory of this user's owner write if it lacks it (a layer's directory); its mode
+/// before, if it was changed.
+fn writable_by_owner(dir: &Path) -> io::Result<Option<u32>> {
+    let md = std::fs::symlink_metadata(dir)?;
+    if md.is_dir() && md.mode() & 0o200 == 0 && md.uid() == rustix::process::geteuid().as_raw() {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode((md.mode() & 0o7777) | 0o200))?;
+        return Ok(Some(md.mode() & 0o7777));
+    }
+    Ok(None)
 }
 
 /// Rename `t` (of the layer above, whose metadata is `tmd`) to `b` (in the layer below). A
@@ -308,8 +339,11 @@ fn copy_dir_attrs(from: &Path, to: &Path) -> io::Result<()> {
 pub fn link_copy(src: &Path, dst: &Path) -> Result<(), LayerError> {
     let md = std::fs::symlink_metadata(src).map_err(at(src, "stat"))?;
     std::fs::DirBuilder::new().mode(0o700).create(dst).map_err(at(dst, "create"))?;
-    for (name, value) in meta::xattrs_of_lower(src).map_err(at(src, "read xattrs"))? {
-        let _ = rustix::fs::lsetxattr(dst, name.as_os_str(), &value, rustix::fs::XattrFlags::empty());
+    // Every name, overlay's own too (they say what the layer means), the ACLs last; a copy
+    // that lacked one would show `diff` something other than what the commit applies.
+    for (name, value) in meta::acls_last(meta::xattrs_of_lower(src).map_err(at(src, "read xattrs"))?) {
+        rustix::fs::lsetxattr(dst, name.as_os_str(), &value, rustix::fs::XattrFlags::empty())
+            .map_err(|e| at(dst, "copy xattrs")(e.into()))?;
     }
     let entries: Vec<_> =
         std::fs::read_dir(src).map_err(at(src, "list"))?.collect::<Result<_, _>>().map_err(at(src, "list"))?;
@@ -413,7 +447,7 @@ impl Fingerprint {
 
 /// A digest as [`Fingerprints::render`] writes it.
 fn digest_from_hex(h: &str) -> Option<[u8; 32]> {
-    if h.len() != 64 {
+    if h.len() != 64 || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
         return None;
     }
     let mut out = [0u8; 32];
@@ -460,7 +494,8 @@ impl Fingerprints {
         // A path line starts with hex digits: "root" cannot be one.
         while let Some(r) = lines.peek().and_then(|l| l.strip_prefix("root ")) {
             let mut w = r.split(' ');
-            let (n, ws, up) = (w.next()?.parse().ok()?, w.next()?, w.next()?);
+            let n = w.next().filter(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))?;
+            let (n, ws, up) = (n.parse().ok()?, w.next()?, w.next()?);
             if w.next().is_some() {
                 return None;
             }
@@ -606,7 +641,9 @@ mod tests {
         assert_eq!(with_root.root_of(&[(1, d.clone()), (3, d.clone())]), with_root.roots.get(&3).copied());
         assert_eq!(with_root.root_of(&[(1, d.clone())]), with_root.roots.get(&1).copied());
         assert_eq!(with_root.root_of(&[(2, d.clone())]), None);
-        for bad in ["covers 1\nroot 1 00 11\n", "covers 1\nroot x 00 11\n", "covers 1\nroot 1\n"] {
+        let plus = format!("covers 1\nroot +1 {} {}\n", "0".repeat(64), "0".repeat(64));
+        let plus_hex = format!("covers 1\nroot 1 +{} {}\n", "0".repeat(63), "0".repeat(64));
+        for bad in ["covers 1\nroot 1 00 11\n", "covers 1\nroot x 00 11\n", "covers 1\nroot 1\n", &plus, &plus_hex] {
             assert!(Fingerprints::parse(bad).is_none(), "{bad}");
         }
         // Root lines only right after `covers`.
