@@ -38,6 +38,8 @@ pub enum HookError {
     Json(String),
     #[error("the event has no tool_input.command string")]
     NoCommand,
+    #[error("the hook routes the Bash tool only, not {0} (give the hook the matcher \"Bash\")")]
+    NotBash(String),
     #[error("the command holds a NUL byte, which no shell command can")]
     Nul,
     #[error("no workspace: TXBOX_WORKSPACE, CLAUDE_PROJECT_DIR and the event's cwd are all unset")]
@@ -58,6 +60,10 @@ pub struct Setting<'a> {
 
 /// The hook's answer to `event`.
 pub fn rewrite(event: &Value, setting: &Setting<'_>) -> Result<Value, HookError> {
+    // Another tool's `command` (a hook given a broader matcher) is not a shell command line.
+    if let Some(tool) = event.get("tool_name").and_then(Value::as_str).filter(|t| *t != "Bash") {
+        return Err(HookError::NotBash(tool.to_string()));
+    }
     let input = event.get("tool_input").and_then(Value::as_object).ok_or(HookError::NoCommand)?;
     let command = input.get("command").and_then(Value::as_str).ok_or(HookError::NoCommand)?;
     if command.contains('\0') {
@@ -83,10 +89,11 @@ pub fn rewrite(event: &Value, setting: &Setting<'_>) -> Result<Value, HookError>
 }
 
 /// `s` as one shell word that means exactly `s`: unchanged when every character is one no
-/// shell treats specially (`[A-Za-z0-9_@%+=:,./-]`, and not empty), else in single quotes, each
-/// `'` written as `'"'"'` (Python's `shlex.quote`).
+/// shell treats specially (`[A-Za-z0-9_@%+:,./-]`, and not empty), else in single quotes, each
+/// `'` written as `'"'"'`. Python's `shlex.quote`, but for `=`, quoted too: zsh expands a word
+/// that starts with it (`=ls` is the path of `ls`).
 pub fn quote(s: &str) -> String {
-    let plain = |c: char| c.is_ascii_alphanumeric() || "_@%+=:,./-".contains(c);
+    let plain = |c: char| c.is_ascii_alphanumeric() || "_@%+:,./-".contains(c);
     if !s.is_empty() && s.chars().all(plain) {
         return s.to_string();
     }
@@ -134,7 +141,9 @@ fn answer(ask: bool) -> Result<String, String> {
 }
 
 fn block(why: &str) -> i32 {
-    eprintln!("txbox hook: could not route this command through txbox, so it was not run: {why}");
+    // Not `eprintln!`, which panics when stderr is closed: the exit must be 2 whatever happens.
+    let _ =
+        writeln!(std::io::stderr(), "txbox hook: could not route this command through txbox, so it was not run: {why}");
     BLOCK
 }
 
@@ -188,14 +197,19 @@ mod tests {
             assert_eq!(rewrite(&bad, &setting(None)), Err(HookError::NoCommand), "{bad}");
         }
         assert_eq!(rewrite(&event("ls\0rm -rf ~"), &setting(None)), Err(HookError::Nul));
+        let mut other = event("ls");
+        other["tool_name"] = json!("Task");
+        assert_eq!(rewrite(&other, &setting(None)), Err(HookError::NotBash("Task".into())));
     }
 
     #[test]
-    fn quoting_is_pythons_shlex_quote() {
+    fn quoting_is_pythons_shlex_quote_with_equals_quoted() {
         for (s, q) in [
             ("", "''"),
             ("ls", "ls"),
-            ("a-b_c.d/e:f,g@h%i+j=k", "a-b_c.d/e:f,g@h%i+j=k"),
+            ("a-b_c.d/e:f,g@h%i+j", "a-b_c.d/e:f,g@h%i+j"),
+            ("=ls", "'=ls'"),
+            ("a=b", "'a=b'"),
             ("a b", "'a b'"),
             ("it's", r#"'it'"'"'s'"#),
             ("$(rm -rf ~)", "'$(rm -rf ~)'"),
