@@ -445,16 +445,9 @@ impl Fingerprint {
     }
 }
 
-/// A digest as [`Fingerprints::render`] writes it.
+/// A digest as [`Fingerprints::render`] writes it (one spelling per value: `hex::unhex`).
 fn digest_from_hex(h: &str) -> Option<[u8; 32]> {
-    if h.len() != 64 || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return None;
-    }
-    let mut out = [0u8; 32];
-    for (i, b) in out.iter_mut().enumerate() {
-        *b = u8::from_str_radix(h.get(2 * i..2 * i + 2)?, 16).ok()?;
-    }
-    Some(out)
+    crate::hex::unhex(h)?.try_into().ok()
 }
 
 /// The base fingerprints of a transaction: path → what the workspace held there.
