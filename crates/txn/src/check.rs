@@ -44,6 +44,12 @@ pub struct Privileges {
 }
 
 impl Privileges {
+    /// Whether this process may act as the owner of an object owned by `uid` (change its mode,
+    /// times and names): it is the owner, or has `CAP_FOWNER`.
+    pub fn owns(&self, uid: u32) -> bool {
+        uid == self.euid || self.fowner
+    }
+
     /// This process's (read once: txbox never changes its credentials).
     pub fn current() -> Privileges {
         static P: OnceLock<Privileges> = OnceLock::new();
@@ -137,7 +143,7 @@ pub fn dir_meta_plan(
             )));
         }
     }
-    let owner = cur.uid == p.euid || p.fowner;
+    let owner = p.owns(cur.uid);
     let want_mode = want.mode & meta::COMMIT_MODE_MASK;
     if owner {
         // Also strips setuid, setgid and sticky bits the directory had (docs/DESIGN.md §5.2).

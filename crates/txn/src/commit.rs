@@ -582,7 +582,7 @@ fn copy_dir_meta(ws: &mut Beneath, upper_dir: &Path, rel: &Path, privs: &check::
     // check before the commit point passed).
     if plan.xattrs {
         let now = rustix::fs::fstat(&fd).map_err(|e| io_err("stat dir", rel)(e.into()))?;
-        let lift = now.st_mode & 0o200 == 0 && cur_owner_is_us(&now, privs);
+        let lift = now.st_mode & 0o200 == 0 && privs.owns(now.st_uid);
         let chmod = |mode: u32| {
             rustix::fs::fchmod(&fd, rustix::fs::Mode::from_raw_mode(mode))
                 .map_err(|e| io_err("chmod dir", rel)(e.into()))
@@ -606,12 +606,6 @@ fn copy_dir_meta(ws: &mut Beneath, upper_dir: &Path, rel: &Path, privs: &check::
         rustix::fs::futimens(&fd, &times).map_err(|e| io_err("set dir times", rel)(e.into()))?;
     }
     Ok(())
-}
-
-/// Whether this process owns the directory `st` describes (or may act as its owner): then it may
-/// change its mode (a `chmod` the check before the commit point allowed).
-fn cur_owner_is_us(st: &rustix::fs::Stat, privs: &check::Privileges) -> bool {
-    st.st_uid == privs.euid || privs.fowner
 }
 
 /// Make the workspace directory's allowlisted xattrs (`meta::is_committed_name`) those of the
