@@ -109,6 +109,7 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
     r.step = Some(n);
     let below = layers.last().map(|(_, p)| p.as_path());
     // The root's base: whether a kept step changed the root decides where this step's comes from.
+    // With no kept step, none of the fingerprints kept belongs to a layer still there.
     let mut fps = match below {
         Some(_) => state.load_fingerprints(&req.tx)?,
         None => Fingerprints::default(),
@@ -136,10 +137,6 @@ pub fn exec(state: &StateDir, req: &ExecRequest) -> Result<RunResult, EngineErro
     if ok || (req.keep_on_failure && r.limit_exceeded.as_deref() != Some("write")) {
         // The base of every path this step touched, for conflict detection at commit, and the
         // root's (moved with the workspace root while no step changed it).
-        if below.is_none() {
-            // Kept fingerprints of steps rolled back all belong to layers that are gone.
-            fps = Fingerprints::default();
-        }
         fps.record_layer(n, &upper, &env.workspace)?;
         // Only the kept steps' bases, and this one's.
         fps.roots.retain(|k, _| kept.contains(k));

@@ -194,10 +194,8 @@ pub fn rebase_root(upper: &Path, workspace: &Path, base: Option<&RootBase>) -> R
 /// writable by its owner (setting a `user.*` name on a directory needs write permission, which
 /// a mode like 0555 takes away), then the mode, then the times.
 fn apply_dir_attrs(to: &Path, md: &std::fs::Metadata, xattrs: &[(std::ffi::OsString, Vec<u8>)]) -> io::Result<()> {
-    let now = std::fs::symlink_metadata(to)?;
-    if now.mode() & 0o200 == 0 {
-        std::fs::set_permissions(to, std::fs::Permissions::from_mode((now.mode() & 0o7777) | 0o200))?;
-    }
+    // The mode lifted here is replaced by `md`'s just below.
+    writable_by_owner(to)?;
     sync_xattrs(to, xattrs)?;
     set_dir_attrs(md, to)
 }
@@ -309,13 +307,10 @@ fn writable_by_owner(dir: &Path) -> io::Result<Option<u32>> {
 /// directory changes parent, which takes write permission on it (its `..` entry changes): one
 /// without owner write (a command's `chmod 555 d`) gets it for the move, then its mode back.
 fn move_down(t: &Path, b: &Path, tmd: &std::fs::Metadata) -> io::Result<()> {
-    let lift = tmd.is_dir() && tmd.mode() & 0o200 == 0 && tmd.uid() == rustix::process::geteuid().as_raw();
-    if lift {
-        std::fs::set_permissions(t, std::fs::Permissions::from_mode((tmd.mode() & 0o7777) | 0o200))?;
-    }
+    let restore = if tmd.is_dir() { writable_by_owner(t)? } else { None };
     std::fs::rename(t, b)?;
-    if lift {
-        std::fs::set_permissions(b, std::fs::Permissions::from_mode(tmd.mode() & 0o7777))?;
+    if let Some(mode) = restore {
+        std::fs::set_permissions(b, std::fs::Permissions::from_mode(mode))?;
     }
     Ok(())
 }
