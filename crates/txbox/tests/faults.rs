@@ -626,13 +626,23 @@ fn damaged_and_missing_state_is_refused_or_recovered_never_guessed() {
 /// between its commit and its audit entry was logged `discarded`), and it verifies.
 #[test]
 fn kill_at_every_step_of_a_run_and_of_recovery() {
-    let script = "echo new > f; rm gone; mkdir d; echo x > d/x; ln -s f l";
+    // `ro`, a directory of mode 0555, ends with a name and its mode as before: its step after the
+    // commit point gives it owner write while the name is set (an ordinary user needs that), and
+    // a kill in between must end, after recovery, as without it. `rw` is given a name and made
+    // 0555 (names first).
+    let script = "echo new > f; rm gone; mkdir d; echo x > d/x; ln -s f l; \
+                  chmod u+w ro && python3 -c \"import os; [os.setxattr(p, 'user.k', b'v') for p in ('ro', 'rw')]\" \
+                  && chmod 555 ro rw";
     for who in identities() {
         let s = Scratch::new("kill");
         let p = Place::of(&s);
         give(who, &s.root);
         let reset = || {
-            native(As::Me, &p.ws, "rm -rf ./* && echo old > f && echo bye > gone");
+            native(
+                As::Me,
+                &p.ws,
+                "chmod -R u+w . && rm -rf ./* && echo old > f && echo bye > gone && mkdir ro rw && chmod 555 ro",
+            );
             give(who, &p.ws);
         };
         reset();
@@ -663,6 +673,13 @@ fn kill_at_every_step_of_a_run_and_of_recovery() {
             } else {
                 panic!("{who:?} cut after {n} steps: neither old nor new:\n{}", diff(&got, &new));
             };
+            // The digest leaves names out: the directories' names landed with the rest, or not at all.
+            for d in ["ro", "rw"] {
+                let mut v = [0u8; 8];
+                let name =
+                    rustix::fs::lgetxattr(p.ws.join(d).as_path(), "user.k", &mut v).ok().map(|k| v[..k].to_vec());
+                assert_eq!(name, landed.then(|| b"v".to_vec()), "{who:?} cut at {n}: the name of {d}");
+            }
             let committed = log_entries(who, &p).iter().filter(|e| e["outcome"] == "committed").count();
             assert_eq!(committed, usize::from(landed), "{who:?} cut at {n}: committed entries in the log");
             let v = verify_log(who, &p);

@@ -519,7 +519,7 @@ fn apply_step(
         }
         Step::DirMeta { .. } => {
             hook.tick()?;
-            copy_dir_meta(ws, &meta::join(&record.upper, path), path, privs)?;
+            copy_dir_meta(ws, &meta::join(&record.upper, path), path, privs, hook)?;
         }
     }
     Ok(())
@@ -569,7 +569,13 @@ fn dir_meta_plan_for(
 /// Give the workspace directory `rel` the mode, owner, committed xattrs and times of `upper_dir`,
 /// as far as [`check::dir_meta_plan`] says this user may (it was checked before the commit
 /// point).
-fn copy_dir_meta(ws: &mut Beneath, upper_dir: &Path, rel: &Path, privs: &check::Privileges) -> Result<(), CommitError> {
+fn copy_dir_meta(
+    ws: &mut Beneath,
+    upper_dir: &Path,
+    rel: &Path,
+    privs: &check::Privileges,
+    hook: &mut CrashHook,
+) -> Result<(), CommitError> {
     let (u, fd, plan) = dir_meta_plan_for(ws, upper_dir, rel, privs)?;
     if let Some((uid, gid)) = plan.chown {
         rustix::fs::fchown(&fd, Some(rustix::process::Uid::from_raw(uid)), Some(rustix::process::Gid::from_raw(gid)))
@@ -589,6 +595,9 @@ fn copy_dir_meta(ws: &mut Beneath, upper_dir: &Path, rel: &Path, privs: &check::
         };
         if lift {
             chmod((now.st_mode & 0o7777) | 0o200)?;
+            // A crash here leaves the directory with owner write it should not keep: recovery
+            // runs this step again from that state, and must end where this run would have.
+            hook.tick()?;
         }
         sync_xattrs(&fd, upper_dir, rel)?;
         if lift && plan.chmod.is_none() {
