@@ -110,13 +110,8 @@ class Runner:
         return dt, result.get("exit_code"), result
 
 
-class Client:
-    """One kept-alive connection to the server, on one workspace."""
-
-    def __init__(self, server, workspace):
-        self.conn = server.connect()
-        self.headers = {"Authorization": f"Bearer {server.token}", "Content-Type": "application/json"}
-        self.body = json.dumps({"command": "true", "workspace": workspace})
+class Client(Runner):
+    """A `Runner` that measures the round trip (`GET /v1/health`) and a `true` transaction."""
 
     def health(self):
         t0 = time.perf_counter()
@@ -129,15 +124,9 @@ class Client:
         return dt
 
     def run_true(self):
-        t0 = time.perf_counter()
-        self.conn.request("POST", "/v1/run", body=self.body, headers=self.headers)
-        r = self.conn.getresponse()
-        data = r.read()
-        dt = time.perf_counter() - t0
-        if r.status != 200:
-            raise BenchError(f"POST /v1/run answered {r.status}: {data[:300]!r}")
-        if json.loads(data).get("exit_code") != 0:
-            raise BenchError(f"POST /v1/run of `true` did not succeed: {data[:300]!r}")
+        dt, code, result = self.run("true")
+        if code != 0:
+            raise BenchError(f"POST /v1/run of `true` did not succeed: {str(result)[:300]}")
         return dt
 
 
